@@ -1,0 +1,55 @@
+"""The MCP calculator the agent talks to over stdio.
+
+``python -m calcx.agent.calculator`` serves the ``calculate`` tool of the
+``mcp_server_calculator`` package on stdin/stdout. The agent starts it with its
+own interpreter (so no other installation is needed); ``CALCX_CALCULATOR_CMD``
+(a JSON list) replaces the command, e.g. for a runner that hands out
+pre-started calculators.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Mapping
+
+CALCULATOR_CMD_VARIABLE = "CALCX_CALCULATOR_CMD"
+
+
+def calculator_command(env: Mapping[str, str] | None = None) -> list[str]:
+    """The command line that starts the calculator (ValueError if the override is malformed)."""
+    env = os.environ if env is None else env
+    raw = (env.get(CALCULATOR_CMD_VARIABLE) or "").strip()
+    if raw:
+        from calcx.agent.config import parse_command
+
+        return parse_command(raw, CALCULATOR_CMD_VARIABLE)
+    return [sys.executable, "-m", "calcx.agent.calculator"]
+
+
+def calculator_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for the calculator process: ours without the agent's secrets, plus our
+    import path so that ``-m calcx.agent.calculator`` resolves wherever the agent runs."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("AGL_")}
+    env.pop("QUESTION", None)
+    env.pop("RESULT", None)
+    paths = [p for p in sys.path if p and os.path.exists(p)]
+    existing = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join(paths + ([existing] if existing else []))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def main() -> int:
+    """Serve the calculator tool over stdio until stdin closes."""
+    from mcp_server_calculator.calculator import mcp
+
+    # FastMCP logs every request at INFO to stderr, which the agent shares; keep it quiet.
+    logging.getLogger().setLevel(logging.WARNING)
+    mcp.run(transport="stdio")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

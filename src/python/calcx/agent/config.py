@@ -1,0 +1,83 @@
+"""The agent's configuration, read from its environment (Agent Lightning v1 contract)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping
+
+from calcx.agent.failures import BadEnvironment
+
+REQUIRED_VARIABLES = ("QUESTION", "RESULT", "AGL_OPENAI_BASE_URL", "AGL_EVENT_URL", "AGL_KEY")
+MAX_RUN_SECONDS = 300.0
+DEFAULT_MODEL_MAX_RETRIES = 6
+DEFAULT_CALCULATOR_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    question: str
+    result: str
+    base_url: str
+    event_url: str
+    key: str
+    run_timeout_s: float = MAX_RUN_SECONDS
+    model_max_retries: int = DEFAULT_MODEL_MAX_RETRIES
+    calculator_timeout_s: float = DEFAULT_CALCULATOR_TIMEOUT_S
+    calculator_command: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "AgentConfig":
+        """Validate ``env``; raise BadEnvironment naming the first bad variable."""
+        missing = [name for name in REQUIRED_VARIABLES if not (env.get(name) or "").strip()]
+        if missing:
+            raise BadEnvironment(
+                f"environment variable {missing[0]} is missing or empty "
+                f"(the agent needs {', '.join(REQUIRED_VARIABLES)}; missing: {', '.join(missing)})"
+            )
+        for name in ("AGL_OPENAI_BASE_URL", "AGL_EVENT_URL"):
+            value = env[name].strip()
+            if not value.startswith(("http://", "https://")):
+                raise BadEnvironment(f"environment variable {name} must be an http(s) URL, got {value[:200]!r}")
+        from calcx.agent.calculator import calculator_command
+
+        try:
+            command = tuple(calculator_command(env))
+        except ValueError as exc:
+            raise BadEnvironment(str(exc)) from None
+        return cls(
+            question=env["QUESTION"],
+            result=env["RESULT"],
+            base_url=env["AGL_OPENAI_BASE_URL"].strip(),
+            event_url=env["AGL_EVENT_URL"].strip(),
+            key=env["AGL_KEY"].strip(),
+            run_timeout_s=min(MAX_RUN_SECONDS, _positive_float(env, "CALCX_AGENT_TIMEOUT_S", MAX_RUN_SECONDS)),
+            model_max_retries=int(_positive_float(env, "CALCX_MODEL_MAX_RETRIES", DEFAULT_MODEL_MAX_RETRIES, zero_ok=True)),
+            calculator_timeout_s=_positive_float(env, "CALCX_CALCULATOR_TIMEOUT_S", DEFAULT_CALCULATOR_TIMEOUT_S),
+            calculator_command=command,
+        )
+
+
+def _positive_float(env: Mapping[str, str], name: str, default: float, *, zero_ok: bool = False) -> float:
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadEnvironment(f"environment variable {name} must be a number, got {raw[:100]!r}") from None
+    if not (value >= 0 if zero_ok else value > 0) or value != value or value == float("inf"):
+        bound = ">= 0" if zero_ok else "> 0"
+        raise BadEnvironment(f"environment variable {name} must be a finite number {bound}, got {raw[:100]!r}")
+    return value
+
+
+def parse_command(raw: str, name: str) -> list[str]:
+    """A JSON list of strings (a command line), or ValueError naming ``name``."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"environment variable {name} must be a JSON list of strings: {exc}") from None
+    if not isinstance(value, list) or not value or not all(isinstance(x, str) and x for x in value):
+        raise ValueError(f"environment variable {name} must be a non-empty JSON list of strings, got {raw[:200]!r}")
+    return value

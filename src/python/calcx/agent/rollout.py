@@ -1,0 +1,169 @@
+"""One rollout: AutoGen AssistantAgent + MCP calculator answer one question.
+
+Kept apart from :mod:`calcx.agent.main` so that AutoGen is imported only once
+the environment has been checked (a bad environment fails in milliseconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+from typing import Any
+
+import openai
+from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.messages import TextMessage
+from autogen_ext.models.openai import OpenAIChatCompletionClient
+from autogen_ext.tools.mcp import StdioServerParams
+
+from calcx.agent.answer import SYSTEM_MESSAGE, build_task
+from calcx.agent.calculator import calculator_environment
+from calcx.agent.config import AgentConfig
+from calcx.agent.failures import AgentFailure, BadEnvironment, CalculatorFailed, ModelUnreachable
+from calcx.agent.workbench import CalculatorWorkbench, transport_failure
+
+log = logging.getLogger(__name__)
+
+MODEL_INFO: dict[str, Any] = {
+    "vision": False,
+    "function_calling": True,
+    "json_output": False,
+    "family": "unknown",
+    "structured_output": False,
+}
+WORKBENCH_STOP_TIMEOUT_S = 10.0
+# AutoGen raises this when the reflection turn returns tool calls instead of text:
+# the model's fault, so the rollout finishes with no answer rather than failing.
+_NO_TEXT_REFLECTION = "produced no valid text response"
+
+
+def make_model_client(config: AgentConfig) -> OpenAIChatCompletionClient:
+    return OpenAIChatCompletionClient(
+        model="auto",
+        base_url=config.base_url,
+        api_key=config.key,
+        max_retries=config.model_max_retries,
+        model_info=MODEL_INFO,  # type: ignore[arg-type]
+    )
+
+
+def make_workbench(config: AgentConfig) -> CalculatorWorkbench:
+    command = list(config.calculator_command)
+    params = StdioServerParams(
+        command=command[0],
+        args=command[1:],
+        env=calculator_environment(),
+        read_timeout_seconds=config.calculator_timeout_s,
+    )
+    return CalculatorWorkbench(server_params=params)
+
+
+def classify_model_error(exc: BaseException, config: AgentConfig) -> AgentFailure | None:
+    """The infrastructure failure an OpenAI client error stands for, if it is one."""
+    retries = config.model_max_retries
+    if isinstance(exc, openai.APIConnectionError):
+        return ModelUnreachable(
+            f"model endpoint {config.base_url} unreachable after {retries} retries: {type(exc).__name__}: {exc}"
+        )
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        if status in (401, 403):
+            return BadEnvironment(f"model endpoint {config.base_url} rejected AGL_KEY (HTTP {status}): {exc.message}")
+        return ModelUnreachable(
+            f"model endpoint {config.base_url} answered HTTP {status} (after {retries} retries where retryable): "
+            f"{exc.message}"
+        )
+    if isinstance(exc, openai.APIError):
+        return ModelUnreachable(f"model endpoint {config.base_url} returned an unusable response: {exc}")
+    return None
+
+
+def last_text(messages: list[Any]) -> str:
+    """The content of the agent's final text message ('' when there is none)."""
+    for message in reversed(messages):
+        if isinstance(message, TextMessage) and message.source != "user":
+            return message.content
+    return ""
+
+
+async def _stop_workbench(workbench: CalculatorWorkbench) -> None:
+    actor = workbench._actor
+    try:
+        if actor is not None:
+            await asyncio.wait_for(workbench.stop(), WORKBENCH_STOP_TIMEOUT_S)
+    except BaseException as exc:  # noqa: BLE001 - cleanup must not mask the rollout's outcome
+        log.debug("stopping the calculator failed: %r", exc)
+    finally:
+        if actor is not None:
+            # AutoGen registers an atexit hook per session; once we have stopped (or given up on)
+            # the session, that hook could only block the interpreter's exit.
+            atexit.unregister(actor._sync_shutdown)
+            actor._active = False
+
+
+async def solve(config: AgentConfig) -> str:
+    """Run the agent on the question; return its final message. Raises AgentFailure."""
+    model_client = make_model_client(config)
+    workbench = make_workbench(config)
+    try:
+        try:
+            await workbench.start()
+            await workbench.list_tools()  # fails fast when the calculator cannot start
+        except AgentFailure:
+            raise
+        except Exception as exc:
+            raise CalculatorFailed(
+                transport_failure(exc) or f"calculator did not start: {type(exc).__name__}: {exc}"
+            ) from exc
+        agent = AssistantAgent(
+            name="calc_agent",
+            model_client=model_client,
+            workbench=workbench,
+            reflect_on_tool_use=True,
+            system_message=SYSTEM_MESSAGE,
+        )
+        try:
+            result = await agent.run(task=build_task(config.question))
+        except AgentFailure:
+            raise
+        except Exception as exc:
+            if workbench.failure is not None:
+                raise workbench.failure from exc
+            failure = classify_model_error(exc, config) or _find_cause(exc, config)
+            if failure is not None:
+                raise failure from exc
+            if isinstance(exc, RuntimeError) and _NO_TEXT_REFLECTION in str(exc):
+                return ""
+            raise
+        if workbench.failure is not None:
+            raise workbench.failure
+        return last_text(list(result.messages))
+    finally:
+        await _stop_workbench(workbench)
+        try:
+            await model_client.close()
+        except Exception as exc:  # noqa: BLE001
+            log.debug("closing the model client failed: %r", exc)
+
+
+def _find_cause(exc: BaseException, config: AgentConfig) -> AgentFailure | None:
+    """Look through chained and grouped exceptions for a model or calculator failure."""
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, AgentFailure):
+            return current
+        failure = classify_model_error(current, config)
+        if failure is not None:
+            return failure
+        if isinstance(current, BaseExceptionGroup):
+            stack.extend(current.exceptions)
+        for linked in (current.__cause__, current.__context__):
+            if linked is not None:
+                stack.append(linked)
+    return None

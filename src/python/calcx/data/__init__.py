@@ -1,0 +1,1 @@
+"""Calc-X data: the row schema, parquet/jsonl files with row validation, a problem generator."""

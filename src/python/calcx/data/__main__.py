@@ -1,0 +1,80 @@
+"""``calcx data``: generate a Calc-X-style dataset, or validate dataset files."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="calcx data", description="Calc-X datasets: generate or validate.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="write train/test/test_mini parquet files and sample.jsonl")
+    gen.add_argument("--out", required=True, help="directory to write into (created if missing)")
+    gen.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    gen.add_argument("--train-size", type=int, default=2000, help="rows in train.parquet (default 2000)")
+    gen.add_argument("--test-size", type=int, default=200, help="rows in test.parquet (default 200)")
+    gen.add_argument("--mini-size", type=int, default=50, help="rows in test_mini.parquet (default 50)")
+    gen.add_argument("--sample-size", type=int, default=16, help="rows in sample.jsonl (default 16)")
+    gen.add_argument("--force", action="store_true", help="overwrite existing files")
+    val = sub.add_parser("validate", help="check that files follow the Calc-X row schema")
+    val.add_argument("files", nargs="+", help=".parquet or .jsonl files")
+    return parser
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from calcx.data.generator import generate_dataset
+    from calcx.data.io import write_jsonl, write_parquet
+
+    for name in ("train_size", "test_size", "mini_size", "sample_size"):
+        if getattr(args, name) < 0:
+            print(f"calcx data: error: --{name.replace('_', '-')} must be >= 0", file=sys.stderr)
+            return 2
+    out = Path(args.out)
+    targets = [out / n for n in ("train.parquet", "test.parquet", "test_mini.parquet", "sample.jsonl")]
+    existing = [str(t) for t in targets if t.exists()]
+    if existing and not args.force:
+        print(f"calcx data: error: {', '.join(existing)} already exist; pass --force to overwrite", file=sys.stderr)
+        return 2
+    try:
+        splits = generate_dataset(args.seed, args.train_size, args.test_size, args.mini_size)
+    except ValueError as exc:
+        print(f"calcx data: error: {exc}", file=sys.stderr)
+        return 2
+    write_parquet(splits["train"], targets[0])
+    write_parquet(splits["test"], targets[1])
+    write_parquet(splits["test_mini"], targets[2])
+    write_jsonl(splits["train"][: args.sample_size], targets[3])
+    sizes = [len(splits["train"]), len(splits["test"]), len(splits["test_mini"]), min(args.sample_size,
+                                                                                       len(splits["train"]))]
+    for target, size in zip(targets, sizes):
+        print(f"wrote {target} ({size} rows)")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from calcx.data.io import read_rows
+    from calcx.data.schema import DataError
+
+    failed = 0
+    for name in args.files:
+        try:
+            rows = read_rows(name)
+        except DataError as exc:
+            print(f"calcx data: error: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"{name}: {len(rows)} rows ok")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "generate":
+        return _generate(args)
+    return _validate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

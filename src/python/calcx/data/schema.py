@@ -1,0 +1,59 @@
+"""The Calc-X row: ``id``, ``question``, ``chain``, ``result``, ``source``.
+
+Rows are plain dicts (that is what travels to the server as a rollout's row).
+Validation names the file, the row number (1-based) and the field, and says what
+is expected, so a bad dataset is fixed in one go rather than found mid-training.
+Columns beyond the five are kept as they are.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+FIELDS = ("id", "question", "chain", "result", "source")
+NON_EMPTY_FIELDS = ("id", "question", "result")
+# Calc-X's own files name the source column ``source_ds``; it is accepted as ``source``.
+FIELD_ALIASES = {"source_ds": "source"}
+
+
+class DataError(ValueError):
+    """A dataset file or row that does not follow the Calc-X schema."""
+
+
+def _as_text(value: Any, field: str, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        raise DataError(f"{where}: field '{field}' must be a string, got a boolean")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and field in ("id", "result"):
+        if not math.isfinite(value):
+            raise DataError(f"{where}: field '{field}' must be a finite number or a string, got {value!r}")
+        return str(int(value)) if value.is_integer() else repr(value)
+    raise DataError(f"{where}: field '{field}' must be a string, got {type(value).__name__}")
+
+
+def validate_row(row: Any, *, file: str = "<rows>", number: int = 0) -> dict[str, Any]:
+    """A clean copy of ``row`` (numbers in ``id``/``result`` become strings) or DataError."""
+    where = f"{file}: row {number}"
+    if not isinstance(row, Mapping):
+        raise DataError(f"{where}: expected an object with fields {', '.join(FIELDS)}, got {type(row).__name__}")
+    clean: dict[str, Any] = {}
+    for key, value in row.items():
+        key = str(key)
+        alias = FIELD_ALIASES.get(key)
+        clean[alias if alias is not None and alias not in row else key] = value
+    for field in FIELDS:
+        if field not in clean or clean[field] is None:
+            raise DataError(f"{where}: field '{field}' is missing (every row needs {', '.join(FIELDS)})")
+        clean[field] = _as_text(clean[field], field, where)
+    for field in NON_EMPTY_FIELDS:
+        if not clean[field].strip():
+            raise DataError(f"{where}: field '{field}' is empty")
+    return clean
+
+
+def validate_rows(rows: list[Any], *, file: str = "<rows>", first_number: int = 1) -> list[dict[str, Any]]:
+    return [validate_row(row, file=file, number=first_number + i) for i, row in enumerate(rows)]

@@ -1,0 +1,1 @@
+"""The stub LLM: a scripted, deterministic OpenAI-compatible chat server (``calcx stub-llm``)."""

@@ -1,0 +1,96 @@
+"""Answer extraction, the task prompt and environment validation."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+
+from calcx.agent.answer import INSTRUCTION, build_task, extract_answer
+from calcx.agent.calculator import calculator_command, calculator_environment
+from calcx.agent.config import AgentConfig
+from calcx.agent.failures import EXIT_CODES, BadEnvironment, CalculatorFailed
+
+GOOD_ENV = {"QUESTION": "What is 2 + 2?", "RESULT": "4", "AGL_OPENAI_BASE_URL": "http://127.0.0.1:1/v1",
+            "AGL_EVENT_URL": "http://127.0.0.1:1/events", "AGL_KEY": "k"}
+
+
+@pytest.mark.parametrize(
+    "message, answer",
+    [
+        ("The total is 12. ### ANSWER: 12 ###", "12"),
+        ("### ANSWER:12###", "12"),
+        ("reasoning\n### ANSWER: 2/3", "2/3"),
+        ("### ANSWER: C ### trailing text", "C"),
+        ("no marker, just 7", "no marker, just 7"),
+        ("", ""),
+        (None, ""),
+    ],
+)
+def test_extract_answer(message, answer):
+    assert extract_answer(message) == answer
+
+
+@pytest.mark.parametrize(
+    "message",
+    ["### ANSWER: " + " " * 5_000_000 + "x", "###" * 2_000_000, "### ANSWER: 1" + " \t" * 3_000_000],
+)
+def test_extract_answer_is_fast_on_adversarial_text(message):
+    started = time.monotonic()
+    extract_answer(message)
+    assert time.monotonic() - started < 2.0
+
+
+def test_task_contains_question_and_format_instruction():
+    task = build_task("  What is 2 + 2?  ")
+    assert task.startswith("What is 2 + 2?\n\n") and task.endswith(INSTRUCTION)
+    assert "### ANSWER: <answer> ###" in task
+
+
+@pytest.mark.parametrize("missing", ["QUESTION", "RESULT", "AGL_OPENAI_BASE_URL", "AGL_EVENT_URL", "AGL_KEY"])
+def test_missing_variable_is_named(missing):
+    env = {k: v for k, v in GOOD_ENV.items() if k != missing}
+    with pytest.raises(BadEnvironment, match=missing) as info:
+        AgentConfig.from_env(env)
+    assert info.value.exit_code == EXIT_CODES["bad_environment"] == 2
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        ({"AGL_EVENT_URL": "ftp://x"}, "AGL_EVENT_URL"),
+        ({"CALCX_AGENT_TIMEOUT_S": "soon"}, "CALCX_AGENT_TIMEOUT_S"),
+        ({"CALCX_AGENT_TIMEOUT_S": "-1"}, "CALCX_AGENT_TIMEOUT_S"),
+        ({"CALCX_CALCULATOR_CMD": "python -m calc"}, "CALCX_CALCULATOR_CMD"),
+        ({"CALCX_CALCULATOR_CMD": "[]"}, "CALCX_CALCULATOR_CMD"),
+    ],
+)
+def test_bad_settings_are_named(extra, fragment):
+    with pytest.raises(BadEnvironment, match=fragment):
+        AgentConfig.from_env({**GOOD_ENV, **extra})
+
+
+def test_config_defaults_and_bounds():
+    config = AgentConfig.from_env(GOOD_ENV)
+    assert config.run_timeout_s == 300 and config.model_max_retries == 6 and config.calculator_timeout_s == 120
+    assert AgentConfig.from_env({**GOOD_ENV, "CALCX_AGENT_TIMEOUT_S": "9999"}).run_timeout_s == 300
+    assert AgentConfig.from_env({**GOOD_ENV, "CALCX_AGENT_TIMEOUT_S": "5"}).run_timeout_s == 5
+
+
+def test_calculator_command_default_and_override():
+    assert calculator_command({}) == [sys.executable, "-m", "calcx.agent.calculator"]
+    override = ["/usr/bin/env", "calc-server", "--stdio"]
+    assert calculator_command({"CALCX_CALCULATOR_CMD": json.dumps(override)}) == override
+
+
+def test_calculator_environment_drops_secrets():
+    env = calculator_environment({"AGL_KEY": "secret", "QUESTION": "q", "PATH": "/bin"})
+    assert "AGL_KEY" not in env and "QUESTION" not in env and env["PATH"] == "/bin"
+    assert env["PYTHONPATH"]
+
+
+def test_failure_line_is_one_line_with_reason():
+    line = CalculatorFailed("process\nexited\twith 3").stderr_line()
+    assert line == "calcx-agent: failure: calculator_failed process exited with 3"

@@ -1,0 +1,109 @@
+"""Reward semantics and hostile answers (each must return quickly and never match)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from calcx.agent.numeric import NumericError, evaluate
+from calcx.agent.reward import reward, scalar_are_results_same
+
+
+@pytest.mark.parametrize(
+    "pred, true",
+    [
+        ("42", "42"),
+        ("  42 ", "42"),
+        ("C", "C"),
+        ("(c)", "C"),
+        ("C)", "C"),
+        ("option C", "C"),
+        ("2/3", "0.666667"),
+        ("0.666667", "2/3 = around 0.666667"),
+        ("2/3", "2/3 = around 0.666667"),
+        ("1/4", "0.25"),
+        ("1,000", "1000"),
+        ("1_000", "1000"),
+        ("$1,234.50", "1234.5"),
+        ("50%", "50"),
+        ("50%", "0.5"),
+        ("100.5", "100"),  # within the 1 % relative tolerance
+        ("12 * 3 = 36", "36"),
+        ("\\frac{1}{4}", "0.25"),
+        ("\\boxed{36}", "36"),
+        ("36.", "36"),
+        ("2^10", "1024"),
+        ("-3", "-3.0"),
+    ],
+)
+def test_matches(pred, true):
+    assert scalar_are_results_same(pred, true)
+    assert reward(pred, true) == 1.0
+
+
+@pytest.mark.parametrize(
+    "pred, true",
+    [
+        ("43", "42"),
+        ("102", "100"),  # 2 % off
+        ("B", "C"),
+        ("3", "C"),
+        ("C", "3"),
+        ("", "42"),
+        ("The result is 42.", "42"),
+        ("unknown", "42"),
+        ("1/0", "1"),
+        ("42 apples and 7 pears", "42"),
+        ("0.5", "50"),
+    ],
+)
+def test_mismatches(pred, true):
+    assert not scalar_are_results_same(pred, true)
+    assert reward(pred, true) == 0.0
+
+
+HOSTILE = [
+    "9**9**9",
+    "9^9^9^9",
+    "10**10**10**10",
+    "(" * 5000 + "1" + ")" * 5000,
+    "-" * 100_000 + "1",
+    "1" * 10_000_000,
+    " " * 10_000_000 + "1",
+    "1/3" * 1_000_000,
+    "__import__('os').system('touch /tmp/calcx-pwned')",
+    "().__class__.__bases__[0].__subclasses__()",
+    "exec('import os')",
+    "lambda: 1",
+    "1e308 * 1e308",
+    "nan",
+    "inf",
+    "1" + "0" * 5000,
+]
+
+
+@pytest.mark.parametrize("pred", HOSTILE, ids=[f"hostile{i}" for i in range(len(HOSTILE))])
+def test_hostile_answers_return_quickly_and_do_not_match(pred):
+    started = time.monotonic()
+    assert reward(pred, "42") == 0.0
+    assert reward("42", pred) == 0.0
+    assert time.monotonic() - started < 1.0
+
+
+def test_hostile_text_is_never_executed(tmp_path):
+    target = tmp_path / "pwned"
+    assert reward(f"__import__('os').system('touch {target}')", "0") == 0.0
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("expr, value", [("1 + 2 * 3", 7), ("(1 + 2) * 3", 9), ("2 ** 3 ** 2", 512),
+                                         ("-2 ^ 2", -4), ("7 / 2", 3.5), ("50%", 0.5), ("3 × 4 ÷ 2", 6)])
+def test_parser_precedence(expr, value):
+    assert evaluate(expr) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("expr", ["", "1 +", "(1", "1 2", "abs(3)", "2 ** 5000", "1e999", "1/0"])
+def test_parser_rejects(expr):
+    with pytest.raises(NumericError):
+        evaluate(expr)

@@ -1,0 +1,195 @@
+"""End to end: the real agent process against the real stub LLM, MCP calculator and an event receiver.
+
+Agent processes are expensive to start (AutoGen import), so every scenario is launched
+at once by one module fixture and each test then checks its own scenario's outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Iterator
+
+import pytest
+
+from agent_harness import SCRIPTED, AgentRun, EventLog, agent_env, closed_port, kill_group, start_agent
+
+WAIT_S = 180.0
+HANG_TIMEOUT_S = 20
+WORD_PROBLEM, FRACTION_PROBLEM = list(SCRIPTED)
+
+FORKED_WORKER = """
+import os, sys
+import calcx.agent.rollout  # imported before the fork, as a pre-forked worker does
+from calcx.agent.main import run_agent
+pid = os.fork()
+if pid == 0:
+    code = run_agent(dict(os.environ))
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(code)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def _scenarios(stub_url: str, event_url: str) -> dict[str, tuple[dict[str, str], list[str] | None]]:
+    """name -> (environment overrides, argv or None for `python -m calcx.agent`)."""
+    model = f"{stub_url}/v1"
+
+    def env(name: str, question: str, result: str, **extra: str) -> dict[str, str]:
+        return {
+            "QUESTION": question,
+            "RESULT": result,
+            "AGL_OPENAI_BASE_URL": model,
+            "AGL_EVENT_URL": f"{event_url}/ok/{name}",
+            "AGL_KEY": f"key-{name}",
+            **extra,
+        }
+
+    py = sys.executable
+    scenarios = {
+        # Started alone first (see `runs`), so that its whole-run timer is not eaten by start-up contention.
+        "hang": env("hang", "[stub:hang] What is 2 + 2?", "4", CALCX_AGENT_TIMEOUT_S=str(HANG_TIMEOUT_S)),
+        "scripted": env("scripted", WORD_PROBLEM, SCRIPTED[WORD_PROBLEM][1]),
+        "fraction": env("fraction", FRACTION_PROBLEM, SCRIPTED[FRACTION_PROBLEM][1]),
+        "in_text": env("in_text", "What is 12 * (3 + 4)?", "84"),
+        "wrong": env("wrong", "[stub:wrong] What is 6 * 7?", "42"),
+        "noformat": env("noformat", "[stub:noformat] What is 6 * 7?", "42"),
+        "badjson": env("badjson", "[stub:badjson] What is 6 * 7?", "42"),
+        "unknowntool": env("unknowntool", "[stub:unknowntool] What is 6 * 7?", "42"),
+        "unreachable": env(
+            "unreachable", "What is 1 + 1?", "2",
+            AGL_OPENAI_BASE_URL=f"http://127.0.0.1:{closed_port()}/v1", CALCX_MODEL_MAX_RETRIES="1",
+        ),
+        "error500": env("error500", "[stub:error500] What is 1 + 2?", "3", CALCX_MODEL_MAX_RETRIES="1"),
+        "calc_dead": env(
+            "calc_dead", "[calc_dead] What is 3 + 3?", "6",
+            CALCX_CALCULATOR_CMD=json.dumps([py, "-c", "import sys; sys.exit(3)"]),
+        ),
+        "calc_hung": env(
+            "calc_hung", "[calc_hung] What is 4 + 4?", "8",
+            CALCX_CALCULATOR_CMD=json.dumps([py, "-c", "import time; time.sleep(60)"]),
+            CALCX_CALCULATOR_TIMEOUT_S="2",
+        ),
+        "rejected": {**env("rejected", "What is 5 * 5?", "25"), "AGL_EVENT_URL": f"{event_url}/reject/rejected"},
+        "forked": env("forked", WORD_PROBLEM, SCRIPTED[WORD_PROBLEM][1]),
+    }
+    return {name: (overrides, [py, "-c", FORKED_WORKER] if name == "forked" else None)
+            for name, overrides in scenarios.items()}
+
+
+def _wait_for_hang_request(stub_server, run: AgentRun, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and run.proc.poll() is None:
+        try:
+            if any(e["kind"] == "hang" for e in list(stub_server.app.state.log)):
+                return
+        except RuntimeError:  # the log changed while being copied; look again
+            pass
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def runs(stub_server, event_server) -> Iterator[dict[str, AgentRun]]:
+    started: dict[str, AgentRun] = {}
+    try:
+        for name, (overrides, argv) in _scenarios(stub_server.url, event_server.url).items():
+            started[name] = start_agent(name, agent_env(**overrides), argv)
+            if name == "hang":
+                _wait_for_hang_request(stub_server, started[name])
+        deadline = time.monotonic() + WAIT_S
+        for run in started.values():
+            run.wait(deadline - time.monotonic())
+        yield started
+    finally:
+        for run in started.values():
+            if run.proc.poll() is None:
+                kill_group(run.proc)
+                run.proc.wait(10)
+
+
+def rewards(event_log: EventLog, name: str, kind: str = "ok") -> list[tuple[str | None, dict]]:
+    return event_log.for_path(f"/{kind}/{name}")
+
+
+def assert_finished(run: AgentRun, event_log: EventLog, expected_reward: float) -> None:
+    assert run.returncode == 0, f"{run.name}: exit {run.returncode}\n{run.stderr[-3000:]}"
+    posted = rewards(event_log, run.name)
+    assert posted == [
+        (f"Bearer key-{run.name}", {"event_type": "reward", "data": {"value": expected_reward}})
+    ], run.stderr[-2000:]
+    assert run.last_stderr_line.startswith(f"calcx-agent: finished reward={expected_reward:g}")
+
+
+def assert_failed(run: AgentRun, event_log: EventLog, code: int, reason: str) -> None:
+    assert run.returncode == code, f"{run.name}: exit {run.returncode}, wanted {code}\n{run.stderr[-3000:]}"
+    assert run.last_stderr_line.startswith(f"calcx-agent: failure: {reason} "), run.stderr[-2000:]
+    assert rewards(event_log, run.name) == [], "no reward may be posted on an infrastructure failure"
+
+
+def test_scripted_word_problem_scores_one(runs, event_log):
+    assert_finished(runs["scripted"], event_log, 1.0)
+    summary = json.loads(runs["scripted"].stdout.strip().splitlines()[-1])
+    assert summary["answer"] == "89" and summary["reward"] == 1.0
+
+
+def test_fraction_result_within_tolerance_scores_one(runs, event_log):
+    assert_finished(runs["fraction"], event_log, 1.0)
+
+
+def test_arithmetic_found_in_question_scores_one(runs, event_log):
+    assert_finished(runs["in_text"], event_log, 1.0)
+
+
+def test_agent_in_forked_worker_scores_one(runs, event_log):
+    assert_finished(runs["forked"], event_log, 1.0)
+
+
+@pytest.mark.parametrize("name", ["wrong", "noformat", "badjson", "unknowntool"])
+def test_model_mistakes_finish_with_reward_zero(runs, event_log, name):
+    assert_finished(runs[name], event_log, 0.0)
+
+
+def test_unreachable_model_exits_10(runs, event_log):
+    assert_failed(runs["unreachable"], event_log, 10, "model_unreachable")
+
+
+def test_http_500_exits_10_after_retries(runs, event_log, stub_server):
+    assert_failed(runs["error500"], event_log, 10, "model_unreachable")
+    log = [e for e in stub_server.app.state.log if e["question"].startswith("What is 1 + 2?")]
+    assert [e["kind"] for e in log] == ["error500", "error500"]  # first try + CALCX_MODEL_MAX_RETRIES=1
+
+
+def test_dead_calculator_exits_11_before_any_model_call(runs, event_log, stub_server):
+    assert_failed(runs["calc_dead"], event_log, 11, "calculator_failed")
+    assert not [e for e in stub_server.app.state.log if "[calc_dead]" in e["question"]]
+
+
+def test_hung_calculator_exits_11(runs, event_log):
+    assert_failed(runs["calc_hung"], event_log, 11, "calculator_failed")
+    assert "in time" in runs["calc_hung"].last_stderr_line
+
+
+def test_hanging_model_exits_12_at_the_run_timeout(runs, event_log, stub_server):
+    run = runs["hang"]
+    assert_failed(run, event_log, 12, "timeout")
+    assert any(e["kind"] == "hang" for e in stub_server.app.state.log if e["question"].startswith("What is 2 + 2?"))
+    assert HANG_TIMEOUT_S <= run.seconds < HANG_TIMEOUT_S + 30
+
+
+def test_rejected_reward_post_exits_13(runs, event_log):
+    run = runs["rejected"]
+    assert run.returncode == 13, run.stderr[-2000:]
+    assert run.last_stderr_line.startswith("calcx-agent: failure: reward_post_failed ")
+    assert "HTTP 401" in run.last_stderr_line
+    assert len(rewards(event_log, "rejected", kind="reject")) == 1  # a 4xx is not retried
+
+
+def test_bad_environment_exits_2_naming_the_variable(stub_server, event_server):
+    env = agent_env(QUESTION="What is 1 + 1?", RESULT="2", AGL_OPENAI_BASE_URL=f"{stub_server.url}/v1",
+                    AGL_EVENT_URL=f"{event_server.url}/ok/badenv", AGL_KEY="")
+    run = start_agent("badenv", env).wait(60)
+    assert run.returncode == 2
+    assert run.last_stderr_line.startswith("calcx-agent: failure: bad_environment ")
+    assert "AGL_KEY" in run.last_stderr_line
