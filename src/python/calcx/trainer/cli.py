@@ -1,0 +1,131 @@
+"""`calcx train`: GRPO training of the Calc-X agent with verl 0.9.1.
+
+`--help` needs nothing but the standard library; `--print-config` needs hydra-core and verl's YAML
+files (verl is located, not imported); training needs the GPU stack and fails fast without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
+DEFAULT_TRAIN = "data/calcx/train.parquet"
+DEFAULT_VAL = "data/calcx/test_mini.parquet"
+NO_GPU_MESSAGE = (
+    "calcx train: no CUDA GPU was found on this machine ({why}). Training needs an NVIDIA GPU with "
+    "torch, vLLM and verl installed. To exercise the whole rollout path on CPU, run 'calcx rehearse' "
+    "(the CPU rehearsal: server, controller, agent and a stub model)."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="calcx train",
+        description=(
+            "Train the Calc-X agent with GRPO on verl 0.9.1. The config is verl's ppo_trainer defaults, "
+            "then calcx/trainer/config/calcx.yaml, then these flags, then any KEY=VALUE overrides."
+        ),
+        epilog=(
+            "overrides: Hydra-style dotlist after the flags, e.g. trainer.total_epochs=1 "
+            "'trainer.logger=[console,wandb]'; '+key=value' adds a key verl does not declare; "
+            "an override of a config group (e.g. model_engine=...) is passed to Hydra's compose."
+        ),
+    )
+    parser.add_argument("--train-file", default=DEFAULT_TRAIN,
+                        help=f"Calc-X training rows, parquet or jsonl (default {DEFAULT_TRAIN}, "
+                             "generated with 'calcx data generate' when absent)")
+    parser.add_argument("--val-file", default=DEFAULT_VAL, help=f"validation rows (default {DEFAULT_VAL})")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"policy model path or hub id (default {DEFAULT_MODEL})")
+    parser.add_argument("--agl-base-url", default=None,
+                        help="calcx server base URL the rollouts go to (default from calcx.yaml: http://127.0.0.1:8000)")
+    parser.add_argument("--agl-key", default=None,
+                        help="calcx server key (default: $CALCX_KEY); never printed")
+    parser.add_argument("--run-name", default=None, help="experiment name: checkpoint and report directory name")
+    parser.add_argument("--async", dest="async_mode", action="store_true",
+                        help="asynchronous rollouts: a second train batch in flight, staleness bounded "
+                             "to 2 policy versions (verl V1 colocate_async)")
+    parser.add_argument("--runner", choices=("local", "k8s"), default=None,
+                        help="how the controller runs each agent (recorded in the config; default local)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the composed config (secrets masked) and exit; needs no GPU")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, applied last")
+    return parser
+
+
+def compose_from_args(args: argparse.Namespace, *, train_files: str | None = None, val_files: str | None = None):
+    from calcx.trainer.config import ComposeRequest, compose
+
+    return compose(ComposeRequest(
+        model=args.model,
+        train_files=train_files if train_files is not None else args.train_file,
+        val_files=val_files if val_files is not None else args.val_file,
+        server_url=args.agl_base_url,
+        key=args.agl_key,
+        run_name=args.run_name,
+        runner=args.runner,
+        async_mode=args.async_mode,
+        dotlist=list(args.overrides),
+    ))
+
+
+def cuda_problem() -> str | None:
+    """None when a CUDA GPU is usable, else why not (checked before anything heavy is started)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return "CUDA_VISIBLE_DEVICES hides every device"
+    try:
+        import torch  # noqa: PLC0415  (heavy, and absent from CPU builds)
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        build = getattr(torch.version, "cuda", None)
+        return "torch was built without CUDA" if build is None else "torch.cuda.is_available() is False"
+    return None
+
+
+def _train(args: argparse.Namespace) -> int:
+    from calcx.trainer.config import ConfigError
+
+    problem = cuda_problem()
+    if problem is not None:
+        print(NO_GPU_MESSAGE.format(why=problem), file=sys.stderr)
+        return 3
+    from calcx.trainer import data as data_mod
+    from calcx.trainer.launch import run_training
+
+    try:
+        train_src, val_src = Path(args.train_file), Path(args.val_file)
+        data_mod.ensure_generated(train_src)
+        data_mod.ensure_generated(val_src)
+        cfg = compose_from_args(args)
+        return run_training(cfg, train_src=train_src, val_src=val_src)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        print(f"calcx train: {exc}", file=sys.stderr)
+        return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    bad = [item for item in args.overrides if "=" not in item]
+    if bad:
+        print(f"calcx train: {bad[0]!r} is not an override of the form KEY=VALUE "
+              "(flags go before the overrides)", file=sys.stderr)
+        return 2
+    if args.print_config:
+        from calcx.trainer.config import ConfigError, redacted_yaml
+
+        try:
+            cfg = compose_from_args(args)
+        except ConfigError as exc:
+            print(f"calcx train: {exc}", file=sys.stderr)
+            return 2
+        sys.stdout.write(redacted_yaml(cfg))
+        return 0
+    return _train(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

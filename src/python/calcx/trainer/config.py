@@ -1,0 +1,183 @@
+"""Compose the training config: verl's `ppo_trainer` defaults, Calc-X overrides, then the user's.
+
+Only hydra-core/omegaconf and verl's YAML files are needed here: verl's package directory is found
+with `importlib.util.find_spec` so that composing (and `--print-config`) never imports verl, whose
+`__init__` imports torch and ray.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+
+PACKAGE_CONFIG_DIR = Path(__file__).resolve().parent / "config"
+CALCX_OVERRIDES = PACKAGE_CONFIG_DIR / "calcx.yaml"
+ASYNC_OVERRIDES = PACKAGE_CONFIG_DIR / "async.yaml"
+AGENT_LOOPS_FILE = PACKAGE_CONFIG_DIR / "agent_loops.yaml"
+VERL_CONFIG_NAME = "ppo_trainer"
+SECRET_KEYS = ("calcx.key",)
+
+
+class ConfigError(ValueError):
+    """A config override names a key verl does not have, or a value that cannot be parsed."""
+
+
+def verl_config_dir() -> Path:
+    """verl's `trainer/config` directory, located without importing verl."""
+    spec = importlib.util.find_spec("verl")
+    if spec is None or spec.origin is None:
+        raise ConfigError(
+            "verl is not installed in this Python environment; install verl==0.9.1 "
+            "(the 'trainer-cpu' or 'trainer-gpu' resolve) to compose the training config"
+        )
+    path = Path(spec.origin).resolve().parent / "trainer" / "config"
+    if not (path / f"{VERL_CONFIG_NAME}.yaml").is_file():
+        raise ConfigError(f"verl at {path.parent.parent} has no trainer/config/{VERL_CONFIG_NAME}.yaml")
+    return path
+
+
+@dataclass
+class ComposeRequest:
+    """What the command line asks for, before any file is read."""
+
+    model: str | None = None
+    train_files: str | None = None
+    val_files: str | None = None
+    server_url: str | None = None
+    key: str | None = None
+    run_name: str | None = None
+    runner: str | None = None
+    async_mode: bool = False
+    dotlist: list[str] = field(default_factory=list)
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
+    """(dotted key, value) for every leaf of a nested mapping; lists are leaves."""
+    if isinstance(node, dict):
+        if not node and prefix:
+            yield prefix, {}
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix, node
+
+
+def _has_key(cfg: DictConfig, dotted: str) -> bool:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, DictConfig) or part not in node.keys():  # `in` is False for ??? values
+            return False
+        node = node._get_node(part)  # no interpolation resolution while walking
+    return True
+
+
+def _set(cfg: DictConfig, dotted: str, value: Any, *, must_exist: bool, origin: str) -> None:
+    if must_exist and not _has_key(cfg, dotted):
+        raise ConfigError(
+            f"{origin}: '{dotted}' is not a key of verl's {VERL_CONFIG_NAME} config; "
+            f"check the spelling, or write '+{dotted}=...' to add a new key"
+        )
+    with open_dict(cfg):
+        OmegaConf.update(cfg, dotted, value, merge=False, force_add=True)
+
+
+def _apply_file(cfg: DictConfig, path: Path) -> None:
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    if not isinstance(data, dict) or set(data) - {"overrides", "additions"}:
+        raise ConfigError(f"{path}: expected a mapping with 'overrides' and 'additions' sections")
+    for dotted, value in _leaves(data.get("overrides") or {}):
+        _set(cfg, dotted, value, must_exist=True, origin=str(path))
+    for dotted, value in _leaves(data.get("additions") or {}):
+        _set(cfg, dotted, value, must_exist=False, origin=str(path))
+
+
+def parse_dotlist_item(item: str) -> tuple[str, Any, bool]:
+    """`key=value` / `+key=value` / `++key=value` -> (key, parsed value, may add a new key)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form key=value (e.g. trainer.total_epochs=1)")
+    key, raw = item.split("=", 1)
+    add = key.startswith("+")
+    key = key.lstrip("+").strip()
+    if not key or key.startswith("~"):
+        raise ConfigError(f"override {item!r}: key is empty or a deletion, which is not supported")
+    try:
+        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]))["v"]  # type: ignore[index]
+    except Exception as exc:  # omegaconf raises grammar errors of several kinds
+        raise ConfigError(f"override {item!r}: cannot parse value {raw!r} ({exc})") from exc
+    return key, value, add
+
+
+def _group_names(config_dir: Path) -> set[str]:
+    return {p.name for p in config_dir.iterdir() if p.is_dir() and not p.name.startswith("_")}
+
+
+def compose(request: ComposeRequest) -> DictConfig:
+    """verl defaults < calcx.yaml < (async.yaml) < flags < command-line dotlist."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    config_dir = verl_config_dir()
+    groups = _group_names(config_dir)
+    group_overrides, dotlist = [], []
+    for item in request.dotlist:
+        key = item.split("=", 1)[0].lstrip("+")
+        (group_overrides if key in groups else dotlist).append(item)
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        cfg = hydra_compose(config_name=VERL_CONFIG_NAME, overrides=group_overrides)
+    GlobalHydra.instance().clear()
+
+    _apply_file(cfg, CALCX_OVERRIDES)
+    _set(cfg, "actor_rollout_ref.rollout.agent.agent_loop_config_path", str(AGENT_LOOPS_FILE),
+         must_exist=True, origin="calcx")
+    if request.async_mode:
+        _apply_file(cfg, ASYNC_OVERRIDES)
+
+    flags = {
+        "actor_rollout_ref.model.path": request.model,
+        "data.train_files": request.train_files,
+        "data.val_files": request.val_files,
+        "calcx.server_url": request.server_url,
+        "calcx.key": request.key,
+        "trainer.experiment_name": request.run_name,
+        "calcx.runner": request.runner,
+    }
+    for dotted, value in flags.items():
+        if value is not None:
+            _set(cfg, dotted, value, must_exist=True, origin="command line flag")
+
+    for item in dotlist:
+        key, value, add = parse_dotlist_item(item)
+        _set(cfg, key, value, must_exist=not add, origin=f"override {item!r}")
+    return cfg
+
+
+def redacted_yaml(cfg: DictConfig) -> str:
+    """The config as YAML, interpolations resolved where they can be, secrets masked."""
+    shown = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    for dotted in SECRET_KEYS:
+        if _has_key(shown, dotted):
+            value = OmegaConf.select(shown, dotted, throw_on_missing=False, default=None)
+            masked = "***" if value not in (None, "") else ""
+            OmegaConf.update(shown, dotted, masked, merge=False)
+    return OmegaConf.to_yaml(shown)
+
+
+def resolve_in_place(cfg: DictConfig) -> DictConfig:
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def to_plain(cfg: DictConfig | ListConfig, *, resolve: bool = True) -> Any:
+    return OmegaConf.to_container(cfg, resolve=resolve)
+
+
+def dotlist_from_argv(rest: Sequence[str]) -> list[str]:
+    """Keep the positional overrides as given (argparse hands them over in order)."""
+    return [item for item in rest if item]

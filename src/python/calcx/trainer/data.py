@@ -1,0 +1,60 @@
+"""Training files: Calc-X rows -> the parquet layout verl's RLHFDataset reads.
+
+verl reads `prompt` (chat messages) to measure and filter prompts, passes every other column to the
+AgentLoop as keyword arguments, and groups validation metrics by `data_source`. The Calc-X row
+itself travels as JSON in `calcx_row`, so the AgentLoop can hand it to the calcx server unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+DEFAULT_DATA_DIR = Path("data/calcx")
+DEFAULT_TRAIN = DEFAULT_DATA_DIR / "train.parquet"
+DEFAULT_VAL = DEFAULT_DATA_DIR / "test_mini.parquet"
+AGENT_NAME = "calcx_agent"
+
+
+def ensure_generated(path: Path) -> None:
+    """Generate the default Calc-X files when the default path is asked for and absent."""
+    if path.exists():
+        return
+    if path.parent != DEFAULT_DATA_DIR and path.parent.resolve() != DEFAULT_DATA_DIR.resolve():
+        raise FileNotFoundError(f"{path} does not exist; generate it with 'calcx data generate --out {path.parent}'")
+    from calcx.data.__main__ import main as data_main
+
+    code = data_main(["generate", "--out", str(path.parent)])
+    if code != 0 or not path.exists():
+        raise FileNotFoundError(f"'calcx data generate --out {path.parent}' did not produce {path} (exit {code})")
+
+
+def verl_records(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    records = []
+    for index, row in enumerate(rows):
+        records.append({
+            "prompt": [{"role": "user", "content": str(row["question"])}],
+            "data_source": str(row.get("source") or "calcx"),
+            "agent_name": AGENT_NAME,
+            "reward_model": {"style": "rule", "ground_truth": str(row["result"])},
+            "extra_info": {"index": index, "id": str(row["id"])},
+            "calcx_row": json.dumps(row, ensure_ascii=False, sort_keys=True),
+        })
+    return records
+
+
+def to_verl_parquet(src: str | Path, dst: str | Path) -> Path:
+    """Read (and validate) a Calc-X parquet/jsonl file and write verl's layout to `dst`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from calcx.data.io import read_rows
+
+    rows = read_rows(src)
+    if not rows:
+        raise ValueError(f"{src} has no rows; nothing to train on")
+    out = Path(dst)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(verl_records(rows)), out)
+    return out

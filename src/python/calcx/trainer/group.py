@@ -1,0 +1,93 @@
+"""Settle a GRPO group on the calcx server: create, wait (long poll), retry infrastructure failures.
+
+Every session of a group runs the same procedure and so reaches the same verdict without talking
+to its siblings: it creates all n rollouts of the group (creation is idempotent on rollout_id),
+then settles each one. A FAILED rollout with attempts left is retried as a new attempt (a 409
+means a sibling already did it); a FAILED rollout out of attempts, or a group that does not settle
+in time, makes the whole group incomplete, and every session raises `RolloutIncomplete`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from calcx.trainer.server_api import ServerError, TrainerServerClient
+from calcx.trainer.translate import RolloutIncomplete, rollout_create_body, rollout_id_for
+
+
+@dataclass
+class GroupSpec:
+    """Which group this session belongs to and how its rollouts are made."""
+
+    uid: str
+    session_id: int
+    n: int
+    step: int
+    partition: str
+    row: Mapping[str, Any]
+    env_map: Mapping[str, str] | None
+    deadline_s: float
+    max_attempts: int
+    wait_timeout_s: float
+    group_timeout_s: float
+
+    def rollout_ids(self) -> list[str]:
+        return [rollout_id_for(self.partition, self.step, self.uid, j) for j in range(self.n)]
+
+    def own_rollout_id(self) -> str:
+        return rollout_id_for(self.partition, self.step, self.uid, self.session_id)
+
+    def bodies(self) -> list[dict[str, Any]]:
+        labels = {"uid": self.uid, "step": str(self.step), "partition": self.partition}
+        return [
+            rollout_create_body(rollout_id=rid, group_id=self.uid, row=self.row, policy_version=self.step,
+                                env_map=self.env_map, deadline_s=self.deadline_s,
+                                max_attempts=self.max_attempts, labels=labels)
+            for rid in self.rollout_ids()
+        ]
+
+
+async def settle_rollout(client: TrainerServerClient, rollout_id: str, *, max_attempts: int,
+                         wait_timeout_s: float, deadline: float) -> dict[str, Any]:
+    """Wait until the rollout is SUCCEEDED or FAILED with no attempt left; retry FAILED ones."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise RolloutIncomplete(rollout_id, "group_timeout", "the group did not settle in time")
+        rollout = await client.wait(rollout_id, timeout_s=max(1.0, min(wait_timeout_s, remaining)))
+        state = rollout.get("state")
+        if state == "SUCCEEDED":
+            return rollout
+        if state == "FAILED":
+            attempts = rollout.get("attempts") or []
+            if len(attempts) >= int(rollout.get("max_attempts", max_attempts)):
+                return rollout
+            try:
+                await client.retry(rollout_id)
+            except ServerError as exc:
+                if exc.status != 409:  # 409: a sibling session retried it first
+                    raise
+
+
+async def settle_group(client: TrainerServerClient, spec: GroupSpec) -> dict[str, Any]:
+    """Settle the whole group; return this session's own SUCCEEDED rollout or raise RolloutIncomplete."""
+    await client.create_rollouts(spec.bodies())
+    deadline = time.monotonic() + spec.group_timeout_s
+    own_id = spec.own_rollout_id()
+    order = [own_id] + [rid for rid in spec.rollout_ids() if rid != own_id]
+    settled: dict[str, dict[str, Any]] = {}
+    for rid in order:
+        rollout = await settle_rollout(client, rid, max_attempts=spec.max_attempts,
+                                       wait_timeout_s=spec.wait_timeout_s, deadline=deadline)
+        if rollout.get("state") != "SUCCEEDED" or rollout.get("reward") is None:
+            attempts = rollout.get("attempts") or []
+            reason = attempts[-1].get("reason") if attempts else None
+            raise RolloutIncomplete(
+                own_id, "group_incomplete",
+                f"member {rid} ended {rollout.get('state')} after {len(attempts)} attempt(s), last reason {reason}"
+                if rollout.get("state") != "SUCCEEDED" else f"member {rid} SUCCEEDED without a reward",
+            )
+        settled[rid] = rollout
+    return settled[own_id]

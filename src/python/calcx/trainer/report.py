@@ -1,0 +1,149 @@
+"""End-of-run report: a reward curve (PNG) from a metrics JSONL and an eval table by `source`.
+
+Shared by the trainer and the CPU rehearsal. Metrics lines may be verl's file-logger form
+(`{"step": s, "data": {...}}`) or flat (`{"step": s, "reward/mean": ...}`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+# First key found wins: verl's mean sequence score, then the rehearsal's name.
+REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean", "reward/mean")
+VAL_KEY_PREFIX = "val-core/"
+
+
+class ReportError(ValueError):
+    """The metrics or eval input cannot make a report."""
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Flattened metric lines, each with an int `step`. Bad lines are an error naming the line."""
+    rows = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise ReportError(f"{path}:{number}: not JSON ({exc})") from exc
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise ReportError(f"{path}:{number}: a metrics line needs an integer 'step'")
+        flat = dict(record.get("data") or {}) if isinstance(record.get("data"), dict) else dict(record)
+        flat["step"] = record["step"]
+        rows.append(flat)
+    return rows
+
+
+def reward_series(metrics: Sequence[Mapping[str, Any]], key: str | None = None) -> tuple[str, list[int], list[float]]:
+    """(key used, steps, values) for the reward curve; the key is the first of REWARD_KEYS present."""
+    keys = [key] if key else list(REWARD_KEYS)
+    for candidate in keys:
+        points = [(int(m["step"]), float(m[candidate])) for m in metrics
+                  if isinstance(m.get(candidate), (int, float)) and math.isfinite(float(m[candidate]))]
+        if points:
+            points.sort()
+            return candidate, [p[0] for p in points], [p[1] for p in points]
+    raise ReportError(f"no metrics line has any of {keys}; cannot draw a reward curve")
+
+
+def plot_reward_curve(metrics: Sequence[Mapping[str, Any]], out_png: str | Path, *, key: str | None = None,
+                      title: str = "Calc-X training reward") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    used, steps, values = reward_series(metrics, key)
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.plot(steps, values, marker="o", markersize=3, linewidth=1.5, label=used)
+    val_points = sorted((int(m["step"]), float(v)) for m in metrics for k, v in m.items()
+                        if k.startswith(VAL_KEY_PREFIX) and k.endswith("/mean@1") and isinstance(v, (int, float)))
+    if val_points:
+        ax.plot([p[0] for p in val_points], [p[1] for p in val_points], "s--", markersize=4, label="validation")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("mean reward")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(out, format="png")
+    plt.close(fig)
+    return out
+
+
+@dataclass
+class EvalRow:
+    source: str
+    n: int
+    correct: int
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n if self.n else 0.0
+
+
+def eval_rows(records: Iterable[Mapping[str, Any]], *, threshold: float = 0.5) -> list[EvalRow]:
+    """Accuracy by `source`; a record is `{"source": str, "reward": float}`, correct when reward > threshold.
+    A record without a finite reward is an error: an unscored answer is not a wrong one."""
+    by_source: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for number, record in enumerate(records, start=1):
+        reward = record.get("reward")
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(float(reward)):
+            raise ReportError(f"eval record {number} ({record.get('source')!r}) has no finite reward: {reward!r}")
+        cell = by_source[str(record.get("source") or "unknown")]
+        cell[0] += 1
+        cell[1] += int(float(reward) > threshold)
+    return [EvalRow(source, n, correct) for source, (n, correct) in sorted(by_source.items())]
+
+
+def eval_table_markdown(rows: Sequence[EvalRow]) -> str:
+    total_n = sum(r.n for r in rows)
+    total_correct = sum(r.correct for r in rows)
+    lines = ["| source | n | correct | accuracy |", "|---|---:|---:|---:|"]
+    lines += [f"| {r.source} | {r.n} | {r.correct} | {r.accuracy:.1%} |" for r in rows]
+    overall = total_correct / total_n if total_n else 0.0
+    lines.append(f"| **all** | {total_n} | {total_correct} | {overall:.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out_dir: str | Path, *, metrics_path: str | Path | None,
+                 eval_records: Iterable[Mapping[str, Any]] | None, title: str = "Calc-X run report",
+                 incomplete_groups: int | None = None) -> Path:
+    """Write `reward_curve.png` (when metrics exist) and `report.md`; return the report's path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    parts = [f"# {title}", ""]
+    if metrics_path is not None:
+        metrics = read_metrics(metrics_path)
+        used, steps, values = reward_series(metrics)
+        plot_reward_curve(metrics, out / "reward_curve.png")
+        parts += [f"Reward ({used}) over {len(steps)} step(s): first {values[0]:.3f}, last {values[-1]:.3f}, "
+                  f"best {max(values):.3f}.", "", "![reward curve](reward_curve.png)", ""]
+    if incomplete_groups is not None:
+        parts += [f"GRPO groups left out as incomplete: {incomplete_groups}.", ""]
+    if eval_records is not None:
+        parts += ["## Evaluation (accuracy by source)", "", eval_table_markdown(eval_rows(eval_records))]
+    path = out / "report.md"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
+def count_incomplete(path: str | Path) -> int:
+    """Distinct (uid, step) groups in an `incomplete_groups.jsonl` (0 when the file is absent)."""
+    p = Path(path)
+    if not p.exists():
+        return 0
+    groups = set()
+    for line in p.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            record = json.loads(line)
+            groups.add((record.get("uid"), record.get("step")))
+    return len(groups)

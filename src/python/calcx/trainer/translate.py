@@ -1,0 +1,193 @@
+"""Turn a finished rollout and its recorded model calls into per-call training samples.
+
+Pure functions over the server's JSON (no verl, no torch, no ray) so that the rules that decide
+what is trained on can be tested anywhere: only the latest attempt's calls count, each call is one
+sample (prompt ids, response ids, mask of ones, log-probs), every sample of a rollout carries the
+rollout's reward, and a rollout that cannot be trained on faithfully raises `RolloutIncomplete`
+instead of being turned into a reward of 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+
+class RolloutIncomplete(Exception):
+    """This rollout (and so its GRPO group) must be left out of the training step."""
+
+    def __init__(self, rollout_id: str, reason: str, detail: str = "") -> None:
+        self.rollout_id = rollout_id
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"rollout {rollout_id}: {reason}" + (f" ({detail})" if detail else ""))
+
+
+@dataclass
+class CallSample:
+    """One model call, ready to become a verl AgentLoopOutput."""
+
+    call_id: str
+    seq: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    reward: float
+    policy_version: int | None
+    latency_s: float
+    prompt_truncated: bool = False
+    response_truncated: bool = False
+
+
+@dataclass
+class RolloutSamples:
+    """All samples of one rollout, plus what a metrics line needs."""
+
+    rollout_id: str
+    group_id: str | None
+    attempt_id: str
+    reward: float
+    samples: list[CallSample]
+    skipped_calls: int = 0
+    min_policy_version: int | None = None
+    max_policy_version: int | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+def _int_list(value: Any, what: str, rollout_id: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise RolloutIncomplete(rollout_id, "bad_call_record", f"{what} is not a list of token ids")
+    return list(value)
+
+
+def translate_rollout(
+    rollout: Mapping[str, Any],
+    calls: Sequence[Mapping[str, Any]],
+    *,
+    max_prompt_length: int,
+    max_response_length: int,
+    expected_group_id: str | None = None,
+) -> RolloutSamples:
+    """(Rollout, recorded calls) -> samples, or `RolloutIncomplete` saying why not.
+
+    Calls are ordered by `seq`; calls of earlier (failed) attempts, calls that did not answer 200
+    and calls that generated no token are skipped. Prompts longer than `max_prompt_length` keep
+    their last tokens (the end of the conversation is what the response depends on); responses
+    longer than `max_response_length` are cut, with the mask and log-probs cut alike.
+    """
+    rollout_id = str(rollout.get("rollout_id", "?"))
+    state = rollout.get("state")
+    if state != "SUCCEEDED":
+        attempts = rollout.get("attempts") or []
+        reason = attempts[-1].get("reason") if attempts else None
+        raise RolloutIncomplete(rollout_id, "rollout_failed", f"state {state}, last failure {reason}")
+    if expected_group_id is not None and rollout.get("group_id") != expected_group_id:
+        raise RolloutIncomplete(
+            rollout_id, "wrong_group", f"group {rollout.get('group_id')!r}, expected {expected_group_id!r}"
+        )
+    reward = rollout.get("reward")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(float(reward)):
+        raise RolloutIncomplete(rollout_id, "no_reward", f"reward {reward!r}")
+    attempts = rollout.get("attempts") or []
+    if not attempts:
+        raise RolloutIncomplete(rollout_id, "bad_rollout_record", "SUCCEEDED without attempts")
+    attempt_id = str(attempts[-1]["attempt_id"])
+
+    samples: list[CallSample] = []
+    skipped = 0
+    counters = {"prompt_truncated": 0, "response_truncated": 0}
+    ordered = sorted(
+        (c for c in calls if str(c.get("attempt_id")) == attempt_id), key=lambda c: int(c.get("seq", 0))
+    )
+    skipped += sum(1 for c in calls if str(c.get("attempt_id")) != attempt_id)
+    for call in ordered:
+        status = call.get("status_code")
+        if status not in (None, 200):
+            skipped += 1
+            continue
+        call_id = str(call.get("call_id", "?"))
+        prompt_ids = _int_list(call.get("prompt_token_ids"), f"call {call_id} prompt_token_ids", rollout_id)
+        response_ids = _int_list(call.get("response_token_ids"), f"call {call_id} response_token_ids", rollout_id)
+        logprobs = call.get("response_logprobs")
+        if not response_ids:
+            skipped += 1
+            continue
+        if not prompt_ids:
+            raise RolloutIncomplete(rollout_id, "bad_call_record", f"call {call_id} has no prompt token ids")
+        if not isinstance(logprobs, list) or len(logprobs) != len(response_ids):
+            raise RolloutIncomplete(
+                rollout_id,
+                "bad_call_record",
+                f"call {call_id}: {len(logprobs) if isinstance(logprobs, list) else 'no'} log-probs "
+                f"for {len(response_ids)} response tokens",
+            )
+        prompt_truncated = len(prompt_ids) > max_prompt_length
+        response_truncated = len(response_ids) > max_response_length
+        if prompt_truncated:
+            prompt_ids = prompt_ids[-max_prompt_length:]
+            counters["prompt_truncated"] += 1
+        if response_truncated:
+            response_ids = response_ids[:max_response_length]
+            logprobs = logprobs[:max_response_length]
+            counters["response_truncated"] += 1
+        version = call.get("policy_version")
+        samples.append(
+            CallSample(
+                call_id=call_id,
+                seq=int(call.get("seq", 0)),
+                prompt_ids=prompt_ids,
+                response_ids=response_ids,
+                response_mask=[1] * len(response_ids),
+                response_logprobs=[float(x) for x in logprobs],
+                reward=float(reward),
+                policy_version=int(version) if isinstance(version, int) else None,
+                latency_s=float(call.get("latency_s") or 0.0),
+                prompt_truncated=prompt_truncated,
+                response_truncated=response_truncated,
+            )
+        )
+    if not samples:
+        raise RolloutIncomplete(rollout_id, "no_calls", f"attempt {attempt_id} recorded no usable model call")
+    versions = [s.policy_version for s in samples if s.policy_version is not None]
+    return RolloutSamples(
+        rollout_id=rollout_id,
+        group_id=rollout.get("group_id"),
+        attempt_id=attempt_id,
+        reward=float(reward),
+        samples=samples,
+        skipped_calls=skipped,
+        min_policy_version=min(versions) if versions else None,
+        max_policy_version=max(versions) if versions else None,
+        counters=counters,
+    )
+
+
+def rollout_id_for(partition: str, step: int, uid: str, session_id: int) -> str:
+    """Deterministic rollout id: the same verl sample always names the same rollout (idempotent)."""
+    return f"calcx-{partition}-s{step}-{uid}-{session_id}"
+
+
+def rollout_create_body(
+    *,
+    rollout_id: str,
+    group_id: str,
+    row: Mapping[str, Any],
+    policy_version: int,
+    env_map: Mapping[str, str] | None,
+    deadline_s: float,
+    max_attempts: int,
+    labels: Mapping[str, str],
+) -> dict[str, Any]:
+    """A `RolloutCreate` as JSON (docs/architecture.md)."""
+    return {
+        "rollout_id": rollout_id,
+        "group_id": group_id,
+        "row": dict(row),
+        "env_map": dict(env_map) if env_map is not None else None,
+        "deadline_s": float(deadline_s),
+        "max_attempts": int(max_attempts),
+        "policy_version": int(policy_version),
+        "labels": {str(k): str(v) for k, v in labels.items()},
+    }

@@ -1,0 +1,59 @@
+"""`calcx train` command line: --help and --print-config stay light, no GPU fails fast and says why."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(REPO / "src" / "python")}
+PROBE = (
+    "import sys; from calcx.trainer.cli import main\n"
+    "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
+    "heavy = sorted(m for m in ('torch', 'verl', 'ray', 'vllm') if m in sys.modules)\n"
+    "print('HEAVY=' + ','.join(heavy), file=sys.stderr); raise SystemExit(code)\n"
+)
+
+
+def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=60,
+                          env=env or ENV, cwd=REPO)
+
+
+def test_help_lists_every_flag_without_importing_heavy_packages() -> None:
+    done = _run("--help")
+    assert done.returncode == 0, done.stderr
+    for flag in ("--train-file", "--val-file", "--model", "--agl-base-url", "--agl-key", "--run-name",
+                 "--async", "--runner", "--print-config", "KEY=VALUE"):
+        assert flag in done.stdout
+    assert "HEAVY=\n" in done.stderr + "\n" and "HEAVY=torch" not in done.stderr
+
+
+def test_print_config_composes_without_importing_verl() -> None:
+    done = _run("--print-config", "--agl-key", "top-secret", "--run-name", "exp7", "trainer.total_epochs=1")
+    assert done.returncode == 0, done.stderr
+    assert "HEAVY=\n" in done.stderr + "\n"
+    shown = yaml.safe_load(done.stdout)
+    assert shown["trainer"]["total_epochs"] == 1
+    assert shown["trainer"]["experiment_name"] == "exp7"
+    assert shown["algorithm"]["adv_estimator"] == "grpo"
+    assert shown["calcx"]["key"] == "***" and "top-secret" not in done.stdout
+
+
+def test_print_config_reports_a_misspelt_override() -> None:
+    done = _run("--print-config", "trainer.totl_epochs=1")
+    assert done.returncode == 2
+    assert "trainer.totl_epochs" in done.stderr and "not a key" in done.stderr
+
+
+def test_train_without_gpu_fails_fast_pointing_to_rehearse(tmp_path: Path) -> None:
+    env = {**ENV, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-m", "calcx.trainer.cli", "--train-file", str(tmp_path / "x.parquet")],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert done.returncode == 3
+    assert "no CUDA GPU was found" in done.stderr and "calcx rehearse" in done.stderr
+    assert not (tmp_path / "data").exists()  # failed before generating or starting anything

@@ -1,0 +1,67 @@
+"""Run report: reward curve PNG from a metrics JSONL, accuracy table by source, replica URLs."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from calcx.trainer.replicas import openai_endpoints
+from calcx.trainer.report import ReportError, eval_rows, eval_table_markdown, read_metrics, write_report
+
+
+def _metrics(path: Path) -> Path:
+    lines = [{"step": s, "data": {"critic/score/mean": 0.1 * s, "actor/lr": 1e-6}} for s in (1, 2, 3)]
+    lines.append({"step": 3, "data": {"val-core/ape210k/reward/mean@1": 0.4}})
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def test_report_writes_a_png_and_the_right_table(tmp_path: Path) -> None:
+    records = ([{"source": "ape210k", "reward": 1.0}] * 3 + [{"source": "ape210k", "reward": 0.0}]
+               + [{"source": "gsm8k", "reward": 0.0}, {"source": "gsm8k", "reward": 1.0}])
+    report = write_report(tmp_path / "out", metrics_path=_metrics(tmp_path / "m.jsonl"), eval_records=records,
+                          incomplete_groups=2)
+    png = tmp_path / "out" / "reward_curve.png"
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (700, 400) and len(data) > 5000
+    text = report.read_text()
+    assert "| ape210k | 4 | 3 | 75.0% |" in text
+    assert "| gsm8k | 2 | 1 | 50.0% |" in text
+    assert "| **all** | 6 | 4 | 66.7% |" in text
+    assert "first 0.100, last 0.300" in text and "incomplete: 2" in text
+
+
+def test_flat_metrics_lines_are_read_too(tmp_path: Path) -> None:
+    p = tmp_path / "flat.jsonl"
+    p.write_text('{"step": 2, "reward/mean": 0.5}\n\n{"step": 1, "reward/mean": 0.25}\n')
+    assert [m["reward/mean"] for m in read_metrics(p)] == [0.5, 0.25]
+    write_report(tmp_path, metrics_path=p, eval_records=None)
+    assert "first 0.250, last 0.500" in (tmp_path / "report.md").read_text()
+
+
+def test_bad_inputs_name_what_is_wrong(tmp_path: Path) -> None:
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"step": 1, "reward/mean": 0.5}\nnot json\n')
+    with pytest.raises(ReportError, match="bad.jsonl:2"):
+        read_metrics(p)
+    p.write_text('{"step": 1, "actor/lr": 0.5}\n')
+    with pytest.raises(ReportError, match="reward curve"):
+        write_report(tmp_path / "o", metrics_path=p, eval_records=None)
+    with pytest.raises(ReportError, match="no finite reward"):
+        eval_rows([{"source": "x", "reward": None}])
+
+
+def test_table_with_no_rows_is_still_well_formed() -> None:
+    assert eval_table_markdown(eval_rows([])).splitlines()[-1] == "| **all** | 0 | 0 | 0.0% |"
+
+
+def test_replica_addresses_become_openai_base_urls() -> None:
+    assert openai_endpoints(["10.0.0.5:8001", "[fd00::1]:8002", "10.0.0.5:8001", "http://h:1/v1/"]) == [
+        "http://10.0.0.5:8001/v1", "http://[fd00::1]:8002/v1", "http://h:1/v1"]
+    with pytest.raises(ValueError, match="no vLLM replica"):
+        openai_endpoints(["", " "])
