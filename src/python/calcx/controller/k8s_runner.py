@@ -1,0 +1,551 @@
+"""The Kubernetes runner: one Job per rollout attempt, watched to a terminal state.
+
+For each claim it renders the Job and a per-attempt Secret (holding the attempt token, read by
+the Job as `AGL_KEY` through `secretKeyRef`) from `src/k8s/templates`, creates the Secret, then
+the Job, then makes the Job the Secret's owner so Kubernetes deletes both together. Two
+background threads watch this controller's Jobs and Pods (list, then watch from that
+resourceVersion; re-list on 410 Gone) and hand each object to the event loop, which maps it:
+
+- Job `Complete` -> SUCCEEDED (exit 0);
+- Job `Failed`, reason `DeadlineExceeded` -> FAILED `timeout`;
+- Job `Failed` otherwise -> the agent container's exit code through the agent's exit-code map
+  (and its `calcx-agent: failure:` line, from the termination message or the log tail);
+- a Pod waiting on `ErrImagePull`/`ImagePullBackOff`/`InvalidImageName` -> FAILED `image_pull`,
+  `CreateContainerConfigError` -> FAILED `config_error`, at once (the Job is deleted).
+
+Job creation is rate-limited by a token bucket. `close()` deletes every Job and Secret this
+runner created (propagationPolicy Background).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
+from kubernetes.client.rest import ApiException
+
+from calcx.controller.base import RunResult, reason_from_agent_exit
+from calcx.k8s.escaping import label_value
+from calcx.k8s.render import MANAGED_BY, JobSettings, RenderedAttempt, RenderError, render_attempt
+
+log = logging.getLogger("calcx.controller.k8s")
+
+IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
+CONFIG_REASONS = frozenset({"CreateContainerConfigError"})
+AGENT_CONTAINER = "agent"
+DETAIL_LIMIT = 4000
+
+
+@dataclass(frozen=True)
+class K8sRunnerConfig:
+    """Where and how the runner creates Jobs. `kubeconfig=None` and `in_cluster=None`: in-cluster
+    config when running in a pod, else the default kubeconfig."""
+
+    job: JobSettings = field(default_factory=JobSettings)
+    kubeconfig: str | None = None
+    in_cluster: bool | None = None
+    max_jobs_per_s: float = 5.0
+    burst: int = 10
+    deadline_grace_s: float = 30.0
+    agent_timeout_margin_s: float = 5.0
+    watch_timeout_s: int = 60
+    request_timeout_s: float = 30.0
+    api_threads: int = 16
+
+    def __post_init__(self) -> None:
+        if not (self.max_jobs_per_s > 0 and math.isfinite(self.max_jobs_per_s)):
+            raise ValueError(f"max_jobs_per_s must be a positive number, got {self.max_jobs_per_s!r}")
+        if self.burst < 1:
+            raise ValueError(f"burst must be at least 1, got {self.burst!r}")
+
+
+class TokenBucket:
+    """At most `burst` at once, then `rate` per second on average; waits without polling."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._clock = clock
+        self._tokens = float(burst)
+        self._stamp = clock()
+        self._lock = asyncio.Lock()
+
+    async def acquire(self) -> None:
+        async with self._lock:  # FIFO: waiters are served in arrival order
+            while True:
+                now = self._clock()
+                self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+                self._stamp = now
+                if self._tokens >= 1:
+                    self._tokens -= 1
+                    return
+                await asyncio.sleep((1 - self._tokens) / self.rate)
+
+
+# --- mapping Kubernetes objects to outcomes (pure functions) ---------------------------------
+
+
+def _agent_status(pod: k8s.V1Pod | None) -> k8s.V1ContainerStatus | None:
+    if pod is None or pod.status is None:
+        return None
+    for status in pod.status.container_statuses or []:
+        if status.name == AGENT_CONTAINER:
+            return status
+    return None
+
+
+def _clip(text: str | None) -> str | None:
+    if not text:
+        return text
+    return text if len(text) <= DETAIL_LIMIT else "..." + text[-DETAIL_LIMIT:]
+
+
+def classify_pod_waiting(pod: k8s.V1Pod) -> RunResult | None:
+    """FAILED image_pull / config_error when the agent container cannot start, else None."""
+    status = _agent_status(pod)
+    waiting = status.state.waiting if status is not None and status.state is not None else None
+    if waiting is None:
+        return None
+    detail = _clip(f"pod {pod.metadata.name}: {waiting.reason}: {waiting.message or ''}".strip())
+    if waiting.reason in IMAGE_PULL_REASONS:
+        return RunResult.failed("image_pull", detail=detail)
+    if waiting.reason in CONFIG_REASONS:
+        return RunResult.failed("config_error", detail=detail)
+    return None
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return max(0.0, (end - start).total_seconds())
+
+
+def _condition(job: k8s.V1Job, kind: str) -> k8s.V1JobCondition | None:
+    for cond in (job.status.conditions if job.status else None) or []:
+        if cond.type == kind and cond.status == "True":
+            return cond
+    return None
+
+
+def job_is_finished(job: k8s.V1Job) -> bool:
+    return _condition(job, "Complete") is not None or _condition(job, "Failed") is not None
+
+
+def classify_finished_job(job: k8s.V1Job, pod: k8s.V1Pod | None, log_tail: str | None = None) -> RunResult:
+    """The outcome of a Job with a Complete or Failed condition, given its (last) Pod."""
+    status = _agent_status(pod)
+    terminated = status.state.terminated if status is not None and status.state is not None else None
+    seconds = _seconds(terminated.started_at, terminated.finished_at) if terminated else None
+    if _condition(job, "Complete") is not None:
+        return RunResult.succeeded(exit_code=0, agent_seconds=seconds)
+    failed = _condition(job, "Failed")
+    assert failed is not None, "classify_finished_job needs a finished Job"
+    job_detail = f"job {job.metadata.name}: {failed.reason}: {failed.message or ''}".strip()
+    if failed.reason == "DeadlineExceeded":
+        return RunResult.failed("timeout", exit_code=terminated.exit_code if terminated else None,
+                                agent_seconds=seconds, detail=_clip(job_detail))
+    if terminated is None:
+        waiting = classify_pod_waiting(pod) if pod is not None else None
+        if waiting is not None:
+            return waiting
+        pod_reason = pod.status.reason if pod is not None and pod.status is not None else None
+        return RunResult.failed("crash", detail=_clip(f"{job_detail}; pod reason {pod_reason or 'unknown'}"))
+    tail = terminated.message or log_tail or ""
+    if terminated.exit_code == 0:
+        # The container exited 0 but the Job failed (evicted after exit, policy): not the agent's doing.
+        return RunResult.failed("crash", exit_code=0, agent_seconds=seconds, detail=_clip(job_detail))
+    reason = reason_from_agent_exit(terminated.exit_code, tail)
+    detail = tail.strip() or f"{job_detail}; container {terminated.reason} exit {terminated.exit_code}"
+    return RunResult.failed(reason, exit_code=terminated.exit_code, agent_seconds=seconds, detail=_clip(detail))
+
+
+# --- the runner --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Tracked:
+    rendered: RenderedAttempt
+    future: asyncio.Future[tuple[str, Any]]
+    pod: k8s.V1Pod | None = None
+
+
+class K8sRunner:
+    """Runs each claimed attempt as a Kubernetes Job (see the module docstring)."""
+
+    name = "k8s"
+
+    def __init__(self, config: K8sRunnerConfig | None = None, *, api_client: k8s.ApiClient | None = None) -> None:
+        self.config = config or K8sRunnerConfig()
+        self._api_client = api_client
+        self._core: k8s.CoreV1Api | None = None
+        self._batch: k8s.BatchV1Api | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._bucket = TokenBucket(self.config.max_jobs_per_s, self.config.burst)
+        self._tracked: dict[str, _Tracked] = {}
+        self._created_jobs: set[str] = set()
+        self._created_secrets: set[str] = set()
+        self._stopping = threading.Event()
+        self._watches: set[k8s_watch.Watch] = set()
+        self._watch_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._runs: set[asyncio.Task[Any]] = set()
+        self.selector = (
+            f"app.kubernetes.io/managed-by={MANAGED_BY},"
+            f"calcx.dev/controller={label_value(self.config.job.controller_id)}"
+        )
+
+    # -- lifecycle --
+
+    def _load_client(self) -> k8s.ApiClient:
+        if self._api_client is not None:
+            return self._api_client
+        configuration = k8s.Configuration()
+        in_cluster = self.config.in_cluster
+        if in_cluster is None:
+            in_cluster = self.config.kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ
+        try:
+            if in_cluster:
+                k8s_config.load_incluster_config(client_configuration=configuration)
+            else:
+                k8s_config.load_kube_config(config_file=self.config.kubeconfig, client_configuration=configuration)
+        except k8s_config.ConfigException as exc:
+            where = "in-cluster service account" if in_cluster else f"kubeconfig {self.config.kubeconfig or '~/.kube/config'}"
+            raise RuntimeError(f"k8s runner: cannot load Kubernetes credentials from the {where}: {exc}") from exc
+        configuration.connection_pool_maxsize = self.config.api_threads + 4
+        self._api_client = k8s.ApiClient(configuration)
+        return self._api_client
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._pool = ThreadPoolExecutor(self.config.api_threads, thread_name_prefix="calcx-k8s-api")
+        api_client = await self._call(self._load_client)
+        self._core = k8s.CoreV1Api(api_client)
+        self._batch = k8s.BatchV1Api(api_client)
+        namespace = self.config.job.namespace
+        try:  # fail at start, with the reason, rather than on the first rollout
+            await self._call(self._batch.list_namespaced_job, namespace, limit=1,
+                             _request_timeout=self.config.request_timeout_s)
+        except ApiException as exc:
+            raise RuntimeError(
+                f"k8s runner: cannot list Jobs in namespace {namespace!r} ({exc.status} {exc.reason}); "
+                "check the namespace exists and the RBAC Role from src/k8s is bound to this account"
+            ) from exc
+        for kind in ("job", "pod"):
+            thread = threading.Thread(target=self._watch_forever, args=(kind,), name=f"calcx-k8s-watch-{kind}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        log.info("k8s runner: namespace %s, image %s, %s Jobs/s", namespace, self.config.job.image,
+                 self.config.max_jobs_per_s)
+
+    async def close(self) -> None:
+        self._stopping.set()
+        with self._watch_lock:
+            for w in list(self._watches):
+                w.stop()
+        for tracked in self._tracked.values():
+            if not tracked.future.done():
+                tracked.future.set_result(("cancelled", None))
+        runs = {t for t in self._runs if t is not asyncio.current_task()}
+        if runs:  # let runs in the middle of creating finish, so their objects get deleted too
+            await asyncio.wait(runs, timeout=self.config.request_timeout_s + 5)
+        if self._batch is not None:
+            await asyncio.gather(*(self._delete_job(name) for name in sorted(self._created_jobs)))
+            await asyncio.gather(*(self._delete_secret(name) for name in sorted(self._created_secrets)))
+        for thread in self._threads:
+            await asyncio.get_running_loop().run_in_executor(None, thread.join, 5.0)
+        self._threads.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._api_client is not None:
+            self._api_client.close()
+
+    # -- one attempt --
+
+    def _attempt_settings(self, claim: Any) -> dict[str, str]:
+        env = dict(claim.env)
+        env.setdefault("CALCX_ROLLOUT_ID", claim.rollout.rollout_id)
+        env.setdefault("CALCX_ATTEMPT_ID", claim.attempt_id)
+        # The agent stops itself (exit 12, reason timeout) just before Kubernetes would kill it.
+        agent_timeout = max(1.0, float(claim.deadline_s) - self.config.agent_timeout_margin_s)
+        env.setdefault("CALCX_AGENT_TIMEOUT_S", f"{agent_timeout:g}")
+        return env
+
+    def render(self, claim: Any) -> RenderedAttempt:
+        """The Job and Secret this runner would create for `claim` (also used by tests and tools)."""
+        return render_attempt(
+            rollout_id=claim.rollout.rollout_id,
+            attempt_id=claim.attempt_id,
+            group_id=claim.rollout.group_id,
+            env=self._attempt_settings(claim),
+            token=claim.token,
+            deadline_s=float(claim.deadline_s),
+            settings=self.config.job,
+        )
+
+    async def run(self, claim: Any) -> RunResult:
+        if self._batch is None or self._loop is None:
+            raise RuntimeError("K8sRunner.run() before start()")
+        try:
+            rendered = self.render(claim)
+        except RenderError as exc:
+            return RunResult.failed("bad_environment", detail=_clip(f"cannot render the Job: {exc}"))
+        started = time.monotonic()
+        tracked = _Tracked(rendered, self._loop.create_future())
+        self._tracked[rendered.job_name] = tracked
+        task = asyncio.current_task()
+        if task is not None:
+            self._runs.add(task)
+        try:
+            await self._bucket.acquire()
+            if self._stopping.is_set():
+                return RunResult.failed("cancelled", detail="runner closed before the Job was created")
+            failure = await self._create(rendered)
+            if failure is not None:
+                return failure
+            if self._stopping.is_set():
+                await self._delete_job(rendered.job_name)
+                await self._delete_secret(rendered.secret_name)
+                return RunResult.failed("cancelled", detail=f"job {rendered.job_name}: runner closed; deleted")
+            limit = float(claim.deadline_s) + self.config.deadline_grace_s
+            try:
+                kind, payload = await asyncio.wait_for(asyncio.shield(tracked.future), limit)
+            except asyncio.TimeoutError:
+                await self._delete_job(rendered.job_name)
+                return RunResult.failed(
+                    "timeout", agent_seconds=time.monotonic() - started,
+                    detail=f"job {rendered.job_name} not finished {limit:.0f} s after creation; deleted",
+                )
+            if kind == "fast":
+                await self._delete_job(rendered.job_name)
+                return payload
+            if kind == "cancelled":
+                return RunResult.failed("cancelled", detail=f"job {rendered.job_name}: {payload or 'runner closed'}")
+            return await self._finished(payload, tracked)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._delete_job(rendered.job_name))
+            raise
+        finally:
+            self._tracked.pop(rendered.job_name, None)
+            self._runs.discard(task)
+
+    async def _create(self, rendered: RenderedAttempt) -> RunResult | None:
+        ns = self.config.job.namespace
+        timeout = self.config.request_timeout_s
+        try:
+            await self._call(self._core.create_namespaced_secret, ns, rendered.secret, _request_timeout=timeout)
+        except ApiException as exc:
+            if exc.status != 409:  # 409: a previous try of this attempt made it; its token is the same
+                return RunResult.failed("config_error", detail=_clip(f"cannot create Secret {rendered.secret_name}: {exc.status} {exc.reason}: {exc.body}"))
+        self._created_secrets.add(rendered.secret_name)
+        try:
+            job = await self._call(self._batch.create_namespaced_job, ns, rendered.job, _request_timeout=timeout)
+        except ApiException as exc:
+            if exc.status == 409:  # the attempt is already running (controller restart): follow it
+                job = await self._call(self._batch.read_namespaced_job, rendered.job_name, ns, _request_timeout=timeout)
+            else:
+                await self._delete_secret(rendered.secret_name)
+                reason = "config_error" if exc.status in (400, 403, 422) else "crash"
+                return RunResult.failed(reason, detail=_clip(f"cannot create Job {rendered.job_name}: {exc.status} {exc.reason}: {exc.body}"))
+        self._created_jobs.add(rendered.job_name)
+        owner = {
+            "apiVersion": "batch/v1", "kind": "Job", "name": job.metadata.name, "uid": job.metadata.uid,
+            "blockOwnerDeletion": False, "controller": False,
+        }
+        try:
+            await self._call(self._core.patch_namespaced_secret, rendered.secret_name, ns,
+                             {"metadata": {"ownerReferences": [owner]}}, _request_timeout=timeout)
+        except ApiException as exc:  # not fatal: close() deletes the Secret anyway
+            log.warning("k8s runner: cannot make Job %s own Secret %s: %s %s", rendered.job_name,
+                        rendered.secret_name, exc.status, exc.reason)
+        if job_is_finished(job):
+            self._on_object("job", "ADDED", job)
+        return None
+
+    async def _finished(self, job: k8s.V1Job, tracked: _Tracked) -> RunResult:
+        """Outcome of a finished Job, reading its Pod (and log tail) when the watch has not."""
+        pod = tracked.pod
+        status = _agent_status(pod)
+        if status is None or status.state is None or status.state.terminated is None:
+            pod = await self._latest_pod(tracked.rendered.job_name) or pod
+        result = classify_finished_job(job, pod)
+        if result.state == "FAILED" and result.exit_code not in (None, 0) and pod is not None:
+            status = _agent_status(pod)
+            terminated = status.state.terminated if status is not None and status.state is not None else None
+            if not (terminated and terminated.message):
+                tail = await self._log_tail(pod.metadata.name)
+                if tail:
+                    result = classify_finished_job(job, pod, tail)
+        return result
+
+    async def _latest_pod(self, job_name: str) -> k8s.V1Pod | None:
+        try:
+            pods = await self._call(self._core.list_namespaced_pod, self.config.job.namespace,
+                                    label_selector=f"job-name={job_name}", _request_timeout=self.config.request_timeout_s)
+        except ApiException:
+            return None
+        items = sorted(pods.items or [], key=lambda p: p.metadata.creation_timestamp or datetime.min)
+        return items[-1] if items else None
+
+    async def _log_tail(self, pod_name: str) -> str | None:
+        try:
+            return await self._call(self._core.read_namespaced_pod_log, pod_name, self.config.job.namespace,
+                                    container=AGENT_CONTAINER, tail_lines=20, _request_timeout=self.config.request_timeout_s)
+        except ApiException:
+            return None
+
+    async def _delete_job(self, name: str) -> None:
+        try:
+            await self._call(self._batch.delete_namespaced_job, name, self.config.job.namespace,
+                             propagation_policy="Background", _request_timeout=self.config.request_timeout_s)
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("k8s runner: cannot delete Job %s: %s %s", name, exc.status, exc.reason)
+                return
+        except Exception as exc:  # noqa: BLE001 - cleanup must go on
+            log.warning("k8s runner: cannot delete Job %s: %s", name, exc)
+            return
+        self._created_jobs.discard(name)
+
+    async def _delete_secret(self, name: str) -> None:
+        try:
+            await self._call(self._core.delete_namespaced_secret, name, self.config.job.namespace,
+                             _request_timeout=self.config.request_timeout_s)
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("k8s runner: cannot delete Secret %s: %s %s", name, exc.status, exc.reason)
+                return
+        except Exception as exc:  # noqa: BLE001
+            log.warning("k8s runner: cannot delete Secret %s: %s", name, exc)
+            return
+        self._created_secrets.discard(name)
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    # -- watching (background threads -> event loop) --
+
+    def _on_object(self, kind: str, event: str, obj: Any) -> None:
+        """Runs on the event loop: route a Job or Pod to the attempt it belongs to."""
+        if kind == "job":
+            tracked = self._tracked.get(obj.metadata.name)
+            if tracked is None or tracked.future.done():
+                return
+            if event == "DELETED" and not job_is_finished(obj):
+                tracked.future.set_result(("cancelled", "Job deleted before it finished"))
+            elif job_is_finished(obj):
+                tracked.future.set_result(("job", obj))
+            return
+        labels = obj.metadata.labels or {}
+        job_name = labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
+        tracked = self._tracked.get(job_name) if job_name else None
+        if tracked is None or tracked.future.done():
+            return
+        if event != "DELETED":
+            tracked.pod = obj
+        fast = classify_pod_waiting(obj)
+        if fast is not None:
+            tracked.future.set_result(("fast", fast))
+
+    def _dispatch(self, kind: str, event: str, obj: Any) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._on_object, kind, event, obj)
+
+    def _watch_forever(self, kind: str) -> None:
+        """List, then watch from the list's resourceVersion; re-list after 410 Gone or errors."""
+        ns = self.config.job.namespace
+        list_fn = self._batch.list_namespaced_job if kind == "job" else self._core.list_namespaced_pod
+        resource_version: str | None = None
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                if resource_version is None:
+                    listed = list_fn(ns, label_selector=self.selector, _request_timeout=self.config.request_timeout_s)
+                    for item in listed.items or []:
+                        self._dispatch(kind, "ADDED", item)
+                    resource_version = listed.metadata.resource_version
+                w = k8s_watch.Watch()
+                with self._watch_lock:
+                    if self._stopping.is_set():
+                        return
+                    self._watches.add(w)
+                try:
+                    for event in w.stream(list_fn, ns, label_selector=self.selector,
+                                          resource_version=resource_version,
+                                          timeout_seconds=self.config.watch_timeout_s,
+                                          _request_timeout=self.config.watch_timeout_s + 30):
+                        if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                            self._dispatch(kind, event["type"], event["object"])
+                        if self._stopping.is_set():
+                            break
+                    resource_version = w.resource_version or resource_version
+                finally:
+                    with self._watch_lock:
+                        self._watches.discard(w)
+                failures = 0
+            except ApiException as exc:
+                if exc.status == 410:
+                    resource_version = None  # history compacted: list again
+                    continue
+                failures += 1
+                log.warning("k8s runner: %s watch failed (%s %s); retrying", kind, exc.status, exc.reason)
+                resource_version = None
+                self._stopping.wait(min(30.0, 0.5 * 2**failures))
+            except Exception as exc:  # noqa: BLE001 - connection resets: back off and re-list
+                if self._stopping.is_set():
+                    return
+                failures += 1
+                log.warning("k8s runner: %s watch interrupted (%s); retrying", kind, exc)
+                resource_version = None
+                self._stopping.wait(min(30.0, 0.5 * 2**failures))
+
+
+# --- `calcx controller --runner k8s` wiring -----------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    env = os.environ
+    defaults = JobSettings()
+    group = parser.add_argument_group("k8s runner")
+    group.add_argument("--namespace", default=env.get("CALCX_K8S_NAMESPACE", defaults.namespace),
+                       help="namespace of the agent Jobs (default $CALCX_K8S_NAMESPACE or calcx)")
+    group.add_argument("--agent-image", default=env.get("CALCX_AGENT_IMAGE", defaults.image),
+                       help="agent image (default $CALCX_AGENT_IMAGE or calcx/agent:latest)")
+    group.add_argument("--image-pull-policy", default=env.get("CALCX_K8S_IMAGE_PULL_POLICY", defaults.image_pull_policy),
+                       choices=["Always", "IfNotPresent", "Never"])
+    group.add_argument("--kubeconfig", default=env.get("KUBECONFIG") or None,
+                       help="kubeconfig path (default: in-cluster config inside a pod, else $KUBECONFIG or ~/.kube/config)")
+    group.add_argument("--max-jobs-per-s", type=float, default=float(env.get("CALCX_K8S_MAX_JOBS_PER_S", "5")),
+                       help="Job creation rate limit (token bucket, default 5/s)")
+    group.add_argument("--job-ttl-s", type=int, default=int(env.get("CALCX_K8S_JOB_TTL_S", str(defaults.ttl_seconds_after_finished))),
+                       help="ttlSecondsAfterFinished of the Jobs (default 600)")
+
+
+def build_runner(args: argparse.Namespace) -> K8sRunner:
+    controller_id = getattr(args, "controller_id", None) or socket.gethostname()
+    job = replace(
+        JobSettings(),
+        namespace=args.namespace, image=args.agent_image, image_pull_policy=args.image_pull_policy,
+        ttl_seconds_after_finished=args.job_ttl_s, controller_id=controller_id,
+    )
+    try:
+        config = K8sRunnerConfig(job=job, kubeconfig=args.kubeconfig, max_jobs_per_s=args.max_jobs_per_s)
+    except ValueError as exc:
+        raise SystemExit(f"calcx controller: {exc}") from exc
+    return K8sRunner(config)

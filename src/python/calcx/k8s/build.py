@@ -1,0 +1,99 @@
+"""`python -m calcx.k8s.build --out DIR`: render and validate every manifest into a directory.
+
+Pure Python and offline (schemas ship with kubernetes-validate). The directory is ready for
+`kubectl apply -k DIR`; `examples/` holds one rendered agent Job and its attempt Secret for
+reading (the controller renders the real ones per rollout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from calcx.k8s.render import JobSettings, RenderError, StaticSettings, render_attempt, render_static
+from calcx.k8s.validate import DEFAULT_K8S_VERSION, ManifestInvalid, validate_all
+
+EXAMPLE_ROW = {"question": 'What is 2 + 3? Answer as "### ANSWER: x ###".', "result": "5"}
+
+
+def build(out: Path, static: StaticSettings, server_key: str | None, version: str) -> list[Path]:
+    """Render, validate, then write; nothing is written when anything is invalid."""
+    rendered = render_static(static, server_key=server_key)
+    example = render_attempt(
+        rollout_id="example-rollout",
+        attempt_id="1",
+        group_id="example-group",
+        env={
+            "QUESTION": EXAMPLE_ROW["question"],
+            "RESULT": EXAMPLE_ROW["result"],
+            "AGL_OPENAI_BASE_URL": f"{static.server_url}/v1/rollouts/example-rollout/attempts/1/v1",
+            "AGL_EVENT_URL": f"{static.server_url}/v1/rollouts/example-rollout/attempts/1/events",
+            "CALCX_ROLLOUT_ID": "example-rollout",
+            "CALCX_ATTEMPT_ID": "1",
+        },
+        token="calcx-at.example-rollout.1.<hmac-sha256 of the server key>",
+        deadline_s=300,
+        settings=JobSettings(namespace=static.namespace, image=static.agent_image, ttl_seconds_after_finished=static.job_ttl_s),
+    )
+    files = {name: text for name, (text, _) in rendered.items()}
+    files["examples/agent-job.yaml"] = example.job_yaml
+    files["examples/attempt-secret.yaml"] = example.secret_yaml
+    objects = {name: obj for name, (_, obj) in rendered.items()}
+    objects["examples/agent-job.yaml"] = example.job
+    objects["examples/attempt-secret.yaml"] = example.secret
+    validate_all(objects, version=version)
+    written = []
+    for name, text in sorted(files.items()):
+        path = out / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m calcx.k8s.build", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path, help="directory to write the manifests into")
+    d = StaticSettings()
+    parser.add_argument("--namespace", default=d.namespace)
+    parser.add_argument("--agent-image", default=d.agent_image)
+    parser.add_argument("--controller-image", default=d.controller_image)
+    parser.add_argument("--server-url", default=d.server_url, help="the server's URL as seen from the cluster")
+    parser.add_argument("--server-key-file", type=Path, help="include a server-key Secret with this file's content")
+    parser.add_argument("--image-pull-policy", default=d.image_pull_policy, choices=["Always", "IfNotPresent", "Never"])
+    parser.add_argument("--max-jobs-per-s", type=float, default=d.max_jobs_per_s)
+    parser.add_argument("--job-ttl-s", type=int, default=d.job_ttl_s)
+    parser.add_argument("--k8s-version", default=DEFAULT_K8S_VERSION, help="Kubernetes version to validate against")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    server_key = None
+    if args.server_key_file is not None:
+        try:
+            server_key = args.server_key_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            print(f"calcx.k8s.build: cannot read --server-key-file: {exc}", file=sys.stderr)
+            return 2
+    static = StaticSettings(
+        namespace=args.namespace, agent_image=args.agent_image, controller_image=args.controller_image,
+        server_url=args.server_url, image_pull_policy=args.image_pull_policy,
+        max_jobs_per_s=args.max_jobs_per_s, job_ttl_s=args.job_ttl_s,
+    )
+    try:
+        written = build(args.out, static, server_key, args.k8s_version)
+    except (RenderError, ManifestInvalid) as exc:
+        print(f"calcx.k8s.build: {exc}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(path)
+    print(f"calcx.k8s.build: {len(written)} manifests rendered and validated against Kubernetes "
+          f"{args.k8s_version} in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    if server_key is None:
+        print(f"calcx.k8s.build: create {args.out / 'server-key.env'} (key=<secret>) before `kubectl apply -k`",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
