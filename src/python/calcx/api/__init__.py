@@ -1,0 +1,1 @@
+"""calcx HTTP API: pydantic models, sync/async clients, attempt tokens."""

@@ -1,0 +1,246 @@
+"""Pydantic models of the calcx HTTP API (see docs/architecture.md).
+
+The server validates request bodies with these models and the clients parse answers with them,
+so both sides share one definition of every field.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+RolloutState = Literal["QUEUED", "RUNNING", "SUCCEEDED", "FAILED"]
+TerminalState = Literal["SUCCEEDED", "FAILED"]
+TERMINAL_STATES: frozenset[str] = frozenset({"SUCCEEDED", "FAILED"})
+
+# Rollout ids travel in URL paths and in attempt tokens, so they keep to a URL-safe alphabet.
+ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
+DEFAULT_ENV_MAP: dict[str, str] = {"QUESTION": "question", "RESULT": "result"}
+
+FAILURE_REASONS: frozenset[str] = frozenset(
+    {
+        "timeout",
+        "crash",
+        "model_unreachable",
+        "calculator_failed",
+        "reward_post_failed",
+        "bad_environment",
+        "image_pull",
+        "config_error",
+        "controller_lost",
+        "cancelled",
+    }
+)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class _StrictBody(BaseModel):
+    """Request bodies: unknown fields are an error, so typos do not pass silently."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class RolloutCreate(_StrictBody):
+    rollout_id: str = Field(pattern=ROLLOUT_ID_PATTERN)
+    group_id: str | None = None
+    row: dict[str, Any]
+    env_map: dict[str, str] | None = None
+    deadline_s: float = Field(default=300.0, gt=0, le=7 * 24 * 3600)
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    policy_version: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class CreateRolloutsRequest(_StrictBody):
+    rollouts: list[RolloutCreate] = Field(min_length=1, max_length=10_000)
+
+
+class Attempt(_Model):
+    attempt_id: str
+    state: RolloutState
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    controller_id: str | None = None
+    reason: str | None = None
+    exit_code: int | None = None
+    agent_seconds: float | None = None
+    detail: str | None = None
+    lease_expires_at: float | None = None
+
+
+class Event(_Model):
+    event_id: int
+    attempt_id: str
+    event_type: str
+    data: dict[str, Any]
+    created_at: float
+
+
+class Rollout(_Model):
+    rollout_id: str
+    group_id: str | None = None
+    row: dict[str, Any]
+    env_map: dict[str, str] | None = None
+    deadline_s: float = 300.0
+    max_attempts: int = 3
+    policy_version: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    state: RolloutState
+    attempts: list[Attempt]
+    reward: float | None = None
+    events: list[Event] = Field(default_factory=list)
+    created_at: float
+
+    @property
+    def latest_attempt(self) -> Attempt:
+        return self.attempts[-1]
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class RolloutList(_Model):
+    rollouts: list[Rollout]
+
+
+class WaitRequest(_StrictBody):
+    timeout_s: float = Field(default=30.0, ge=0)
+
+
+class TerminalItem(_Model):
+    cursor: int
+    attempt_id: str
+    rollout: Rollout
+
+
+class TerminalPage(_Model):
+    items: list[TerminalItem]
+    next: int
+
+
+class ClaimRequest(_StrictBody):
+    controller_id: str = Field(min_length=1, max_length=200)
+    max: int = Field(default=1, ge=1, le=1000)
+    timeout_s: float = Field(default=10.0, ge=0)
+
+
+class Claim(_Model):
+    rollout: Rollout
+    attempt_id: str
+    token: str
+    env: dict[str, str]
+    deadline_s: float
+
+
+class ClaimsResponse(_Model):
+    claims: list[Claim]
+    lease_s: float
+
+
+class AttemptRef(_Model):
+    rollout_id: str
+    attempt_id: str
+
+
+class HeartbeatRequest(_StrictBody):
+    controller_id: str = Field(min_length=1, max_length=200)
+    attempts: list[AttemptRef] | None = None
+
+
+class HeartbeatResponse(_Model):
+    lease_s: float
+    held: list[AttemptRef]
+    lost: list[AttemptRef]
+
+
+class FinishRequest(_StrictBody):
+    state: TerminalState
+    reason: str | None = None
+    exit_code: int | None = None
+    agent_seconds: float | None = Field(default=None, ge=0)
+    detail: str | None = Field(default=None, max_length=64_000)
+
+    @field_validator("reason")
+    @classmethod
+    def _known_reason(cls, value: str | None) -> str | None:
+        if value is not None and value not in FAILURE_REASONS:
+            raise ValueError(f"unknown failure reason {value!r}; use one of {sorted(FAILURE_REASONS)}")
+        return value
+
+
+class EventCreate(_StrictBody):
+    event_type: str = Field(min_length=1, max_length=100)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class EventCreated(_Model):
+    event_id: int
+
+
+def reward_value(data: dict[str, Any]) -> float:
+    """The finite float in a reward event's `data.value`; ValueError says what is wrong."""
+    if "value" not in data:
+        raise ValueError('a reward event needs data.value, e.g. {"event_type": "reward", "data": {"value": 1.0}}')
+    value = data["value"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"data.value must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError("data.value must be a finite number (not NaN or infinity)")
+    return value
+
+
+class RecordedCall(_Model):
+    call_id: int
+    rollout_id: str
+    attempt_id: str
+    seq: int
+    request: dict[str, Any]
+    response: dict[str, Any] | None = None
+    prompt_token_ids: list[int] = Field(default_factory=list)
+    response_token_ids: list[int] = Field(default_factory=list)
+    response_logprobs: list[float] = Field(default_factory=list)
+    latency_s: float
+    policy_version: int | None = None
+    endpoint: str | None = None
+    status_code: int
+    created_at: float
+
+
+class CallList(_Model):
+    calls: list[RecordedCall]
+
+
+class ModelRegistryUpdate(_StrictBody):
+    model: str = Field(min_length=1, max_length=500)
+    endpoints: list[str] = Field(min_length=1, max_length=1000)
+    policy_version: int = 0
+
+    @field_validator("endpoints")
+    @classmethod
+    def _http_urls(cls, value: list[str]) -> list[str]:
+        cleaned = []
+        for url in value:
+            if not (url.startswith("http://") or url.startswith("https://")):
+                raise ValueError(f"endpoint {url!r} must be an http(s) base URL such as http://host:8000/v1")
+            cleaned.append(url.rstrip("/"))
+        return cleaned
+
+
+class ModelRegistry(_Model):
+    model: str | None = None
+    endpoints: list[str] = Field(default_factory=list)
+    policy_version: int | None = None
+    updated_at: float | None = None
+
+
+class Health(_Model):
+    status: str
+    version: str

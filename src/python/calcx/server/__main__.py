@@ -1,0 +1,92 @@
+"""`calcx server`: serve the rollout store, claims, events, model registry and gateway."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from calcx.server.serve import CalcxUvicornServer, bind_socket, uvicorn_config
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="calcx server", description=__doc__)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 picks a free one)")
+    p.add_argument("--db", default="calcx.db", help="SQLite file of the rollout store (default ./calcx.db)")
+    p.add_argument("--key", default=None, help="server key (default: $CALCX_KEY); required")
+    p.add_argument(
+        "--public-url",
+        default=None,
+        help="base URL agents use to reach this server (default http://HOST:PORT)",
+    )
+    p.add_argument("--max-tokens-ceiling", type=int, default=4096, help="gateway max_tokens ceiling (clamped)")
+    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, help="largest request body accepted")
+    p.add_argument("--lease-s", type=float, default=30.0, help="claim lease; controllers heartbeat within it")
+    p.add_argument("--max-poll-s", type=float, default=300.0, help="longest long poll the server holds")
+    p.add_argument("--upstream-timeout-s", type=float, default=300.0, help="read timeout of one upstream call")
+    p.add_argument("--upstream-retries", type=int, default=3, help="retries of a failed upstream call")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--access-log", action="store_true", help="log every request (costs throughput)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    key = args.key or os.environ.get("CALCX_KEY", "")
+    if not key:
+        print(
+            "calcx server: no server key. Pass --key KEY or set CALCX_KEY; controllers, trainers and the "
+            "rehearsal use the same key, and agents get per-attempt tokens derived from it.",
+            file=sys.stderr,
+        )
+        return 2
+    if args.max_tokens_ceiling < 1 or args.max_body_bytes < 1024 or args.lease_s <= 0:
+        print(
+            "calcx server: --max-tokens-ceiling must be >= 1, --max-body-bytes >= 1024 and --lease-s > 0",
+            file=sys.stderr,
+        )
+        return 2
+    try:  # fail here, with a plain message, rather than inside the server's startup
+        from calcx.server.store import RolloutStore
+
+        RolloutStore(args.db).close()
+    except Exception as exc:  # sqlite3 errors and OSError alike
+        print(f"calcx server: cannot use {args.db!r} as the rollout store: {exc}", file=sys.stderr)
+        return 1
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        print(f"calcx server: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    host, port = sock.getsockname()[:2]
+    shown_host = f"[{host}]" if ":" in host else host
+    public_url = args.public_url or f"http://{shown_host}:{port}"
+
+    from calcx.server.app import create_app
+
+    app = create_app(
+        args.db,
+        key,
+        public_url,
+        max_tokens_ceiling=args.max_tokens_ceiling,
+        max_body_bytes=args.max_body_bytes,
+        lease_s=args.lease_s,
+        max_poll_s=args.max_poll_s,
+        upstream_timeout_s=args.upstream_timeout_s,
+        upstream_retries=args.upstream_retries,
+    )
+    server = CalcxUvicornServer(uvicorn_config(app, log_level=args.log_level, access_log=args.access_log))
+    # Printed once listening is certain, so a parent process can read the address from stdout.
+    print(f"calcx server listening on http://{shown_host}:{port} (public {public_url}, db {args.db})", flush=True)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

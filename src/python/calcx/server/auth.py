@@ -1,0 +1,71 @@
+"""Bearer auth: the server key opens everything, an attempt token only its own attempt's URLs."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Request
+
+from calcx.api.tokens import AttemptScope, verify_attempt_token
+from calcx.server.errors import APIError
+
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="calcx"'}
+
+
+def request_token(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if header:
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+        return None
+    api_key = request.headers.get("x-api-key")
+    return api_key.strip() if api_key else None
+
+
+class Authenticator:
+    def __init__(self, key: str) -> None:
+        if not key:
+            raise ValueError("the server key must not be empty")
+        self._key = key
+        self._key_bytes = key.encode()
+
+    def _identify(self, request: Request) -> AttemptScope | None:
+        """None for the server key, the scope for an attempt token; 401 otherwise."""
+        token = request_token(request)
+        if token is None:
+            raise APIError(
+                401,
+                "unauthorized",
+                "missing credentials: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                _CHALLENGE,
+            )
+        if hmac.compare_digest(token.encode(), self._key_bytes):
+            return None
+        scope = verify_attempt_token(self._key, token)
+        if scope is None:
+            raise APIError(401, "unauthorized", "unknown credentials: the key or attempt token is not valid", _CHALLENGE)
+        return scope
+
+    def require_server_key(self, request: Request) -> None:
+        scope = self._identify(request)
+        if scope is not None:
+            raise APIError(
+                403,
+                "forbidden",
+                "an attempt token opens only its own attempt's gateway and events URLs; this endpoint needs the "
+                "server key",
+            )
+
+    def require_attempt(self, request: Request, rollout_id: str, attempt_id: str) -> None:
+        """Server key, or the attempt token of exactly this rollout and attempt."""
+        scope = self._identify(request)
+        if scope is None:
+            return
+        if scope.rollout_id != rollout_id or scope.attempt_id != attempt_id:
+            raise APIError(
+                403,
+                "forbidden",
+                f"this attempt token is for rollout {scope.rollout_id!r} attempt {scope.attempt_id}, not rollout "
+                f"{rollout_id!r} attempt {attempt_id}",
+            )

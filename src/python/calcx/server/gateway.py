@@ -1,0 +1,220 @@
+"""OpenAI-compatible gateway: forwards an attempt's chat completions to the policy's inference
+servers and records every call token by token.
+
+Sticky per rollout: the endpoint is chosen by a stable hash of the rollout id, so one rollout's
+turns hit the same vLLM replica (prefix cache). A retry after an upstream failure moves to the
+next endpoint. Upstream 5xx, 408, 429, timeouts and connection errors are retried with bounded
+exponential backoff; other 4xx answers go back to the agent unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from calcx.server.errors import APIError
+from calcx.server.metrics import ServerMetrics
+from calcx.server.store import RolloutStore
+from calcx.server.upstream import LeanHTTPTransport
+
+log = logging.getLogger("calcx.server.gateway")
+
+_RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+@dataclass
+class GatewaySettings:
+    max_tokens_ceiling: int = 4096
+    upstream_timeout_s: float = 300.0
+    connect_timeout_s: float = 5.0
+    max_retries: int = 3
+    backoff_s: float = 0.2
+    backoff_max_s: float = 2.0
+
+
+@dataclass
+class UpstreamResult:
+    status: int
+    content: bytes
+    payload: dict[str, Any] | None
+    endpoint: str
+
+
+def _int_list(value: Any) -> list[int]:
+    # JSON from vLLM: checking the ends is enough to tell a token list from anything else, and
+    # the int32 packing in the store rejects a stray non-integer anyway.
+    if isinstance(value, list) and (not value or (type(value[0]) is int and type(value[-1]) is int)):
+        return value
+    return []
+
+
+def extract_tokens(payload: dict[str, Any]) -> tuple[list[int], list[int], list[float]]:
+    """(prompt token ids, response token ids, response log-probs) from a vLLM-style answer."""
+    choices = payload.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    prompt_ids = _int_list(payload.get("prompt_token_ids")) or _int_list(choice.get("prompt_token_ids"))
+    response_ids = _int_list(choice.get("token_ids"))
+    logprobs: list[float] = []
+    lp = choice.get("logprobs")
+    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+        for item in lp["content"]:
+            if isinstance(item, dict) and isinstance(item.get("logprob"), (int, float)):
+                logprobs.append(float(item["logprob"]))
+    return prompt_ids, response_ids, logprobs
+
+
+class Gateway:
+    def __init__(self, store: RolloutStore, metrics: ServerMetrics, settings: GatewaySettings) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.settings = settings
+        self._client: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        # One shared client for every upstream call, on the keep-alive transport of upstream.py.
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(s.upstream_timeout_s, connect=s.connect_timeout_s),
+            transport=LeanHTTPTransport(),
+        )
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def prepare(self, body: Any, registry: dict[str, Any]) -> dict[str, Any]:
+        """The upstream request: checked, model replaced, token ids and log-probs asked for,
+        max_tokens clamped to the ceiling (or set to it when absent)."""
+        if not isinstance(body, dict):
+            raise APIError(400, "invalid_request", "a chat completion request must be a JSON object")
+        if body.get("stream"):
+            raise APIError(
+                400,
+                "stream_unsupported",
+                "stream: true is not supported by the calcx gateway (calls are recorded whole); send stream: false",
+            )
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise APIError(400, "invalid_request", "'messages' must be a non-empty list of chat messages")
+        n = body.get("n", 1)
+        if n not in (None, 1):
+            raise APIError(400, "invalid_request", f"n={n!r} is not supported; the gateway records one choice (n=1)")
+        out = dict(body)
+        out.pop("stream_options", None)
+        out["stream"] = False
+        out["model"] = registry["model"]
+        out["return_token_ids"] = True
+        out["logprobs"] = True
+        ceiling = self.settings.max_tokens_ceiling
+        has_limit = False
+        for field in ("max_tokens", "max_completion_tokens"):
+            value = out.get(field)
+            if value is None:
+                out.pop(field, None)
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise APIError(400, "invalid_request", f"{field} must be a positive integer, got {value!r}")
+            out[field] = min(value, ceiling)
+            has_limit = True
+        if not has_limit:
+            out["max_tokens"] = ceiling
+        return out
+
+    def pick_endpoints(self, rollout_id: str, endpoints: list[str]) -> list[str]:
+        """Endpoints in the order to try: the sticky one first, then the others in turn."""
+        start = zlib.crc32(rollout_id.encode()) % len(endpoints)
+        return endpoints[start:] + endpoints[:start]
+
+    async def _send(self, endpoint: str, body: bytes) -> UpstreamResult:
+        assert self._client is not None, "gateway not started"
+        resp = await self._client.post(
+            f"{endpoint}/chat/completions", content=body, headers={"content-type": "application/json"}
+        )
+        payload = None
+        if resp.status_code == 200:
+            try:
+                parsed = json.loads(resp.content)
+            except ValueError:
+                parsed = None
+            if not isinstance(parsed, dict):
+                # A 200 without a JSON object is a broken upstream: treat it like a 502.
+                return UpstreamResult(502, resp.content, None, endpoint)
+            payload = parsed
+        else:
+            try:
+                parsed = json.loads(resp.content)
+                payload = parsed if isinstance(parsed, dict) else None
+            except ValueError:
+                payload = None
+        return UpstreamResult(resp.status_code, resp.content, payload, endpoint)
+
+    async def forward(self, rollout_id: str, attempt_id: str, request: dict[str, Any], registry: dict[str, Any]) -> tuple[int, bytes]:
+        """Send with retries, record the call, return (status, body) for the agent."""
+        s = self.settings
+        started = time.perf_counter()
+        order = self.pick_endpoints(rollout_id, registry["endpoints"])
+        body = json.dumps(request, separators=(",", ":"), ensure_ascii=False).encode()
+        tries = 1 + max(0, s.max_retries)
+        last_error = "no try made"
+        result: UpstreamResult | None = None
+        endpoint = order[0]
+        for attempt in range(tries):
+            endpoint = order[attempt % len(order)]
+            try:
+                result = await self._send(endpoint, body)
+            except httpx.TimeoutException as exc:
+                result = None
+                last_error = f"timeout ({type(exc).__name__}) from {endpoint}"
+                self.metrics.upstream_errors.labels("timeout").inc()
+            except httpx.TransportError as exc:
+                result = None
+                last_error = f"cannot reach {endpoint}: {type(exc).__name__}: {exc}"
+                self.metrics.upstream_errors.labels("connect").inc()
+            else:
+                if result.status not in _RETRYABLE_STATUS:
+                    break
+                self.metrics.upstream_errors.labels(str(result.status)).inc()
+                last_error = f"HTTP {result.status} from {endpoint}: {result.content[:300].decode(errors='replace')}"
+            if attempt + 1 < tries:
+                delay = min(s.backoff_max_s, s.backoff_s * (2**attempt))
+                await asyncio.sleep(delay * (0.5 + random.random() / 2))
+        latency = time.perf_counter() - started
+        policy_version = registry.get("policy_version")
+
+        if result is not None and result.status not in _RETRYABLE_STATUS:
+            payload = result.payload
+            ids: tuple[list[int], list[int], list[float]] = ([], [], [])
+            if result.status == 200 and payload is not None:
+                ids = extract_tokens(payload)
+            try:
+                self.store.record_call(
+                    rollout_id, attempt_id, body, result.content if payload is not None else None,
+                    ids[0], ids[1], ids[2], latency, policy_version, result.endpoint, result.status,
+                )
+            except (TypeError, OverflowError):
+                # token ids that are not int32 integers: keep the call, without them
+                log.warning("rollout %s: upstream token ids are not integers; recorded without them", rollout_id)
+                self.store.record_call(
+                    rollout_id, attempt_id, body, result.content if payload is not None else None,
+                    [], [], [], latency, policy_version, result.endpoint, result.status,
+                )
+            self.metrics.gateway_calls.labels(str(result.status)).inc()
+            self.metrics.gateway_latency.observe(latency)
+            return result.status, result.content
+
+        message = f"model endpoint failed after {tries} tries; last error: {last_error}"
+        log.warning("rollout %s attempt %s: %s", rollout_id, attempt_id, message)
+        error = json.dumps({"error": {"code": "upstream_unavailable", "message": message}}).encode()
+        self.store.record_call(rollout_id, attempt_id, body, error, [], [], [], latency, policy_version, endpoint, 502)
+        self.metrics.gateway_calls.labels("502").inc()
+        self.metrics.gateway_latency.observe(latency)
+        return 502, error

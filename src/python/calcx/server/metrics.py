@@ -1,0 +1,69 @@
+"""Prometheus metrics of one server app (its own registry, so several apps can share a process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from calcx.api.models import RolloutState
+
+_STATES: tuple[RolloutState, ...] = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED")
+
+
+class _RolloutStateCollector(Collector):
+    """Counts rollouts by state from the store at scrape time (the store is the truth)."""
+
+    def __init__(self, count_by_state: Callable[[], dict[str, int]]) -> None:
+        self._count = count_by_state
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily("calcx_rollouts", "Rollouts by the state of their latest attempt", labels=["state"])
+        try:
+            counts = self._count()
+        except Exception:  # store not open (starting or stopped): report nothing rather than fail the scrape
+            counts = None
+        if counts is not None:
+            for state in _STATES:
+                family.add_metric([state], counts.get(state, 0))
+        yield family
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.rollouts_created = Counter(
+            "calcx_rollouts_created", "Rollouts created (idempotent repeats not counted)", registry=self.registry
+        )
+        self.claims = Counter("calcx_claims", "Attempts handed to controllers", registry=self.registry)
+        self.finished = Counter(
+            "calcx_attempts_finished", "Attempts finished, by state and reason", ["state", "reason"],
+            registry=self.registry,
+        )
+        self.retries = Counter("calcx_retries", "New attempts queued after a failure", registry=self.registry)
+        self.events = Counter("calcx_events", "Events received, by type", ["event_type"], registry=self.registry)
+        self.gateway_calls = Counter(
+            "calcx_gateway_calls", "Gateway chat completions, by the status returned to the agent", ["status"],
+            registry=self.registry,
+        )
+        self.gateway_latency = Histogram(
+            "calcx_gateway_latency_seconds",
+            "Time from gateway request to answer, including upstream retries",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            "calcx_gateway_upstream_errors", "Failed upstream tries, by kind (status code, timeout, connect)",
+            ["kind"], registry=self.registry,
+        )
+        self.http_errors = Counter(
+            "calcx_http_errors", "API error answers, by status and code", ["status", "code"], registry=self.registry
+        )
+
+    def watch_store(self, count_by_state: Callable[[], dict[str, int]]) -> None:
+        self.registry.register(_RolloutStateCollector(count_by_state))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

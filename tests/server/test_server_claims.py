@@ -1,0 +1,143 @@
+"""Claims: atomic hand-out to concurrent controllers, long polls, the agent environment,
+and the lease rule (heartbeat or the attempt fails with reason controller_lost)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from calcx.api.client import AsyncCalcxClient, CalcxAPIError, CalcxClient
+from calcx.api.tokens import attempt_token
+from calcx.server.serve import start_server_thread
+
+
+def spec(rid: str, i: int = 0, **extra: Any) -> dict[str, Any]:
+    row = {"id": f"q{i}", "question": f"What is {i} + 1?", "chain": "", "result": str(i + 1), "source": "t"}
+    return {"rollout_id": rid, "row": row, **extra}
+
+
+@pytest.mark.asyncio
+async def test_concurrent_claimers_never_share_a_rollout(server: Any, server_key: str) -> None:
+    total = 120
+    async with AsyncCalcxClient(server.url, server_key) as admin:
+        got: dict[str, list[str]] = {f"ctl-{n}": [] for n in range(4)}
+
+        async def controller(name: str) -> None:
+            async with AsyncCalcxClient(server.url, server_key) as c:
+                while sum(len(v) for v in got.values()) < total:
+                    answer = await c.claim(name, max=3, timeout_s=0.5)
+                    got[name].extend(cl.rollout.rollout_id for cl in answer.claims)
+
+        workers = [asyncio.create_task(controller(name)) for name in got]
+        for start in range(0, total, 20):
+            await admin.create_rollouts([spec(f"cc-{i}", i) for i in range(start, start + 20)])
+        await asyncio.wait_for(asyncio.gather(*workers), timeout=30)
+        claimed = [rid for ids in got.values() for rid in ids]
+        assert len(claimed) == total and len(set(claimed)) == total
+        assert sum(1 for ids in got.values() if ids) >= 2, "claims should spread over the controllers"
+        running = await admin.list_rollouts(state="RUNNING", limit=1000)
+        assert len(running) == total
+
+
+def test_claim_long_polls_and_wakes_on_create(client: CalcxClient, server: Any, server_key: str) -> None:
+    started = time.monotonic()
+    nothing = client.claim("idle", 5, timeout_s=0.3)
+    assert nothing.claims == [] and time.monotonic() - started >= 0.28
+
+    def create_later() -> None:
+        time.sleep(0.3)
+        with CalcxClient(server.url, server_key) as other:
+            other.create_rollout(spec("late-1", 1))
+
+    worker = threading.Thread(target=create_later)
+    worker.start()
+    started = time.monotonic()
+    woke = client.claim("waiting", 5, timeout_s=10)
+    waited = time.monotonic() - started
+    worker.join(5)
+    assert [c.rollout.rollout_id for c in woke.claims] == ["late-1"]
+    assert waited < 1.5, f"claim long poll took {waited:.2f}s"
+
+
+def test_claim_answers_with_token_env_and_fifo_order(client: CalcxClient, server: Any, server_key: str) -> None:
+    client.create_rollouts([spec(f"o-{i}", i, deadline_s=42) for i in range(3)])
+    answer = client.claim("ctl-a", 2, timeout_s=1)
+    assert [c.rollout.rollout_id for c in answer.claims] == ["o-0", "o-1"]
+    assert answer.lease_s > 0
+    claim = answer.claims[0]
+    assert claim.attempt_id == "1" and claim.deadline_s == 42
+    assert claim.rollout.state == "RUNNING" and claim.rollout.attempts[0].controller_id == "ctl-a"
+    assert claim.token == attempt_token(server_key, "o-0", "1")
+    base = f"{server.url}/v1/rollouts/o-0/attempts/1"
+    assert claim.env == {
+        "QUESTION": "What is 0 + 1?",
+        "RESULT": "1",
+        "AGL_OPENAI_BASE_URL": f"{base}/v1",
+        "AGL_EVENT_URL": f"{base}/events",
+        "AGL_KEY": claim.token,
+        "CALCX_ROLLOUT_ID": "o-0",
+        "CALCX_ATTEMPT_ID": "1",
+    }
+    assert [r.rollout_id for r in client.list_rollouts(controller_id="ctl-a")] == ["o-0", "o-1"]
+
+
+def test_lease_expiry_fails_attempt_with_controller_lost(tmp_path: Path, server_key: str) -> None:
+    thread = start_server_thread(str(tmp_path / "lease.db"), server_key, lease_s=0.6)
+    try:
+        with CalcxClient(thread.url, server_key) as client:
+            client.create_rollouts([spec("kept", 1), spec("lost", 2)])
+            claims = client.claim("ctl-x", 2, timeout_s=1).claims
+            assert len(claims) == 2
+            deadline = time.monotonic() + 1.8
+            while time.monotonic() < deadline:
+                beat = client.heartbeat("ctl-x", [("kept", "1")])
+                assert [(a.rollout_id, a.attempt_id) for a in beat.held] == [("kept", "1")]
+                time.sleep(0.15)
+            assert client.get_rollout("kept").state == "RUNNING"
+            lost = client.wait("lost", timeout_s=5)
+            assert lost.state == "FAILED" and lost.attempts[0].reason == "controller_lost"
+            assert "ctl-x" in (lost.attempts[0].detail or "")
+            beat = client.heartbeat("ctl-x", [("kept", "1"), ("lost", "1")])
+            assert [a.rollout_id for a in beat.lost] == ["lost"]
+            terminal = client.terminal(after=0, timeout_s=0)
+            assert [i.rollout.rollout_id for i in terminal.items] == ["lost"]
+            # a late finish from the lost controller is refused; the trainer decides on a retry
+            with pytest.raises(CalcxAPIError) as late:
+                client.finish("lost", "1", "SUCCEEDED")
+            assert late.value.status == 409
+            assert client.retry("lost").state == "QUEUED"
+            # heartbeat without a list extends everything the controller holds
+            everything = client.heartbeat("ctl-x")
+            assert [(a.rollout_id, a.attempt_id) for a in everything.held] == [("kept", "1")]
+    finally:
+        thread.stop()
+
+
+def test_claim_for_a_vanished_long_poll_is_requeued(client: CalcxClient, server: Any, server_key: str) -> None:
+    """A controller whose HTTP timeout is shorter than its long poll leaves; the rollout that
+    arrives afterwards must not be stranded as RUNNING under it."""
+    import httpx
+
+    def impatient() -> None:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                f"{server.url}/v1/claims",
+                json={"controller_id": "impatient", "max": 1, "timeout_s": 5},
+                headers={"authorization": f"Bearer {server_key}"},
+                timeout=0.4,
+            )
+
+    worker = threading.Thread(target=impatient)
+    worker.start()
+    worker.join(5)
+    time.sleep(0.1)
+    client.create_rollout(spec("orphan", 1))
+    time.sleep(0.3)  # the impatient long poll wakes, sees its client gone and requeues
+    claims = client.claim("patient", 1, timeout_s=5).claims
+    assert [c.rollout.rollout_id for c in claims] == ["orphan"]
+    assert claims[0].rollout.attempts[0].controller_id == "patient"

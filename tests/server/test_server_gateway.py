@@ -1,0 +1,128 @@
+"""The gateway against a real fake-vLLM upstream: recording, token ids, retries, stickiness,
+the max_tokens ceiling and the answers an OpenAI client sees."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import openai
+import pytest
+
+from calcx.api.client import CalcxAPIError, CalcxClient
+from calcx.api.models import Claim
+from calcx.server.serve import bind_socket
+
+MESSAGES = [{"role": "user", "content": "What is 2 + 2 ?"}]
+
+
+def running_claims(client: CalcxClient, n: int = 1, prefix: str = "g") -> list[Claim]:
+    client.create_rollouts([{"rollout_id": f"{prefix}-{i}", "row": {"question": "q", "result": "4"}} for i in range(n)])
+    claims = client.claim("ctl", n, timeout_s=2).claims
+    assert len(claims) == n
+    return claims
+
+
+def test_openai_client_through_gateway_records_tokens(client: CalcxClient, upstream: Any) -> None:
+    client.put_models("policy-7b", [upstream.url], policy_version=3)
+    claim = running_claims(client)[0]
+    oa = openai.OpenAI(base_url=claim.env["AGL_OPENAI_BASE_URL"], api_key=claim.env["AGL_KEY"], max_retries=0)
+    first = oa.chat.completions.create(model="whatever", messages=MESSAGES, max_tokens=100000)
+    assert first.choices[0].message.content == "### ANSWER: 42 ###"
+    second = oa.chat.completions.create(model="whatever", messages=MESSAGES + MESSAGES)
+    assert second.id != first.id
+
+    sent = upstream.requests[-2]
+    assert sent["model"] == "policy-7b"  # the registered model, whatever the agent asked for
+    assert sent["return_token_ids"] is True and sent["logprobs"] is True and sent["stream"] is False
+    assert sent["max_tokens"] == 4096  # clamped to the ceiling
+    assert upstream.requests[-1]["max_tokens"] == 4096  # absent -> the ceiling
+
+    calls = client.calls(claim.rollout.rollout_id)
+    assert [c.seq for c in calls] == [0, 1] and all(c.attempt_id == "1" for c in calls)
+    call = calls[0]
+    words = len(MESSAGES[0]["content"].split())
+    assert call.prompt_token_ids == list(range(100, 100 + words))
+    assert call.response_token_ids == [7, 8, 9]
+    assert call.response_logprobs == pytest.approx([-0.7, -0.8, -0.9])
+    assert call.status_code == 200 and call.policy_version == 3 and call.endpoint == upstream.url
+    assert call.latency_s > 0 and call.request["messages"] == MESSAGES
+    assert call.response is not None and call.response["id"] == first.id
+    assert len(calls[1].prompt_token_ids) == 2 * words
+    assert client.calls(claim.rollout.rollout_id, attempt_id="2") == []
+
+
+def test_upstream_5xx_is_retried_then_recorded_once(client: CalcxClient, upstream: Any) -> None:
+    client.put_models("m", [upstream.url])
+    claim = running_claims(client)[0]
+    upstream.fail_next = 2
+    before = len(upstream.requests)
+    answer = client.chat_completions(claim.rollout.rollout_id, claim.attempt_id, {"model": "m", "messages": MESSAGES})
+    assert answer["choices"][0]["token_ids"] == [7, 8, 9]  # vLLM extras are passed through
+    assert len(upstream.requests) - before == 3
+    calls = client.calls(claim.rollout.rollout_id)
+    assert len(calls) == 1 and calls[0].status_code == 200 and calls[0].response_token_ids == [7, 8, 9]
+    metrics = client.metrics_text()
+    assert 'calcx_gateway_upstream_errors_total{kind="500"} 2.0' in metrics
+
+
+def test_upstream_down_gives_502_after_bounded_retries(client: CalcxClient, upstream: Any) -> None:
+    client.put_models("m", [upstream.url])
+    claim = running_claims(client)[0]
+    upstream.fail_next = 100
+    upstream.fail_status = 503
+    started = time.monotonic()
+    with pytest.raises(CalcxAPIError) as err:
+        client.chat_completions(claim.rollout.rollout_id, claim.attempt_id, {"model": "m", "messages": MESSAGES})
+    assert time.monotonic() - started < 5
+    assert err.value.status == 502 and err.value.code == "upstream_unavailable"
+    assert "4 tries" in err.value.message and "503" in err.value.message
+    upstream.fail_next = 0
+    calls = client.calls(claim.rollout.rollout_id)
+    assert len(calls) == 1 and calls[0].status_code == 502 and calls[0].response_token_ids == []
+
+
+def test_unreachable_endpoint_fails_over_to_the_next(client: CalcxClient, upstream: Any) -> None:
+    dead_sock = bind_socket()
+    dead = f"http://127.0.0.1:{dead_sock.getsockname()[1]}/v1"
+    dead_sock.close()  # nothing listens there now: connection refused
+    client.put_models("m", [dead, upstream.url])
+    claims = running_claims(client, 6)
+    for claim in claims:
+        client.chat_completions(claim.rollout.rollout_id, claim.attempt_id, {"model": "m", "messages": MESSAGES})
+    recorded = [client.calls(c.rollout.rollout_id)[0] for c in claims]
+    assert all(c.status_code == 200 and c.endpoint == upstream.url for c in recorded)
+    assert 'calcx_gateway_upstream_errors_total{kind="connect"}' in client.metrics_text()
+
+
+def test_upstream_4xx_goes_back_unchanged_and_is_recorded(client: CalcxClient, upstream: Any) -> None:
+    client.put_models("reject-me", [upstream.url])
+    claim = running_claims(client)[0]
+    before = len(upstream.requests)
+    with pytest.raises(CalcxAPIError) as err:
+        client.chat_completions(claim.rollout.rollout_id, claim.attempt_id, {"model": "m", "messages": MESSAGES})
+    assert err.value.status == 400 and len(upstream.requests) - before == 1
+    calls = client.calls(claim.rollout.rollout_id)
+    assert calls[0].status_code == 400 and calls[0].response == {"error": {"message": "bad request upstream"}}
+
+
+def test_gateway_refuses_attempts_that_are_not_running(client: CalcxClient, upstream: Any) -> None:
+    client.put_models("m", [upstream.url])
+    claim = running_claims(client)[0]
+    client.finish(claim.rollout.rollout_id, claim.attempt_id, "SUCCEEDED")
+    with pytest.raises(CalcxAPIError) as err:
+        client.chat_completions(claim.rollout.rollout_id, claim.attempt_id, {"model": "m", "messages": MESSAGES})
+    assert err.value.status == 409 and "SUCCEEDED" in err.value.message
+
+
+def test_endpoint_choice_is_sticky_per_rollout(client: CalcxClient, make_upstream: Any) -> None:
+    """Two upstreams; every call of one rollout goes to the same one, and both get used."""
+    fakes = [make_upstream(), make_upstream()]
+    client.put_models("m", [f.url for f in fakes])
+    claims = running_claims(client, 8, prefix="sticky")
+    for _ in range(3):
+        for claim in claims:
+            client.chat_completions(claim.rollout.rollout_id, claim.attempt_id, {"model": "m", "messages": MESSAGES})
+    per_rollout = {c.rollout.rollout_id: {x.endpoint for x in client.calls(c.rollout.rollout_id)} for c in claims}
+    assert all(len(endpoints) == 1 for endpoints in per_rollout.values())
+    assert set().union(*per_rollout.values()) == {f.url for f in fakes}
