@@ -1,0 +1,110 @@
+"""`calcx controller`: claim queued rollouts from the server and run them (local or k8s runner)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from calcx.controller.base import Runner
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="calcx controller", description=__doc__)
+    p.add_argument("--runner", choices=["local", "k8s"], default="local", help="where rollouts run (default local)")
+    p.add_argument("--server", default=os.environ.get("CALCX_SERVER", DEFAULT_SERVER),
+                   help=f"calcx server base URL (default $CALCX_SERVER or {DEFAULT_SERVER})")
+    p.add_argument("--key", default=None, help="server key (default: $CALCX_KEY); required")
+    p.add_argument("--concurrency", type=int, default=8, help="rollouts run at once (default 8)")
+    p.add_argument("--controller-id", default=None, help="name in claims and leases (default HOST-PID)")
+    p.add_argument("--claim-timeout-s", type=float, default=10.0, help="long-poll length of one claim request")
+    p.add_argument("--max-rollouts", type=int, default=None, help="exit after running this many (default: forever)")
+    p.add_argument("--shutdown-grace-s", type=float, default=0.0,
+                   help="on SIGTERM/SIGINT, let running rollouts finish for this long before cancelling them")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    local = p.add_argument_group("local runner")
+    local.add_argument("--agent-cmd", default=None,
+                       help="agent command, a JSON list or a shell-like string (default: this Python -m calcx.agent)")
+    local.add_argument("--no-prefork", action="store_true",
+                       help="spawn the agent command once per rollout instead of forking a pre-imported worker")
+    local.add_argument("--worker-cmd", default=None,
+                       help="pre-forked worker command (default: this Python -m calcx.controller.zygote)")
+    local.add_argument("--log-dir", default=None, help="write each rollout's agent output to DIR/<rid>.<aid>.log")
+    return p
+
+
+def _k8s_module() -> Any:
+    try:
+        from calcx.controller import k8s_runner
+    except ImportError as exc:
+        raise SystemExit(f"calcx controller: the k8s runner is not available in this build ({exc})") from exc
+    return k8s_runner
+
+
+def build_runner(args: argparse.Namespace) -> Runner:
+    if args.runner == "k8s":
+        return _k8s_module().build_runner(args)
+    from calcx.controller.local_runner import LocalRunner, parse_command
+
+    try:
+        agent_cmd = parse_command(args.agent_cmd) if args.agent_cmd else None
+        worker_cmd = parse_command(args.worker_cmd) if args.worker_cmd else None
+    except ValueError as exc:
+        raise SystemExit(f"calcx controller: {exc}") from exc
+    return LocalRunner(agent_cmd=agent_cmd, prefork=not args.no_prefork, zygote_cmd=worker_cmd, log_dir=args.log_dir)
+
+
+async def _serve(args: argparse.Namespace, key: str) -> int:
+    from calcx.controller.controller import Controller, default_controller_id
+
+    args.controller_id = args.controller_id or default_controller_id()
+    runner = build_runner(args)
+    controller = Controller(
+        args.server, key, runner,
+        concurrency=args.concurrency, controller_id=args.controller_id, claim_timeout_s=args.claim_timeout_s,
+        max_rollouts=args.max_rollouts, shutdown_grace_s=args.shutdown_grace_s,
+        on_ready=lambda: print(f"calcx controller: ready (runner {runner.name})", flush=True),
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, controller.stop)
+    logging.getLogger("calcx.controller").info(
+        "controller %s: runner %s, concurrency %d, server %s", controller.controller_id, runner.name,
+        args.concurrency, args.server,
+    )
+    await controller.run()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    pre, _ = parser.parse_known_args(argv)
+    if pre.runner == "k8s":
+        module = _k8s_module()
+        if hasattr(module, "add_arguments"):
+            module.add_arguments(parser)
+    args = parser.parse_args(argv)
+    key = args.key or os.environ.get("CALCX_KEY", "")
+    if not key:
+        print("calcx controller: no server key. Pass --key KEY or set CALCX_KEY (the key the server was started with).",
+              file=sys.stderr)
+        return 2
+    if args.concurrency < 1:
+        print("calcx controller: --concurrency must be at least 1", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        return asyncio.run(_serve(args, key))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""The runner interface the controller drives: one claim in, one terminal result out.
+
+Every runner (local processes, Kubernetes Jobs) implements :class:`Runner`. The controller
+never looks inside a runner; it only maps the :class:`RunResult` onto
+``POST /v1/rollouts/{rid}/attempts/{aid}/finish``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from calcx.api.models import Claim
+
+SUCCEEDED = "SUCCEEDED"
+FAILED = "FAILED"
+
+#: Failure reasons a FAILED attempt may carry (docs/architecture.md).
+FAILURE_REASONS: frozenset[str] = frozenset(
+    {
+        "timeout",
+        "crash",
+        "model_unreachable",
+        "calculator_failed",
+        "reward_post_failed",
+        "bad_environment",
+        "image_pull",
+        "config_error",
+        "controller_lost",
+        "cancelled",
+    }
+)
+
+#: Agent exit codes for infrastructure failures -> failure reason.
+EXIT_CODE_REASONS: dict[int, str] = {
+    10: "model_unreachable",
+    11: "calculator_failed",
+    12: "timeout",
+    13: "reward_post_failed",
+    2: "bad_environment",
+}
+
+
+@dataclass
+class RunResult:
+    """Terminal outcome of one attempt, as reported to the server's ``/finish``."""
+
+    state: str  # "SUCCEEDED" | "FAILED"
+    reason: str | None  # one of FAILURE_REASONS when FAILED
+    exit_code: int | None
+    agent_seconds: float | None  # time spent inside the agent process
+    detail: str | None  # last stderr lines, k8s message, ...
+
+    def __post_init__(self) -> None:
+        if self.state not in (SUCCEEDED, FAILED):
+            raise ValueError(f"RunResult.state must be SUCCEEDED or FAILED, got {self.state!r}")
+        if self.state == FAILED and self.reason not in FAILURE_REASONS:
+            raise ValueError(
+                f"RunResult.reason {self.reason!r} is not a known failure reason; "
+                f"use one of {sorted(FAILURE_REASONS)}"
+            )
+
+    def finish_body(self) -> dict[str, Any]:
+        """The JSON body of ``POST .../finish``."""
+        return asdict(self)
+
+    @classmethod
+    def succeeded(
+        cls, *, exit_code: int | None = 0, agent_seconds: float | None = None, detail: str | None = None
+    ) -> "RunResult":
+        return cls(SUCCEEDED, None, exit_code, agent_seconds, detail)
+
+    @classmethod
+    def failed(
+        cls,
+        reason: str,
+        *,
+        exit_code: int | None = None,
+        agent_seconds: float | None = None,
+        detail: str | None = None,
+    ) -> "RunResult":
+        return cls(FAILED, reason, exit_code, agent_seconds, detail)
+
+
+def reason_from_agent_exit(exit_code: int, stderr_tail: str | None) -> str:
+    """Failure reason for a non-zero agent exit.
+
+    Preference order: the agent's own ``calcx-agent: failure: <reason>`` line (last one wins),
+    then the documented exit-code map, then ``crash`` (a signal or an unknown code).
+    """
+    if stderr_tail:
+        for line in reversed(stderr_tail.splitlines()):
+            marker = "calcx-agent: failure:"
+            idx = line.find(marker)
+            if idx >= 0:
+                words = line[idx + len(marker) :].split()
+                if words:
+                    word = words[0].rstrip(":,;.")
+                    if word in FAILURE_REASONS:
+                        return word
+                break
+    if exit_code < 0:
+        return "crash"
+    return EXIT_CODE_REASONS.get(exit_code, "crash")
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Runs one claimed attempt to a terminal state, enforcing ``claim.deadline_s``."""
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def run(self, claim: "Claim") -> RunResult: ...
+
+    async def close(self) -> None:
+        """End everything this runner started, by id (pid, Job name)."""
+        ...

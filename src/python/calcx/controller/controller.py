@@ -1,0 +1,249 @@
+"""The claim loop: long-poll the server for queued rollouts, run each through a runner, report.
+
+One claim request is in flight at a time and asks for as many rollouts as there are free slots,
+so the controller never holds a claim it cannot start. A slot that frees up wakes the loop at
+once (no polling sleep). Leases are kept alive by a heartbeat; an attempt the server says is lost
+is killed. The terminal state goes to ``/finish`` as soon as the runner returns, retried through
+server restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from calcx.api.client import AsyncCalcxClient, CalcxAPIError, CalcxConnectionError
+from calcx.api.models import Claim
+from calcx.controller.base import RunResult, Runner
+
+log = logging.getLogger("calcx.controller")
+
+DETAIL_LIMIT = 60_000
+
+
+def default_controller_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass
+class ControllerStats:
+    claimed: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+    report_failures: int = 0
+    lost: int = 0
+
+    def count(self, result: RunResult) -> None:
+        key = result.state if result.state == "SUCCEEDED" else f"FAILED:{result.reason}"
+        self.finished[key] = self.finished.get(key, 0) + 1
+
+
+class Controller:
+    """Claims and runs rollouts until :meth:`stop` (or ``max_rollouts`` is reached)."""
+
+    def __init__(
+        self,
+        server_url: str,
+        key: str,
+        runner: Runner,
+        *,
+        concurrency: int = 8,
+        controller_id: str | None = None,
+        claim_timeout_s: float = 10.0,
+        max_rollouts: int | None = None,
+        shutdown_grace_s: float = 0.0,
+        report_timeout_s: float = 120.0,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.server_url = server_url.rstrip("/")
+        self.key = key
+        self.runner = runner
+        self.concurrency = concurrency
+        self.controller_id = controller_id or default_controller_id()
+        self.claim_timeout_s = claim_timeout_s
+        self.max_rollouts = max_rollouts
+        self.shutdown_grace_s = shutdown_grace_s
+        self.report_timeout_s = report_timeout_s
+        self.on_ready = on_ready
+        self.stats = ControllerStats()
+        self.lease_s = 30.0
+        self._client: AsyncCalcxClient | None = None
+        self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._slot_freed = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._claim_task: asyncio.Task[Any] | None = None
+
+    # -- public --------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop claiming; :meth:`run` then ends what is running and returns."""
+        self._stop.set()
+        self._slot_freed.set()
+        if self._claim_task is not None and not self._claim_task.done():
+            self._claim_task.cancel()
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    async def run(self) -> None:
+        self._client = AsyncCalcxClient(self.server_url, self.key, max_connections=self.concurrency + 8)
+        await self.runner.start()
+        if self.on_ready is not None:
+            self.on_ready()
+        heartbeat = asyncio.create_task(self._heartbeat_loop(), name="calcx-heartbeat")
+        try:
+            await self._claim_loop()
+        finally:
+            heartbeat.cancel()
+            await self._shutdown()
+            await asyncio.gather(heartbeat, return_exceptions=True)
+            await self.runner.close()
+            await self._client.aclose()
+
+    # -- claiming ------------------------------------------------------------------------
+    async def _claim_loop(self) -> None:
+        backoff = 0.05
+        while not self._stop.is_set():
+            if self.max_rollouts is not None and self.stats.claimed >= self.max_rollouts:
+                break
+            free = self.concurrency - len(self._running)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            if self.max_rollouts is not None:
+                free = min(free, self.max_rollouts - self.stats.claimed)
+            assert self._client is not None
+            self._claim_task = asyncio.create_task(
+                self._client.claim(self.controller_id, max=free, timeout_s=self.claim_timeout_s)
+            )
+            try:
+                answer = await self._claim_task
+            except asyncio.CancelledError:
+                if self._stop.is_set():
+                    break
+                raise
+            except CalcxAPIError as exc:
+                if isinstance(exc, CalcxConnectionError) or exc.status >= 500:
+                    log.warning("claim failed (%s); retrying in %.2fs", exc, backoff)
+                else:
+                    log.error("the server refused the claim request: %s", exc)
+                await self._sleep_or_stop(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            finally:
+                self._claim_task = None
+            backoff = 0.05
+            self.lease_s = answer.lease_s or self.lease_s
+            for claim in answer.claims:
+                self._launch(claim)
+
+    def _launch(self, claim: Claim) -> None:
+        key = (claim.rollout.rollout_id, claim.attempt_id)
+        self.stats.claimed += 1
+        task = asyncio.create_task(self._run_one(claim), name=f"calcx-rollout-{key[0]}/{key[1]}")
+        self._running[key] = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            self._running.pop(key, None)
+            self._slot_freed.set()
+
+        task.add_done_callback(done)
+
+    async def _run_one(self, claim: Claim) -> None:
+        rid, aid = claim.rollout.rollout_id, claim.attempt_id
+        t0 = time.monotonic()
+        try:
+            result = await self.runner.run(claim)
+            log.debug("timing: %s/%s run %.4f", rid, aid, time.monotonic() - t0)
+        except asyncio.CancelledError:
+            if self._stop.is_set():
+                result = RunResult.failed("cancelled", detail=f"controller {self.controller_id} shut down")
+                await self._report(rid, aid, result, timeout_s=5.0)
+            raise
+        except Exception as exc:  # a runner bug must not lose the rollout
+            log.exception("runner failed on %s/%s", rid, aid)
+            result = RunResult.failed("crash", detail=f"runner error: {type(exc).__name__}: {exc}")
+        t1 = time.monotonic()
+        await self._report(rid, aid, result, timeout_s=self.report_timeout_s)
+        log.debug("timing: %s/%s report %.4f", rid, aid, time.monotonic() - t1)
+
+    async def _report(self, rid: str, aid: str, result: RunResult, timeout_s: float) -> None:
+        assert self._client is not None
+        self.stats.count(result)
+        detail = result.detail[-DETAIL_LIMIT:] if result.detail else None
+        deadline = time.monotonic() + timeout_s
+        backoff = 0.05
+        while True:
+            try:
+                await self._client.finish(
+                    rid, aid, result.state, reason=result.reason, exit_code=result.exit_code,
+                    agent_seconds=result.agent_seconds, detail=detail,
+                )
+                log.info("finished %s/%s %s%s", rid, aid, result.state, f" ({result.reason})" if result.reason else "")
+                return
+            except CalcxAPIError as exc:
+                retriable = isinstance(exc, CalcxConnectionError) or exc.status >= 500
+                if not retriable:
+                    # 409: no longer RUNNING (lease expired, already finished); 404: gone.
+                    log.warning("server did not take the result of %s/%s: %s", rid, aid, exc)
+                    self.stats.report_failures += 1
+                    return
+                if time.monotonic() + backoff > deadline:
+                    log.error("gave up reporting %s/%s after %.0fs: %s", rid, aid, timeout_s, exc)
+                    self.stats.report_failures += 1
+                    return
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    # -- leases --------------------------------------------------------------------------
+    async def _heartbeat_loop(self) -> None:
+        assert self._client is not None
+        while True:
+            await asyncio.sleep(max(0.2, self.lease_s / 3))
+            if not self._running:
+                continue
+            refs = list(self._running)
+            try:
+                answer = await self._client.heartbeat(self.controller_id, refs)
+            except CalcxAPIError as exc:
+                log.warning("heartbeat failed: %s", exc)
+                continue
+            self.lease_s = answer.lease_s or self.lease_s
+            for ref in answer.lost:
+                task = self._running.get((ref.rollout_id, ref.attempt_id))
+                if task is not None:
+                    log.warning("server says %s/%s is no longer ours; stopping it", ref.rollout_id, ref.attempt_id)
+                    self.stats.lost += 1
+                    task.cancel()
+
+    # -- shutdown ------------------------------------------------------------------------
+    async def _sleep_or_stop(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _shutdown(self) -> None:
+        """After a stop: grace, then cancel (each reports FAILED cancelled). Otherwise drain."""
+        stop_waiter = asyncio.create_task(self._stop.wait())
+        try:
+            while self._running and not self._stop.is_set():
+                await asyncio.wait([*self._running.values(), stop_waiter], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop_waiter.cancel()
+        tasks = list(self._running.values())
+        if not tasks:
+            return
+        if self.shutdown_grace_s > 0:
+            log.info("waiting up to %.0fs for %d running rollouts", self.shutdown_grace_s, len(tasks))
+            await asyncio.wait(tasks, timeout=self.shutdown_grace_s)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,168 @@
+"""Small process helpers: parent-death signals, process-group kills, /proc process trees."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+_libc = None
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL, expected_parent: int | None = None) -> bool:
+    """Ask Linux to send `sig` to this process when its parent dies (PR_SET_PDEATHSIG).
+
+    When `expected_parent` is given and the parent is already gone, exit at once: the signal
+    would never come. Returns False where the platform has no such facility.
+    """
+    global _libc
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        if _libc is None:
+            import ctypes
+
+            _libc = ctypes.CDLL(None, use_errno=True)
+        ok = _libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os._exit(1)
+    return ok
+
+
+PR_SET_NAME = 15
+
+
+def set_process_name(name: str) -> None:
+    """Name this process in ``ps -o comm``/top and /proc/PID/comm (Linux; 15 bytes)."""
+    global _libc
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        if _libc is None:
+            import ctypes
+
+            _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def process_name(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
+    """Signal a whole process group; falls back to the single pid. True when something got it."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        try:
+            os.kill(pgid, sig)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    except PermissionError:
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+    state = stat.rsplit(b")", 1)[1].split()[0]
+    return state not in (b"Z", b"X")
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of a live process in clock ticks (tells a pid from a reused one)."""
+    if not pid_alive(pid):
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpu_seconds(pid: int, children: bool = True) -> float:
+    """CPU time of a live process (user+system), plus that of its reaped children."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def pss_bytes(pid: int) -> int:
+    """Proportional set size (shared pages split between sharers); 0 when unknown."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _parents() -> dict[int, int]:
+    out: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(b")", 1)[1].split()
+        out[int(name)] = int(fields[1])
+    return out
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` in the process tree (Linux /proc)."""
+    parents = _parents()
+    children: dict[int, list[int]] = {}
+    for child, parent in parents.items():
+        children.setdefault(parent, []).append(child)
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return {p for p in found if pid_alive(p)}
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of one process (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -1,0 +1,127 @@
+"""The local runner on its own: real processes, exit statuses, deadlines and the worker's restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from calcx.api.models import Claim, Rollout
+from calcx.controller.__main__ import main as controller_main
+from calcx.controller.base import RunResult, reason_from_agent_exit
+from calcx.controller.local_runner import LocalRunner, parse_command
+from calcx.controller.procutil import pid_alive
+
+
+def claim(env: dict[str, str] | None = None, deadline_s: float = 30.0, rid: str = "r1") -> Claim:
+    rollout = Rollout(rollout_id=rid, row={"question": "q", "result": "1"}, state="RUNNING", attempts=[],
+                      created_at=time.time())
+    return Claim(rollout=rollout, attempt_id="1", token="t", env=env or {}, deadline_s=deadline_s)
+
+
+def run_command(code: str, deadline_s: float = 30.0) -> RunResult:
+    async def go() -> RunResult:
+        runner = LocalRunner(agent_cmd=[sys.executable, "-c", code], prefork=False)
+        await runner.start()
+        try:
+            return await runner.run(claim(deadline_s=deadline_s))
+        finally:
+            await runner.close()
+
+    return asyncio.run(go())
+
+
+def test_exit_zero_is_succeeded_with_the_time_inside_the_agent() -> None:
+    result = run_command("import time; time.sleep(0.2)")
+    assert result.state == "SUCCEEDED" and result.reason is None and result.exit_code == 0
+    assert result.agent_seconds is not None and result.agent_seconds >= 0.2
+
+
+def test_the_agents_own_failure_line_names_the_reason() -> None:
+    code = "import sys; print('calcx-agent: failure: model_unreachable gateway said 502', file=sys.stderr); sys.exit(10)"
+    result = run_command(code)
+    assert (result.state, result.reason, result.exit_code) == ("FAILED", "model_unreachable", 10)
+    assert "gateway said 502" in (result.detail or "")
+
+
+def test_exit_code_map_without_a_failure_line() -> None:
+    assert run_command("import sys; sys.exit(11)").reason == "calculator_failed"
+    assert run_command("import sys; sys.exit(3)").reason == "crash"
+
+
+def test_death_by_signal_is_a_crash() -> None:
+    result = run_command("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert (result.state, result.reason, result.exit_code) == ("FAILED", "crash", -signal.SIGKILL)
+    assert "SIGKILL" in (result.detail or "")
+
+
+def test_deadline_kills_the_whole_process_group(tmp_path) -> None:
+    pids = tmp_path / "pids"
+    code = (
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+        "time.sleep(60)\n"
+    )
+    t0 = time.monotonic()
+    result = run_command(code, deadline_s=1.5)
+    assert (result.state, result.reason) == ("FAILED", "timeout")
+    assert time.monotonic() - t0 < 10
+    agent, grandchild = (int(p) for p in pids.read_text().split())
+    deadline = time.monotonic() + 5
+    while (pid_alive(agent) or pid_alive(grandchild)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(agent) and not pid_alive(grandchild)
+
+
+def test_a_dead_worker_is_restarted_and_the_agent_runs_in_it() -> None:
+    async def go() -> tuple[RunResult, int, int | None, int | None]:
+        runner = LocalRunner()
+        await runner.start()
+        try:
+            assert runner.zygote is not None and runner.zygote.pid is not None
+            first = runner.zygote.pid
+            os.kill(first, signal.SIGKILL)
+            await asyncio.wait_for(runner.zygote.proc.wait(), 10)  # type: ignore[union-attr]
+            result = await runner.run(claim(env={"QUESTION": ""}))
+            return result, runner.zygote.restarts, first, runner.zygote.pid
+        finally:
+            await runner.close()
+
+    result, restarts, first, second = asyncio.run(go())
+    # The agent ran (in a new worker) and refused the incomplete environment itself.
+    assert (result.state, result.reason, result.exit_code) == ("FAILED", "bad_environment", 2)
+    assert "QUESTION" in (result.detail or "")
+    assert restarts == 1 and second != first
+
+
+def test_reason_parsing_and_result_validation() -> None:
+    tail = "noise\ncalcx-agent: failure: calculator_failed calculator did not answer\n"
+    assert reason_from_agent_exit(1, tail) == "calculator_failed"
+    assert reason_from_agent_exit(13, "no marker") == "reward_post_failed"
+    assert reason_from_agent_exit(-9, None) == "crash"
+    assert reason_from_agent_exit(12, "calcx-agent: failure: bogus x") == "timeout"
+    with pytest.raises(ValueError, match="not a known failure reason"):
+        RunResult.failed("gremlins")
+    assert RunResult.succeeded(agent_seconds=1.0).finish_body() == {
+        "state": "SUCCEEDED", "reason": None, "exit_code": 0, "agent_seconds": 1.0, "detail": None}
+
+
+def test_agent_command_parsing() -> None:
+    assert parse_command('["/app/agent.pex", "--x"]') == ["/app/agent.pex", "--x"]
+    assert parse_command("python -m calcx.agent") == ["python", "-m", "calcx.agent"]
+    with pytest.raises(ValueError):
+        parse_command(json.dumps([]))
+
+
+def test_controller_without_a_key_says_what_to_do(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.delenv("CALCX_KEY", raising=False)
+    assert controller_main(["--server", "http://127.0.0.1:9"]) == 2
+    assert "CALCX_KEY" in capsys.readouterr().err
+    monkeypatch.setenv("CALCX_KEY", "k")
+    assert controller_main(["--concurrency", "0"]) == 2
