@@ -20,8 +20,8 @@ from autogen_ext.tools.mcp import StdioServerParams
 from calcx.agent.answer import SYSTEM_MESSAGE, build_task
 from calcx.agent.calculator import calculator_environment
 from calcx.agent.config import AgentConfig
-from calcx.agent.failures import AgentFailure, BadEnvironment, CalculatorFailed, ModelUnreachable
-from calcx.agent.workbench import CalculatorWorkbench, transport_failure
+from calcx.agent.failures import AgentFailure, BadEnvironment, ModelUnreachable
+from calcx.agent.workbench import CalculatorWorkbench
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ async def _stop_workbench(workbench: CalculatorWorkbench) -> None:
     except BaseException as exc:  # noqa: BLE001 - cleanup must not mask the rollout's outcome
         log.debug("stopping the calculator failed: %r", exc)
     finally:
+        workbench.unwatch()
         if actor is not None:
             # AutoGen registers an atexit hook per session; once we have stopped (or given up on)
             # the session, that hook could only block the interpreter's exit.
@@ -107,15 +108,7 @@ async def solve(config: AgentConfig) -> str:
     model_client = make_model_client(config)
     workbench = make_workbench(config)
     try:
-        try:
-            await workbench.start()
-            await workbench.list_tools()  # fails fast when the calculator cannot start
-        except AgentFailure:
-            raise
-        except Exception as exc:
-            raise CalculatorFailed(
-                transport_failure(exc) or f"calculator did not start: {type(exc).__name__}: {exc}"
-            ) from exc
+        await workbench.open()  # fails fast when the calculator cannot start
         agent = AssistantAgent(
             name="calc_agent",
             model_client=model_client,
@@ -124,7 +117,9 @@ async def solve(config: AgentConfig) -> str:
             system_message=SYSTEM_MESSAGE,
         )
         try:
-            result = await agent.run(task=build_task(config.question))
+            # The guard ends the run as soon as the calculator fails, even while a model call or
+            # tool call is waiting (a failure raised inside AutoGen's tool task would be lost).
+            result = await workbench.guard(agent.run(task=build_task(config.question)))
         except AgentFailure:
             raise
         except Exception as exc:

@@ -2,14 +2,30 @@
 
 AutoGen's ``McpWorkbench.call_tool`` turns every exception into an error result
 that goes back to the model, so a dead or hung calculator would look like a
-wrong answer. This subclass raises :class:`CalculatorFailed` for transport
-failures (process exited, pipe closed, request timed out) and keeps returning
+wrong answer. This subclass treats transport failures (process exited, pipe
+closed, request timed out) as :class:`CalculatorFailed` and keeps returning
 error results for the model's own mistakes (bad arguments, unknown tool).
+
+Two traps make a plain ``raise`` from ``call_tool`` not enough:
+
+- AutoGen runs tool calls in a task of their own and waits for that task's
+  results on a queue it fills only on success: an exception raised there never
+  reaches ``agent.run``, which then waits forever. So the agent runs under
+  :meth:`CalculatorWorkbench.guard`: a tool call that finds the calculator
+  broken records the failure and waits to be cancelled, and the guard cancels
+  the run and raises the failure.
+- The MCP stdio client does not fail a request sent after the calculator's
+  stdout closed, and a killed calculator is otherwise noticed only at the read
+  timeout. So the workbench watches the calculator process itself
+  (:mod:`calcx.agent.process_watch`): its exit fails the run at once, a model
+  call in flight included.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping
+import asyncio
+import logging
+from typing import Any, Awaitable, List, Mapping, NoReturn, TypeVar
 
 import anyio
 from autogen_core import CancellationToken
@@ -19,6 +35,10 @@ from mcp.shared.exceptions import McpError
 from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent
 
 from calcx.agent.failures import CalculatorFailed
+from calcx.agent.process_watch import ProcessWatch, find_session_child
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _TRANSPORT_ERRORS = (
     anyio.ClosedResourceError,
@@ -55,23 +75,125 @@ def transport_failure(exc: BaseException) -> str | None:
 
 
 class CalculatorWorkbench(McpWorkbench):
-    """McpWorkbench whose transport failures raise CalculatorFailed."""
+    """McpWorkbench whose transport failures, and its calculator's exit, fail the rollout."""
 
-    failure: CalculatorFailed | None = None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.failure: CalculatorFailed | None = None
+        self._failed: asyncio.Event | None = None
+        self._watch: ProcessWatch | None = None
+        self._guarded = False
+        self._parked: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def open(self) -> List[ToolSchema]:
+        """Start the calculator, list its tools and watch its process; CalculatorFailed if it
+        cannot start (before any model call)."""
+        try:
+            await self.start()
+            tools = await self.list_tools()
+        except CalculatorFailed:
+            raise
+        except Exception as exc:
+            raise self._fail(
+                transport_failure(exc) or f"calculator did not start: {type(exc).__name__}: {exc}"
+            ) from exc
+        pid = find_session_child()
+        if pid is None:
+            log.debug("calculator process not found among the children; relying on transport errors")
+        else:
+            self._watch = ProcessWatch(pid, self._fail)
+        return tools
+
+    async def stop(self) -> None:
+        self.unwatch()  # stopping the calculator on purpose is not a failure
+        await super().stop()
+
+    def unwatch(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
+    @property
+    def calculator_pid(self) -> int | None:
+        """The watched calculator process (the launcher, under the pre-forked runner)."""
+        return self._watch.pid if self._watch is not None else None
+
+    # -- failure handling -------------------------------------------------------------------
+    def _failed_event(self) -> asyncio.Event:
+        if self._failed is None:
+            self._failed = asyncio.Event()
+            if self.failure is not None:
+                self._failed.set()
+        return self._failed
 
     def _fail(self, detail: str) -> CalculatorFailed:
+        """Record the first failure (later ones keep it) and wake the guard."""
         if self.failure is None:
             self.failure = CalculatorFailed(detail)
+            self.unwatch()
+            self._failed_event().set()
         return self.failure
 
-    async def list_tools(self) -> List[ToolSchema]:
-        if self.failure is not None:
+    async def _give_up(self) -> NoReturn:
+        """Inside a guarded run, wait to be cancelled by the guard (a raise here would be lost in
+        AutoGen's tool task); outside one, raise the failure."""
+        assert self.failure is not None
+        task = asyncio.current_task()
+        if not self._guarded or task is None:
             raise self.failure
+        self._parked.add(task)
+        await asyncio.get_running_loop().create_future()  # never resolved: the guard cancels us
+        raise self.failure  # not reached
+
+    async def _until_failure(self, awaitable: Awaitable[T]) -> T:
+        """``await awaitable``, abandoned as soon as the calculator fails."""
+        if self.failure is not None:
+            await self._give_up()
+        work = asyncio.ensure_future(awaitable)
+        failed = asyncio.ensure_future(self._failed_event().wait())
         try:
-            return await super().list_tools()
+            await asyncio.wait({work, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            failed.cancel()
+            if not work.done():
+                work.cancel()
+        if self.failure is not None and (not work.done() or work.cancelled()):
+            await self._give_up()
+        return work.result()  # raises CancelledError when the call itself was cancelled
+
+    async def guard(self, awaitable: Awaitable[T]) -> T:
+        """Run ``awaitable`` (the agent); raise CalculatorFailed as soon as the calculator fails,
+        cancelling the run and any tool call waiting on the dead calculator."""
+        run = asyncio.ensure_future(awaitable)
+        failed = asyncio.ensure_future(self._failed_event().wait())
+        self._guarded = True
+        try:
+            await asyncio.wait({run, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._guarded = False
+            failed.cancel()
+            pending = [t for t in (run, *self._parked) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=5.0)
+            self._parked.clear()
+        if self.failure is not None:
+            if run.done() and not run.cancelled():
+                run.exception()  # retrieved: the calculator failure is the outcome
+            raise self.failure
+        return run.result()
+
+    # -- tools ------------------------------------------------------------------------------
+    async def list_tools(self) -> List[ToolSchema]:
+        try:
+            return await self._until_failure(super().list_tools())
+        except CalculatorFailed:
+            raise
         except Exception as exc:
-            detail = transport_failure(exc) or f"listing calculator tools failed: {type(exc).__name__}: {exc}"
-            raise self._fail(detail) from exc
+            self._fail(transport_failure(exc) or f"listing calculator tools failed: {type(exc).__name__}: {exc}")
+            await self._give_up()
 
     async def call_tool(
         self,
@@ -81,21 +203,29 @@ class CalculatorWorkbench(McpWorkbench):
         call_id: str | None = None,
     ) -> ToolResult:
         if self.failure is not None:
-            raise self.failure
+            await self._give_up()
         if self._actor is None:
-            raise self._fail("calculator session is not running")
+            self._fail("calculator session is not running")
+            await self._give_up()
         cancellation_token = cancellation_token or CancellationToken()
         try:
-            future = await self._actor.call("call_tool", {"name": name, "kargs": arguments or {}})
-            cancellation_token.link_future(future)
-            result = await future
+            request = await self._until_failure(
+                self._actor.call("call_tool", {"name": name, "kargs": arguments or {}})
+            )
+            call = asyncio.ensure_future(request)
+            cancellation_token.link_future(call)
+            result = await self._until_failure(call)
+        except CalculatorFailed:
+            raise
         except Exception as exc:
             detail = transport_failure(exc)
-            if detail is not None:
-                raise self._fail(detail) from exc
-            return ToolResult(name=name, result=[TextResultContent(content=f"Error: {exc}")], is_error=True)
+            if detail is None:
+                return ToolResult(name=name, result=[TextResultContent(content=f"Error: {exc}")], is_error=True)
+            self._fail(detail)
+            await self._give_up()
         if not isinstance(result, CallToolResult):
-            raise self._fail(f"calculator answered with {type(result).__name__}, not a tool result")
+            self._fail(f"calculator answered with {type(result).__name__}, not a tool result")
+            await self._give_up()
         parts: list[TextResultContent | ImageResultContent] = []
         for content in result.content:
             if isinstance(content, TextContent):

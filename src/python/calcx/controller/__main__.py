@@ -15,9 +15,17 @@ from calcx.controller.base import Runner
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="calcx controller", description=__doc__)
-    p.add_argument("--runner", choices=["local", "k8s"], default="local", help="where rollouts run (default local)")
+RUNNERS = ("local", "k8s")
+
+
+def build_parser(runner: str = "local") -> argparse.ArgumentParser:
+    """The full parser for `runner`: the common flags plus that runner's own (what --help lists)."""
+    p = argparse.ArgumentParser(
+        prog="calcx controller", description=__doc__,
+        epilog="Runner flags are listed for the chosen runner: see also `calcx controller --runner "
+               f"{'k8s' if runner != 'k8s' else 'local'} --help`.",
+    )
+    p.add_argument("--runner", choices=RUNNERS, default="local", help="where rollouts run (default local)")
     p.add_argument("--server", default=os.environ.get("CALCX_SERVER", DEFAULT_SERVER),
                    help=f"calcx server base URL (default $CALCX_SERVER or {DEFAULT_SERVER})")
     p.add_argument("--key", default=None, help="server key (default: $CALCX_KEY); required")
@@ -28,6 +36,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-grace-s", type=float, default=0.0,
                    help="on SIGTERM/SIGINT, let running rollouts finish for this long before cancelling them")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    if runner == "k8s":
+        module = _k8s_module()
+        if hasattr(module, "add_arguments"):
+            module.add_arguments(p)
+    else:
+        _add_local_arguments(p)
+    return p
+
+
+def _add_local_arguments(p: argparse.ArgumentParser) -> None:
     local = p.add_argument_group("local runner")
     local.add_argument("--agent-cmd", default=None,
                        help="agent command, a JSON list or a shell-like string (default: this Python -m calcx.agent)")
@@ -36,7 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--worker-cmd", default=None,
                        help="pre-forked worker command (default: this Python -m calcx.controller.zygote)")
     local.add_argument("--log-dir", default=None, help="write each rollout's agent output to DIR/<rid>.<aid>.log")
-    return p
+
+
+def chosen_runner(argv: list[str] | None) -> str:
+    """The --runner value, read before the full parser exists (so that --help, handled by the full
+    parser, can list that runner's flags); anything unknown is left for the full parser to reject."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--runner", default="local")
+    known, _ = pre.parse_known_args(argv)
+    return known.runner if known.runner in RUNNERS else "local"
 
 
 def _k8s_module() -> Any:
@@ -82,14 +108,27 @@ async def _serve(args: argparse.Namespace, key: str) -> int:
     return 0
 
 
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse with the chosen runner's flags; a flag of the other runner gets an error that says so."""
+    runner = chosen_runner(argv)
+    parser = build_parser(runner)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        other = "k8s" if runner == "local" else "local"
+        try:
+            other_flags = set(build_parser(other)._option_string_actions) - set(parser._option_string_actions)
+        except SystemExit:  # that runner is not in this build
+            other_flags = set()
+        misplaced = [a.split("=", 1)[0] for a in extra if a.split("=", 1)[0] in other_flags]
+        if misplaced:
+            parser.error(f"{', '.join(misplaced)}: a flag of the {other} runner, not of --runner {runner} "
+                         f"(see `calcx controller --runner {other} --help`)")
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    pre, _ = parser.parse_known_args(argv)
-    if pre.runner == "k8s":
-        module = _k8s_module()
-        if hasattr(module, "add_arguments"):
-            module.add_arguments(parser)
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     key = args.key or os.environ.get("CALCX_KEY", "")
     if not key:
         print("calcx controller: no server key. Pass --key KEY or set CALCX_KEY (the key the server was started with).",

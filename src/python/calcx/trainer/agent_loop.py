@@ -12,12 +12,8 @@ Imports verl (and so torch and ray): load it only where verl is installed.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import time
-from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import (  # noqa: F401  (register is the public hook)
     AgentLoopBase,
@@ -26,12 +22,15 @@ from verl.experimental.agent_loop.agent_loop import (  # noqa: F401  (register i
     register,
 )
 
-from calcx.trainer.group import GroupSpec, settle_group
-from calcx.trainer.server_api import TrainerServerClient
-from calcx.trainer.translate import RolloutIncomplete, RolloutSamples, translate_rollout
+from calcx.trainer.session import (  # noqa: F401  (re-exported for callers of the old names)
+    CALCX_ROW_COLUMN,
+    record_incomplete,
+    row_from_kwargs,
+    run_session_from_config,
+)
+from calcx.trainer.translate import RolloutSamples
 
 logger = logging.getLogger(__name__)
-CALCX_ROW_COLUMN = "calcx_row"
 
 
 def to_agent_loop_outputs(samples: RolloutSamples, *, step: int) -> list[AgentLoopOutput]:
@@ -62,66 +61,13 @@ def to_agent_loop_outputs(samples: RolloutSamples, *, step: int) -> list[AgentLo
     return outputs
 
 
-def row_from_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The Calc-X dataset row that `calcx.trainer.data` stored beside verl's columns."""
-    raw = kwargs.get(CALCX_ROW_COLUMN)
-    if isinstance(raw, str):
-        return json.loads(raw)
-    if isinstance(raw, Mapping):
-        return dict(raw)
-    raise ValueError(
-        f"dataset row has no '{CALCX_ROW_COLUMN}' column; build the training files with "
-        "calcx.trainer.data.to_verl_parquet (calcx train does this for you)"
-    )
-
-
-def record_incomplete(report_dir: str | os.PathLike[str], exc: RolloutIncomplete, *, uid: str, step: int) -> None:
-    """Append one line per incomplete session to `incomplete_groups.jsonl` (counted in the report)."""
-    path = Path(report_dir) / "incomplete_groups.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"time": time.time(), "step": step, "uid": uid, "rollout_id": exc.rollout_id,
-                       "reason": exc.reason, "detail": exc.detail})
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
-
-
 class CalcxAgentLoop(AgentLoopBase):
-    """Create the rollout on the calcx server, wait for its group, return its recorded calls."""
+    """Create the rollout on the calcx server, wait for its group, return its recorded calls.
+
+    The work is `calcx.trainer.session.run_session_from_config` (verl-free, tested on CPU against
+    the real server); this class only adapts its samples to verl's AgentLoopOutput."""
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
-        calcx = self.config.calcx
-        rollout = self.rollout_config
-        uid = str(kwargs["uid"])
         step = int(kwargs.get("global_steps", 0) or 0)
-        validate = bool(kwargs.get("validate", False)) or (
-            float(sampling_params.get("temperature", rollout.temperature)) == float(rollout.val_kwargs.temperature)
-            and float(rollout.temperature) != float(rollout.val_kwargs.temperature)
-        )
-        spec = GroupSpec(
-            uid=uid,
-            session_id=int(kwargs.get("session_id", 0)),
-            n=int(rollout.val_kwargs.n if validate else rollout.n),
-            step=step,
-            partition="val" if validate else "train",
-            row=row_from_kwargs(kwargs),
-            env_map=dict(calcx.env_map) if calcx.get("env_map") is not None else None,
-            deadline_s=float(calcx.deadline_s),
-            max_attempts=int(calcx.max_attempts),
-            wait_timeout_s=float(calcx.wait_timeout_s),
-            group_timeout_s=float(calcx.group_timeout_s),
-        )
-        client = TrainerServerClient(str(calcx.server_url), str(calcx.key or ""))
-        try:
-            own = await settle_group(client, spec)
-            calls = await client.calls(own["rollout_id"])
-            samples = translate_rollout(
-                own, calls, max_prompt_length=int(rollout.prompt_length),
-                max_response_length=int(rollout.response_length), expected_group_id=uid,
-            )
-        except RolloutIncomplete as exc:
-            record_incomplete(str(calcx.report_dir), exc, uid=uid, step=step)
-            logger.warning("calcx: leaving group %s out of step %d: %s", uid, step, exc)
-            raise
-        finally:
-            await client.aclose()
+        samples = await run_session_from_config(self.config, sampling_params, kwargs)
         return to_agent_loop_outputs(samples, step=step)

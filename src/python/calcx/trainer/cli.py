@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -39,9 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"Calc-X training rows, parquet or jsonl (default {DEFAULT_TRAIN}, "
                              "generated with 'calcx data generate' when absent)")
     parser.add_argument("--val-file", default=DEFAULT_VAL, help=f"validation rows (default {DEFAULT_VAL})")
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"policy model path or hub id (default {DEFAULT_MODEL})")
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"policy model: a local Hugging Face model directory or a hub id (default {DEFAULT_MODEL})")
     parser.add_argument("--agl-base-url", default=None,
-                        help="calcx server base URL the rollouts go to (default from calcx.yaml: http://127.0.0.1:8000)")
+                        help="a running calcx server the rollouts go to (default: calcx train starts a server "
+                             "and a local-runner controller itself, with a key made for the run)")
     parser.add_argument("--agl-key", default=None,
                         help="calcx server key (default: $CALCX_KEY); never printed")
     parser.add_argument("--run-name", default=None, help="experiment name: checkpoint and report directory name")
@@ -50,6 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
                              "to 2 policy versions (verl V1 colocate_async)")
     parser.add_argument("--runner", choices=("local", "k8s"), default=None,
                         help="how the controller runs each agent (recorded in the config; default local)")
+    parser.add_argument("--chat-template", default=None, metavar="PATH|hermes",
+                        help="Jinja chat template for vLLM and verl's tokenizer (default: the model's own); "
+                             "'hermes' is the packaged Hermes tool template, for models whose template ignores tools")
+    parser.add_argument("--eval-only", action="store_true",
+                        help="run only validation (the --val-file rows) through the same rollout path, then "
+                             "write eval.md; with --model-endpoint no GPU, verl or Ray is used")
+    parser.add_argument("--model-endpoint", default=None, metavar="URL",
+                        help="with --eval-only: an OpenAI-compatible base URL (e.g. the stub LLM or a running "
+                             "vLLM, http://HOST:PORT/v1) that plays the policy instead of verl's vLLM")
     parser.add_argument("--print-config", action="store_true",
                         help="print the composed config (secrets masked) and exit; needs no GPU")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, applied last")
@@ -68,6 +80,7 @@ def compose_from_args(args: argparse.Namespace, *, train_files: str | None = Non
         run_name=args.run_name,
         runner=args.runner,
         async_mode=args.async_mode,
+        chat_template=args.chat_template,
         dotlist=list(args.overrides),
     ))
 
@@ -86,25 +99,43 @@ def cuda_problem() -> str | None:
     return None
 
 
+def _raise_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _train(args: argparse.Namespace) -> int:
     from calcx.trainer.config import ConfigError
 
-    problem = cuda_problem()
-    if problem is not None:
-        print(NO_GPU_MESSAGE.format(why=problem), file=sys.stderr)
-        return 3
+    if args.model_endpoint is not None and not args.eval_only:
+        print("calcx train: --model-endpoint is only for --eval-only (training needs verl's own vLLM replicas)",
+              file=sys.stderr)
+        return 2
+    if args.model_endpoint is None:
+        problem = cuda_problem()
+        if problem is not None:
+            print(NO_GPU_MESSAGE.format(why=problem), file=sys.stderr)
+            return 3
     from calcx.trainer import data as data_mod
-    from calcx.trainer.launch import run_training
+    from calcx.trainer.launch import LaunchError, run_training
+    from calcx.trainer.services import ServicesError
 
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM unwinds like Ctrl-C: cleanup runs
     try:
         train_src, val_src = Path(args.train_file), Path(args.val_file)
-        data_mod.ensure_generated(train_src)
+        if not args.eval_only:
+            data_mod.ensure_generated(train_src)
         data_mod.ensure_generated(val_src)
         cfg = compose_from_args(args)
-        return run_training(cfg, train_src=train_src, val_src=val_src)
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        return run_training(cfg, train_src=train_src if not args.eval_only else val_src, val_src=val_src,
+                            eval_only=args.eval_only, model_endpoint=args.model_endpoint)
+    except (ConfigError, FileNotFoundError, ValueError, LaunchError, ServicesError) as exc:
         print(f"calcx train: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("calcx train: interrupted; every process it started was ended", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

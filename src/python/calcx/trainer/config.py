@@ -18,8 +18,11 @@ PACKAGE_CONFIG_DIR = Path(__file__).resolve().parent / "config"
 CALCX_OVERRIDES = PACKAGE_CONFIG_DIR / "calcx.yaml"
 ASYNC_OVERRIDES = PACKAGE_CONFIG_DIR / "async.yaml"
 AGENT_LOOPS_FILE = PACKAGE_CONFIG_DIR / "agent_loops.yaml"
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+NAMED_TEMPLATES = {"hermes": TEMPLATES_DIR / "hermes_tool_chat.jinja"}
 VERL_CONFIG_NAME = "ppo_trainer"
 SECRET_KEYS = ("calcx.key",)
+LONG_KEYS = ("actor_rollout_ref.model.custom_chat_template",)
 
 
 class ConfigError(ValueError):
@@ -52,6 +55,7 @@ class ComposeRequest:
     run_name: str | None = None
     runner: str | None = None
     async_mode: bool = False
+    chat_template: str | None = None
     dotlist: list[str] = field(default_factory=list)
 
 
@@ -155,7 +159,53 @@ def compose(request: ComposeRequest) -> DictConfig:
     for item in dotlist:
         key, value, add = parse_dotlist_item(item)
         _set(cfg, key, value, must_exist=not add, origin=f"override {item!r}")
+
+    template = request.chat_template if request.chat_template is not None else cfg.calcx.get("chat_template")
+    if template:
+        apply_chat_template(cfg, str(template))
     return cfg
+
+
+def resolve_model_path(model: str) -> str:
+    """(Checked when a run starts, not by --print-config.) A local model directory becomes absolute (Ray workers and vLLM do not share our cwd) and must
+    look like a Hugging Face model; anything else that is not a path is taken as a hub id."""
+    path = Path(model).expanduser()
+    looks_like_path = model.startswith(("/", "./", "../", "~")) or path.exists()
+    if not looks_like_path:
+        return model
+    if not path.is_dir():
+        raise ConfigError(f"--model {model!r}: no such directory; give a local model directory "
+                          "(with config.json and the tokenizer files) or a Hugging Face hub id")
+    missing = [name for name in ("config.json",) if not (path / name).is_file()]
+    if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        missing.append("tokenizer.json or tokenizer_config.json")
+    if missing:
+        raise ConfigError(f"--model {model!r}: the directory has no {' and no '.join(missing)}; "
+                          "it must be a Hugging Face model directory (see src/gpu/convert_smollm2.py)")
+    return str(path.resolve())
+
+
+def chat_template_path(spec: str) -> Path:
+    """`hermes` (the packaged Hermes tool template) or a path to a Jinja file."""
+    path = NAMED_TEMPLATES.get(spec) or Path(spec).expanduser()
+    if not path.is_file():
+        named = ", ".join(NAMED_TEMPLATES)
+        raise ConfigError(f"--chat-template {spec!r}: no such file; give a Jinja chat template file or one of: {named}")
+    return path.resolve()
+
+
+def apply_chat_template(cfg: DictConfig, spec: str) -> None:
+    """One template for both sides: vLLM renders the agent's chats with it (`vllm serve
+    --chat-template PATH`, through `engine_kwargs.vllm`), verl's tokenizer renders and measures the
+    prompts with it (`actor_rollout_ref.model.custom_chat_template`, the template text)."""
+    path = chat_template_path(spec)
+    text = path.read_text(encoding="utf-8")
+    if "{%" not in text and "{{" not in text:
+        raise ConfigError(f"--chat-template {spec!r}: {path} does not look like a Jinja template")
+    _set(cfg, "calcx.chat_template", str(path), must_exist=False, origin="--chat-template")
+    _set(cfg, "actor_rollout_ref.rollout.engine_kwargs.vllm.chat_template", str(path), must_exist=False,
+         origin="--chat-template")
+    _set(cfg, "actor_rollout_ref.model.custom_chat_template", text, must_exist=True, origin="--chat-template")
 
 
 def redacted_yaml(cfg: DictConfig) -> str:
@@ -166,6 +216,10 @@ def redacted_yaml(cfg: DictConfig) -> str:
             value = OmegaConf.select(shown, dotted, throw_on_missing=False, default=None)
             masked = "***" if value not in (None, "") else ""
             OmegaConf.update(shown, dotted, masked, merge=False)
+    for dotted in LONG_KEYS:
+        value = OmegaConf.select(shown, dotted, throw_on_missing=False, default=None)
+        if isinstance(value, str) and len(value) > 80:
+            OmegaConf.update(shown, dotted, f"<{len(value)} characters, from calcx.chat_template>", merge=False)
     return OmegaConf.to_yaml(shown)
 
 

@@ -1,19 +1,33 @@
-"""Start verl on a GPU machine with a composed config, then write the run report.
+"""Run one `calcx train`: rollout services, verl (or the eval-only driver), then the run report.
 
-GPU-only path (imports verl, ray, torch). The Calc-X files are converted to verl's layout first,
-verl's own validation runs on the final config, verl's file logger writes the metrics JSONL that
-the report reads.
+Order: Calc-X files -> verl's layout; the calcx server + controller are started (unless
+`calcx.server_url` names running ones) and their URL and key written into the config; Ray workers
+get calcx's import path and the metrics file through `ray_kwargs.ray_init.runtime_env.env_vars`;
+verl's own checks; verl's V1 trainer. Whatever happens, the validation rollouts are read back from
+the server and `eval.md`, `reward_curve.png` and `report.md` are written, then every process this
+run started is ended.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
 from pathlib import Path
+from typing import Iterator
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from calcx.trainer.data import to_verl_parquet
 from calcx.trainer.report import count_incomplete, write_report
+from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
+
+log = logging.getLogger(__name__)
+
+
+class LaunchError(RuntimeError):
+    """The run cannot start as configured; the message says what to change."""
 
 
 def validate_with_verl(cfg: DictConfig) -> None:
@@ -27,10 +41,36 @@ def validate_with_verl(cfg: DictConfig) -> None:
     omega_conf_to_dataclass(cfg.algorithm)
 
 
-def run_training(cfg: DictConfig, *, train_src: Path, val_src: Path) -> int:
-    report_dir = Path(str(cfg.calcx.report_dir))
-    report_dir.mkdir(parents=True, exist_ok=True)
+def worker_pythonpath() -> str:
+    """calcx's source root, then this process's PYTHONPATH entries made absolute (Ray workers do
+    not run in our working directory), for the workers where verl instantiates CalcxAgentLoop."""
+    parts = [str(CALCX_SRC)]
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if entry.strip():
+            absolute = str(Path(entry).expanduser().resolve())
+            if absolute not in parts:
+                parts.append(absolute)
+    return os.pathsep.join(parts)
+
+
+def set_worker_env(cfg: DictConfig, env: dict[str, str]) -> None:
+    """Add `env` to the runtime_env verl passes to `ray.init` (a value the user set there wins)."""
     with open_dict(cfg):
+        if OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars") is None:
+            OmegaConf.update(cfg, "ray_kwargs.ray_init.runtime_env.env_vars", {}, merge=False, force_add=True)
+        env_vars = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+        for name, value in env.items():
+            if name not in env_vars:
+                env_vars[name] = value
+
+
+def prepare_files(cfg: DictConfig, report_dir: Path, *, train_src: Path, val_src: Path) -> Path:
+    """verl-layout data files and the file logger; returns the metrics JSONL path."""
+    from calcx.trainer.config import resolve_model_path
+
+    with open_dict(cfg):
+        cfg.actor_rollout_ref.model.path = resolve_model_path(str(cfg.actor_rollout_ref.model.path))
+        cfg.calcx.report_dir = str(report_dir)
         cfg.data.train_files = str(to_verl_parquet(train_src, report_dir / "verl_train.parquet"))
         cfg.data.val_files = str(to_verl_parquet(val_src, report_dir / "verl_val.parquet"))
         loggers = list(cfg.trainer.logger)
@@ -39,11 +79,125 @@ def run_training(cfg: DictConfig, *, train_src: Path, val_src: Path) -> int:
         cfg.trainer.logger = loggers
     metrics_path = report_dir / "metrics.jsonl"
     os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
-    validate_with_verl(cfg)
+    set_worker_env(cfg, {"PYTHONPATH": worker_pythonpath(), "VERL_FILE_LOGGER_PATH": str(metrics_path)})
+    return metrics_path
 
+
+def preflight(server_url: str, key: str) -> None:
+    """An external calcx server must answer, and accept the key, before Ray and vLLM start."""
+    from calcx.trainer.server_api import ServerError, TrainerServerClient
+
+    async def probe() -> None:
+        client = TrainerServerClient(server_url, key, timeout_s=10.0)
+        try:
+            await client.list_rollouts(limit=1)
+        finally:
+            await client.aclose()
+
+    try:
+        asyncio.run(probe())
+    except ServerError as exc:
+        hint = ("check --agl-key / $CALCX_KEY (the key the server was started with)" if exc.status in (401, 403)
+                else "check --agl-base-url, or leave it out to let calcx train start a server")
+        raise LaunchError(f"calcx server at {server_url} is not usable: {exc}; {hint}") from exc
+
+
+@contextlib.contextmanager
+def rollout_services(cfg: DictConfig, report_dir: Path) -> Iterator[LocalServices | None]:
+    """Start the server and controller unless `calcx.server_url` is set; fill in URL and key."""
+    if cfg.calcx.get("server_url"):
+        key = str(OmegaConf.select(cfg, "calcx.key", default="") or "")  # resolves ${oc.env:CALCX_KEY}
+        with open_dict(cfg):
+            cfg.calcx.key = key  # resolved here: Ray workers may not see the driver's CALCX_KEY
+        preflight(str(cfg.calcx.server_url), key)
+        yield None
+        return
+    try:
+        config = ServicesConfig.from_calcx_section(cfg.calcx, report_dir / "services")
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from exc
+    if "--max-tokens-ceiling" not in config.server_args:
+        # the gateway clamps max_tokens to what verl trains on, so no recorded response is cut later
+        config.server_args = [*config.server_args, "--max-tokens-ceiling",
+                              str(int(cfg.actor_rollout_ref.rollout.response_length))]
+    services = LocalServices(config)
+    try:
+        services.start()
+        log.info("calcx train: server %s and controller started (logs in %s)", services.server_url,
+                 services.workdir)
+        with open_dict(cfg):
+            cfg.calcx.server_url = services.server_url
+            cfg.calcx.key = services.key
+        yield services
+    finally:
+        services.stop()
+
+
+def register_endpoint(cfg: DictConfig, endpoint: str) -> None:
+    """`--model-endpoint`: an OpenAI-compatible server (vLLM, the stub) plays the policy."""
+    from calcx.trainer.replicas import register_replicas
+
+    register_replicas(str(cfg.calcx.server_url), str(cfg.calcx.key or ""),
+                      str(cfg.actor_rollout_ref.model.path), [endpoint], policy_version=0)
+
+
+def run_verl(cfg: DictConfig) -> None:
+    validate_with_verl(cfg)
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
     run_ppo(cfg, task_runner_class=TaskRunnerV1)
-    write_report(report_dir, metrics_path=metrics_path if metrics_path.exists() else None, eval_records=None,
-                 incomplete_groups=count_incomplete(report_dir / "incomplete_groups.jsonl"))
+
+
+def run_eval_driver(cfg: DictConfig, val_src: Path) -> dict[str, int]:
+    """Validation only, without verl: each row through the AgentLoop's session path."""
+    from calcx.data.io import read_rows
+    from calcx.trainer.evaluation import run_validation
+
+    rows = read_rows(val_src)
+    return asyncio.run(run_validation(cfg, rows, step=0,
+                                      groups_in_flight=int(cfg.calcx.get("controller_concurrency") or 32)))
+
+
+def finish_report(cfg: DictConfig, report_dir: Path, metrics_path: Path) -> Path:
+    """Read the last validation step back from the server and write eval.md, reward_curve.png, report.md."""
+    from calcx.trainer.evaluation import collect_eval
+
+    collection = collect_eval(str(cfg.calcx.server_url), str(cfg.calcx.key or ""))
+    return write_report(
+        report_dir, metrics_path=metrics_path, eval_records=collection.records,
+        incomplete_groups=count_incomplete(report_dir / "incomplete_groups.jsonl"),
+        allow_no_reward=True, eval_note=collection.note(), title=f"Calc-X run {cfg.trainer.experiment_name}",
+    )
+
+
+def run_training(cfg: DictConfig, *, train_src: Path, val_src: Path, eval_only: bool = False,
+                 model_endpoint: str | None = None) -> int:
+    """Train (or, with `eval_only`, only validate) and write the report; 0 when both succeeded."""
+    report_dir = Path(str(cfg.calcx.report_dir)).expanduser().resolve()
+    report_dir.mkdir(parents=True, exist_ok=True)
+    metrics_path = prepare_files(cfg, report_dir, train_src=train_src, val_src=val_src)
+    if eval_only and model_endpoint is None:
+        with open_dict(cfg):
+            cfg.trainer.val_before_train = True
+            cfg.trainer.val_only = True
+    with rollout_services(cfg, report_dir):
+        failure: BaseException | None = None
+        try:
+            if model_endpoint is not None:
+                register_endpoint(cfg, model_endpoint)
+                counts = run_eval_driver(cfg, val_src)
+                log.info("calcx train --eval-only: %s", counts)
+            else:
+                run_verl(cfg)
+        except BaseException as exc:  # the report is written for failed and interrupted runs too
+            failure = exc
+        try:
+            path = finish_report(cfg, report_dir, metrics_path)
+            print(f"calcx train: report in {path} (eval table {report_dir / 'eval.md'})", flush=True)
+        except Exception as exc:
+            if failure is None:
+                raise
+            log.error("calcx train: could not write the report after the run failed: %s", exc)
+        if failure is not None:
+            raise failure
     return 0

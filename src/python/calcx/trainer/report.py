@@ -114,26 +114,116 @@ def eval_table_markdown(rows: Sequence[EvalRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot_placeholder(out_png: str | Path, note: str, *, title: str = "Calc-X training reward") -> Path:
+    """A reward-curve PNG that says why there is no curve (a run that trained no step)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.text(0.5, 0.5, note, ha="center", va="center", wrap=True, transform=ax.transAxes)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("mean reward")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out, format="png")
+    plt.close(fig)
+    return out
+
+
+def write_eval_markdown(out_dir: str | Path, records: Sequence[Mapping[str, Any]], *, title: str = "Calc-X evaluation",
+                        note: str | None = None) -> Path:
+    """`eval.md`: accuracy by source (plus a note, e.g. which step and how many rollouts failed)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    parts = [f"# {title}", ""] + ([note, ""] if note else []) + [eval_table_markdown(eval_rows(records))]
+    path = out / "eval.md"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
 def write_report(out_dir: str | Path, *, metrics_path: str | Path | None,
                  eval_records: Iterable[Mapping[str, Any]] | None, title: str = "Calc-X run report",
-                 incomplete_groups: int | None = None) -> Path:
-    """Write `reward_curve.png` (when metrics exist) and `report.md`; return the report's path."""
+                 incomplete_groups: int | None = None, allow_no_reward: bool = False,
+                 eval_note: str | None = None) -> Path:
+    """Write `reward_curve.png` (when metrics exist), `eval.md` (when eval records are given) and
+    `report.md`; return the report's path.
+
+    With `allow_no_reward` (the trainer's end-of-run report) a run without any reward line still
+    gets a `reward_curve.png`: its validation points if it has some, else a figure saying why not.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     parts = [f"# {title}", ""]
-    if metrics_path is not None:
-        metrics = read_metrics(metrics_path)
-        used, steps, values = reward_series(metrics)
-        plot_reward_curve(metrics, out / "reward_curve.png")
+    metrics = read_metrics(metrics_path) if metrics_path is not None and Path(metrics_path).exists() else None
+    if metrics_path is not None and metrics is None and not allow_no_reward:
+        raise ReportError(f"{metrics_path} does not exist; cannot draw a reward curve")
+    used, steps, values = "", [], []
+    if metrics is not None or allow_no_reward:
+        try:
+            used, steps, values = reward_series(metrics or [])
+        except ReportError:
+            if not allow_no_reward:
+                raise
+    if steps:
+        plot_reward_curve(metrics or [], out / "reward_curve.png")
         parts += [f"Reward ({used}) over {len(steps)} step(s): first {values[0]:.3f}, last {values[-1]:.3f}, "
                   f"best {max(values):.3f}.", "", "![reward curve](reward_curve.png)", ""]
+    elif allow_no_reward:
+        val = validation_series(metrics or [])
+        if val:
+            plot_validation_curve(val, out / "reward_curve.png")
+            parts += [f"No training step recorded a reward; validation reward over {len(val)} point(s).", "",
+                      "![reward curve](reward_curve.png)", ""]
+        else:
+            plot_placeholder(out / "reward_curve.png", "no training step recorded a reward")
+            parts += ["No training step recorded a reward (see the run's logs).", ""]
     if incomplete_groups is not None:
         parts += [f"GRPO groups left out as incomplete: {incomplete_groups}.", ""]
     if eval_records is not None:
-        parts += ["## Evaluation (accuracy by source)", "", eval_table_markdown(eval_rows(eval_records))]
+        records = list(eval_records)
+        write_eval_markdown(out, records, note=eval_note)
+        parts += ["## Evaluation (accuracy by source)", ""] + ([eval_note, ""] if eval_note else [])
+        parts += [eval_table_markdown(eval_rows(records))]
     path = out / "report.md"
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
+
+
+def validation_series(metrics: Sequence[Mapping[str, Any]]) -> list[tuple[int, float]]:
+    """(step, mean of the `val-core/*/mean@1` values) per step that has any."""
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for m in metrics:
+        for k, v in m.items():
+            if (k.startswith(VAL_KEY_PREFIX) and k.endswith("/mean@1") and isinstance(v, (int, float))
+                    and not isinstance(v, bool) and math.isfinite(float(v))):
+                by_step[int(m["step"])].append(float(v))
+    return sorted((step, sum(vs) / len(vs)) for step, vs in by_step.items())
+
+
+def plot_validation_curve(points: Sequence[tuple[int, float]], out_png: str | Path,
+                          title: str = "Calc-X validation reward") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.plot([p[0] for p in points], [p[1] for p in points], "s--", markersize=5, label="validation")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("mean reward")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(out, format="png")
+    plt.close(fig)
+    return out
 
 
 def count_incomplete(path: str | Path) -> int:

@@ -67,6 +67,22 @@ class TrainerServerClient:
     async def calls(self, rollout_id: str) -> list[dict[str, Any]]:
         return (await self._request("GET", f"/v1/rollouts/{rollout_id}/calls"))["calls"]
 
+    async def list_rollouts(self, *, state: str | None = None, limit: int = 1000,
+                            offset: int = 0) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if state:
+            params["state"] = state
+        return (await self._request("GET", "/v1/rollouts", params=params))["rollouts"]
+
+    async def all_rollouts(self, *, page: int = 1000) -> list[dict[str, Any]]:
+        """Every rollout on the server, in creation order (paged)."""
+        out: list[dict[str, Any]] = []
+        while True:
+            batch = await self.list_rollouts(limit=page, offset=len(out))
+            out.extend(batch)
+            if len(batch) < page:
+                return out
+
     async def put_models(self, model: str, endpoints: list[str], policy_version: int) -> dict[str, Any]:
         body = {"model": model, "endpoints": endpoints, "policy_version": int(policy_version)}
         return await self._request("PUT", "/v1/models", json=body)

@@ -1,0 +1,117 @@
+"""Validation results of a run, read back from the calcx server, and the `--eval-only` driver.
+
+Every validation rollout the AgentLoop creates is named `calcx-val-s{step}-{uid}-{session}` and
+carries its Calc-X row, so the server alone can say, per row, which source it came from and what
+reward it got. The table of a run is its last validation step. A rollout that ended FAILED is an
+infrastructure failure, not a wrong answer: it is counted apart, never scored 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from calcx.trainer.server_api import TrainerServerClient
+from calcx.trainer.session import run_session_from_config
+from calcx.trainer.translate import RolloutIncomplete
+
+VAL_PREFIX = "calcx-val-"
+_VAL_ID = re.compile(r"^calcx-val-s(\d+)-")
+
+
+@dataclass
+class EvalCollection:
+    """Per-rollout results of one validation step."""
+
+    step: int | None
+    records: list[dict[str, Any]] = field(default_factory=list)
+    unscored: list[dict[str, Any]] = field(default_factory=list)  # FAILED / no reward / still running
+
+    def note(self) -> str:
+        if self.step is None:
+            return "No validation rollout was found on the calcx server."
+        text = f"Validation step {self.step}: {len(self.records)} scored rollout(s)"
+        if self.unscored:
+            states: dict[str, int] = {}
+            for item in self.unscored:
+                states[item["state"]] = states.get(item["state"], 0) + 1
+            shown = ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
+            text += f"; {len(self.unscored)} not scored ({shown}), left out of the table"
+        return text + "."
+
+
+def eval_collection(rollouts: Sequence[Mapping[str, Any]], *, step: int | None = None) -> EvalCollection:
+    """The records of validation step `step` (default: the last one present) from the server's rollouts."""
+    by_step: dict[int, list[Mapping[str, Any]]] = {}
+    for rollout in rollouts:
+        match = _VAL_ID.match(str(rollout.get("rollout_id", "")))
+        if match:
+            by_step.setdefault(int(match.group(1)), []).append(rollout)
+    if not by_step:
+        return EvalCollection(step=None)
+    chosen = max(by_step) if step is None else step
+    out = EvalCollection(step=chosen)
+    for rollout in by_step.get(chosen, []):
+        row = rollout.get("row") or {}
+        reward = rollout.get("reward")
+        base = {"rollout_id": rollout.get("rollout_id"), "source": str(row.get("source") or "unknown"),
+                "row_id": row.get("id"), "state": rollout.get("state")}
+        scored = (rollout.get("state") == "SUCCEEDED" and isinstance(reward, (int, float))
+                  and not isinstance(reward, bool) and math.isfinite(float(reward)))
+        if scored:
+            out.records.append({**base, "reward": float(reward)})
+        else:
+            out.unscored.append(base)
+    return out
+
+
+async def collect_eval_async(server_url: str, key: str, *, step: int | None = None) -> EvalCollection:
+    client = TrainerServerClient(server_url, key)
+    try:
+        return eval_collection(await client.all_rollouts(), step=step)
+    finally:
+        await client.aclose()
+
+
+def collect_eval(server_url: str, key: str, *, step: int | None = None) -> EvalCollection:
+    """Blocking form for the trainer's driver, after verl has returned."""
+    return asyncio.run(collect_eval_async(server_url, key, step=step))
+
+
+def val_session_kwargs(row: Mapping[str, Any], *, uid: str, session_id: int, step: int) -> dict[str, Any]:
+    """What verl hands `CalcxAgentLoop.run` for one validation session (the columns `data.py` writes)."""
+    return {"uid": uid, "session_id": session_id, "global_steps": step, "validate": True,
+            "calcx_row": json.dumps(dict(row), ensure_ascii=False, sort_keys=True),
+            "data_source": str(row.get("source") or "calcx")}
+
+
+async def run_validation(config: Any, rows: Sequence[Mapping[str, Any]], *, step: int = 0,
+                         groups_in_flight: int = 32) -> dict[str, int]:
+    """Every row as one validation group of `rollout.val_kwargs.n` sessions, through `run_session`
+    (the AgentLoop's own path). Returns counts: sessions, succeeded, incomplete."""
+    n = int(config.actor_rollout_ref.rollout.val_kwargs.n)
+    gate = asyncio.Semaphore(max(1, groups_in_flight))
+    counts = {"sessions": 0, "succeeded": 0, "incomplete": 0}
+
+    async def one_group(row: Mapping[str, Any]) -> None:
+        uid = str(uuid.uuid4())
+        async with gate:
+            results = await asyncio.gather(*[
+                run_session_from_config(config, {}, val_session_kwargs(row, uid=uid, session_id=i, step=step))
+                for i in range(n)], return_exceptions=True)
+        for result in results:
+            counts["sessions"] += 1
+            if isinstance(result, RolloutIncomplete):
+                counts["incomplete"] += 1
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                counts["succeeded"] += 1
+
+    await asyncio.gather(*[one_group(row) for row in rows])
+    return counts

@@ -1,0 +1,101 @@
+"""One verl session of a GRPO group, end to end, without verl: spec -> settle -> calls -> samples.
+
+`CalcxAgentLoop.run` is a thin wrapper around `run_session` (it only turns the samples into verl's
+AgentLoopOutput), so the CPU tests and `calcx train --eval-only` drive exactly the code path that
+training uses.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from calcx.trainer.group import GroupSpec, settle_group
+from calcx.trainer.server_api import TrainerServerClient
+from calcx.trainer.translate import RolloutIncomplete, RolloutSamples, translate_rollout
+
+logger = logging.getLogger(__name__)
+CALCX_ROW_COLUMN = "calcx_row"
+
+
+def row_from_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The Calc-X dataset row that `calcx.trainer.data` stored beside verl's columns."""
+    raw = kwargs.get(CALCX_ROW_COLUMN)
+    if isinstance(raw, str):
+        return json.loads(raw)
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    raise ValueError(
+        f"dataset row has no '{CALCX_ROW_COLUMN}' column; build the training files with "
+        "calcx.trainer.data.to_verl_parquet (calcx train does this for you)"
+    )
+
+
+def is_validation(sampling_params: Mapping[str, Any], rollout_cfg: Any, kwargs: Mapping[str, Any]) -> bool:
+    """verl 0.9.1 pops `validate` before calling run(); its validation sampling temperature tells."""
+    if "validate" in kwargs:
+        return bool(kwargs["validate"])
+    temperature = float(sampling_params.get("temperature", rollout_cfg.temperature))
+    return (temperature == float(rollout_cfg.val_kwargs.temperature)
+            and float(rollout_cfg.temperature) != float(rollout_cfg.val_kwargs.temperature))
+
+
+def session_spec(calcx_cfg: Any, rollout_cfg: Any, sampling_params: Mapping[str, Any],
+                 kwargs: Mapping[str, Any]) -> GroupSpec:
+    """The group this verl session belongs to, from the `calcx:` and rollout config sections."""
+    validate = is_validation(sampling_params, rollout_cfg, kwargs)
+    env_map = calcx_cfg.get("env_map")
+    return GroupSpec(
+        uid=str(kwargs["uid"]),
+        session_id=int(kwargs.get("session_id", 0)),
+        n=int(rollout_cfg.val_kwargs.n if validate else rollout_cfg.n),
+        step=int(kwargs.get("global_steps", 0) or 0),
+        partition="val" if validate else "train",
+        row=row_from_kwargs(kwargs),
+        env_map=dict(env_map) if env_map is not None else None,
+        deadline_s=float(calcx_cfg.deadline_s),
+        max_attempts=int(calcx_cfg.max_attempts),
+        wait_timeout_s=float(calcx_cfg.wait_timeout_s),
+        group_timeout_s=float(calcx_cfg.group_timeout_s),
+    )
+
+
+def record_incomplete(report_dir: str | os.PathLike[str], exc: RolloutIncomplete, *, uid: str, step: int) -> None:
+    """Append one line per incomplete session to `incomplete_groups.jsonl` (counted in the report)."""
+    path = Path(report_dir) / "incomplete_groups.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"time": time.time(), "step": step, "uid": uid, "rollout_id": exc.rollout_id,
+                       "reason": exc.reason, "detail": exc.detail})
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+
+
+async def run_session(spec: GroupSpec, *, server_url: str, key: str, report_dir: str | os.PathLike[str],
+                      max_prompt_length: int, max_response_length: int) -> RolloutSamples:
+    """Create the group, settle it, translate this session's rollout; `RolloutIncomplete` leaves it out."""
+    client = TrainerServerClient(server_url, key)
+    try:
+        own = await settle_group(client, spec)
+        calls = await client.calls(own["rollout_id"])
+        return translate_rollout(own, calls, max_prompt_length=max_prompt_length,
+                                 max_response_length=max_response_length, expected_group_id=spec.uid)
+    except RolloutIncomplete as exc:
+        record_incomplete(report_dir, exc, uid=spec.uid, step=spec.step)
+        logger.warning("calcx: leaving group %s out of step %d: %s", spec.uid, spec.step, exc)
+        raise
+    finally:
+        await client.aclose()
+
+
+async def run_session_from_config(config: Any, sampling_params: Mapping[str, Any],
+                                  kwargs: Mapping[str, Any]) -> RolloutSamples:
+    """`run_session` with everything taken from the composed trainer config (what the AgentLoop does)."""
+    calcx, rollout = config.calcx, config.actor_rollout_ref.rollout
+    spec = session_spec(calcx, rollout, sampling_params, kwargs)
+    return await run_session(spec, server_url=str(calcx.server_url), key=str(calcx.key or ""),
+                             report_dir=str(calcx.report_dir), max_prompt_length=int(rollout.prompt_length),
+                             max_response_length=int(rollout.response_length))

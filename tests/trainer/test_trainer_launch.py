@@ -1,0 +1,142 @@
+"""`calcx train`'s launcher: Ray worker environment, chat template, model directory, local services,
+and `--eval-only` end to end (server + controller started by the command itself, the stub as model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from calcx.trainer.config import ComposeRequest, ConfigError, compose, resolve_model_path
+from calcx.trainer.evaluation import eval_collection
+from calcx.trainer.services import CALCX_SRC, ServicesConfig, as_path_list, portable_sys_path
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_SERVICES_PYTHON = "/opt/calcx-dev/bin/python"
+SERVICES_PYTHON = os.environ.get("CALCX_SERVICES_PYTHON") or (
+    DEFAULT_SERVICES_PYTHON if os.path.exists(DEFAULT_SERVICES_PYTHON) else "")
+
+
+def test_ray_workers_get_calcx_on_their_path_and_the_metrics_file(tmp_path: Path, monkeypatch) -> None:
+    from calcx.trainer.launch import prepare_files
+
+    monkeypatch.setenv("PYTHONPATH", "src/python" + os.pathsep + "/site/trainer")
+    monkeypatch.chdir(REPO)
+    rows = [{"id": "r1", "source": "gsm8k", "question": "What is 2 + 3?", "chain": "<gadget>2+3</gadget>",
+             "result": "5"}]
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps(rows[0]) + "\n")
+    cfg = compose(ComposeRequest(dotlist=["+ray_kwargs.ray_init.runtime_env.env_vars.KEEP=1"]))
+    metrics = prepare_files(cfg, tmp_path, train_src=data, val_src=data)
+    env = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env.env_vars)
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(CALCX_SRC), "/site/trainer"]
+    assert env["VERL_FILE_LOGGER_PATH"] == str(metrics) and env["KEEP"] == 1
+    assert "file" in cfg.trainer.logger and Path(cfg.data.val_files).exists()
+    # verl merges this over its defaults the way main_ppo.run_ppo does
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    merged = OmegaConf.merge(get_ppo_ray_runtime_env(cfg), cfg.ray_kwargs.ray_init.runtime_env)
+    assert merged.env_vars.PYTHONPATH == env["PYTHONPATH"] and "TOKENIZERS_PARALLELISM" in merged.env_vars
+
+
+def test_chat_template_goes_to_vllm_and_to_verl_tokenizer() -> None:
+    cfg = compose(ComposeRequest(chat_template="hermes"))
+    path = Path(cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.chat_template)
+    assert path.is_absolute() and path.name == "hermes_tool_chat.jinja"
+    assert cfg.actor_rollout_ref.model.custom_chat_template == path.read_text()
+    from verl.utils.config import omega_conf_to_dataclass
+
+    omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)  # verl still accepts the rollout section
+    assert compose(ComposeRequest()).actor_rollout_ref.model.custom_chat_template is None
+    with pytest.raises(ConfigError, match="no such file"):
+        compose(ComposeRequest(chat_template="/nonexistent/t.jinja"))
+
+
+def test_model_may_be_a_local_directory_or_a_hub_id(tmp_path: Path, monkeypatch) -> None:
+    assert resolve_model_path("Qwen/Qwen2.5-1.5B-Instruct") == "Qwen/Qwen2.5-1.5B-Instruct"
+    model = tmp_path / "smollm2"
+    model.mkdir()
+    with pytest.raises(ConfigError, match="config.json"):
+        resolve_model_path(str(model))
+    (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model_path("./smollm2") == str(model)
+    with pytest.raises(ConfigError, match="no such directory"):
+        resolve_model_path("./missing-model")
+
+
+def test_interpreter_paths_and_agent_path_settings() -> None:
+    path = portable_sys_path()
+    assert path[0] == str(CALCX_SRC) and not any("site-packages" in p for p in path)
+    assert as_path_list("a" + os.pathsep + "/b", what="x") == [str(Path("a").resolve()), "/b"]
+    with pytest.raises(ValueError, match="empty"):
+        as_path_list([], what="calcx.agent_pythonpath")
+    cfg = OmegaConf.create({"services_python": "/nonexistent/python3"})
+    with pytest.raises(ValueError, match="calcx.services_python"):
+        ServicesConfig.from_calcx_section(cfg, Path("/tmp/x"))
+
+
+def test_eval_collection_takes_the_last_validation_step() -> None:
+    def r(rid: str, state: str, reward, source: str = "gsm8k") -> dict:
+        return {"rollout_id": rid, "state": state, "reward": reward, "row": {"source": source, "id": rid}}
+
+    rollouts = [r("calcx-val-s0-u1-0", "SUCCEEDED", 0.0), r("calcx-train-s1-u2-0", "SUCCEEDED", 1.0),
+                r("calcx-val-s10-u3-0", "SUCCEEDED", 1.0, "svamp"), r("calcx-val-s10-u4-0", "FAILED", None),
+                r("other", "SUCCEEDED", 1.0)]
+    c = eval_collection(rollouts)
+    assert c.step == 10 and [(x["source"], x["reward"]) for x in c.records] == [("svamp", 1.0)]
+    assert len(c.unscored) == 1 and "1 not scored (FAILED 1)" in c.note()
+    assert eval_collection(rollouts, step=0).records[0]["reward"] == 0.0
+    assert eval_collection([]).step is None
+
+
+def _port_open(url: str) -> bool:
+    host, port = url.rsplit("/", 1)[-1].split(":") if "//" not in url else url.split("//")[1].split(":")
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex((host, int(port.split("/")[0]))) == 0
+
+
+@pytest.mark.skipif(not SERVICES_PYTHON, reason="no Python with the CPU service packages: set CALCX_SERVICES_PYTHON "
+                                                f"(default {DEFAULT_SERVICES_PYTHON} is absent)")
+@pytest.mark.timeout(300)
+def test_eval_only_starts_and_ends_its_own_services(tmp_path: Path) -> None:
+    from calcx.data.generator import generate_split
+    from calcx.rehearse.stack import STUB_READY, ManagedProcess
+
+    rows = generate_split("test", 3, seed=5)
+    rows[2] = {**rows[2], "question": "[stub:wrong] " + rows[2]["question"]}
+    val = tmp_path / "val.jsonl"
+    val.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    stub = ManagedProcess("stub", [SERVICES_PYTHON, "-m", "calcx.stub_llm", "--port", "0", "--script", str(val)],
+                          tmp_path / "stub.log", {**os.environ, "PYTHONPATH": str(CALCX_SRC)})
+    try:
+        stub.start(STUB_READY, 60)
+        assert stub.match is not None
+        report = tmp_path / "run"
+        done = subprocess.run(
+            [sys.executable, "-m", "calcx.trainer.cli", "--eval-only", "--model-endpoint", stub.match.group(1),
+             "--val-file", str(val), "--model", "calcx-stub", f"calcx.report_dir={report}",
+             f"calcx.services_python={SERVICES_PYTHON}", f"calcx.services_pythonpath=[{CALCX_SRC}]",
+             f"calcx.agent_python={SERVICES_PYTHON}", f"calcx.agent_pythonpath=[{CALCX_SRC}]",
+             "calcx.controller_concurrency=4"],
+            capture_output=True, text=True, timeout=240, cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(CALCX_SRC), "CUDA_VISIBLE_DEVICES": ""})
+    finally:
+        stub.stop()
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = (report / "eval.md").read_text()
+    assert "| **all** | 3 | 2 | 66.7% |" in table and "Validation step 0: 3 scored" in table
+    assert (report / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert (report / "services" / "calcx.db").exists()
+    server_out = (report / "services" / "server.out").read_text()
+    url = server_out.split("listening on ")[1].split()[0]
+    assert not _port_open(url)  # the server it started is gone
+    assert "calcx-run-" not in done.stdout + done.stderr  # the run's key is never printed
