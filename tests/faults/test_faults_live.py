@@ -1,0 +1,98 @@
+"""A small live run with faults injected: real server, stub LLM behind the fault proxy,
+controller, agents and calculators, while an agent and a calculator are SIGKILLed, the server
+is SIGKILLed and restarted on the same database, the controller is SIGKILLed and restarted, and
+a hostile client hits every endpoint. Nothing may be lost, run twice or hang, and every
+failure must carry its reason."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+KINDS = [
+    "agent-killed-mid-rollout",
+    "calculator-killed-mid-call",
+    "answer-import",
+    "question-yaml-structure",
+    "question-yaml-tags",
+    "question-json-breakers",
+    "question-shell",
+    "question-template",
+    "question-unicode",
+    "question-long",
+    "question-nul-byte",
+]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory, faults: ModuleType) -> dict[str, Any]:
+    workdir: Path = tmp_path_factory.mktemp("faults-live")
+    args = argparse.Namespace(
+        n=24, kinds_each=1, kinds=KINDS, deadline_s=40.0, concurrency=6, lease_s=12.0, upstream_timeout_s=4.0,
+        calculator_timeout_s=6.0, agent_timeout_s=30.0, timeout_s=150.0,
+        schedule=[(0.25, "server-sigkill"), (0.45, "controller-restart")],
+    )
+    result = faults.run_faults(args, workdir, lambda msg: None)
+    result["workdir"] = workdir
+    return result
+
+
+def test_nothing_is_lost_run_twice_or_left_hanging(live: dict[str, Any]) -> None:
+    audit = live["audit"]
+    assert audit["rollouts"] == 24
+    assert audit["lost"] == []
+    assert audit["duplicates"] == []
+    assert audit["succeeded_without_start"] == []
+    assert live["hangs"] == []
+    assert live["leftover_processes"] == []
+    assert live["injector_errors"] == []
+
+
+def test_rewards_are_kept_and_failures_carry_their_reason(live: dict[str, Any]) -> None:
+    audit = live["audit"]
+    assert audit["failed_without_reason"] == []
+    assert audit["succeeded_without_reward"] == []
+    assert audit["reward_mismatch"] == []
+    assert live["agent_rewards_seen"] >= 15
+    clean = audit["planned_outcomes"]["clean"]
+    assert clean == {"SUCCEEDED": sum(clean.values())}
+
+
+def test_every_planned_fault_was_injected_and_ended_as_planned(live: dict[str, Any]) -> None:
+    kinds = {e["kind"].split(" (")[0] for e in live["events"]}
+    assert {"agent killed", "calculator killed mid-call", "server restarted", "controller restarted"} <= kinds
+    unexpected = [u for u in live["audit"]["unexpected"] if "nul-byte" not in u]
+    assert unexpected == []
+    assert not live["canary_exists"]
+
+
+def test_hostile_question_text_reaches_the_agent_exactly(live: dict[str, Any]) -> None:
+    audit = live["audit"]
+    assert audit["question_text_mismatch"] == []
+    for name in ("yaml-structure", "yaml-tags", "json-breakers", "shell", "template", "unicode", "long"):
+        assert audit["planned_outcomes"][f"question-{name}"] == {"SUCCEEDED": 1}, name
+
+
+def test_hostile_client_got_the_right_answers_during_the_faults(live: dict[str, Any]) -> None:
+    hostile = live["hostile"]
+    assert hostile["wrong"] == []
+    assert hostile["right"] >= 90
+
+
+def test_service_recovers_after_each_restart(live: dict[str, Any]) -> None:
+    recovery = {r["fault"].split(" (")[0]: r for r in live["recovery"]}
+    assert set(recovery) == {"server restarted", "controller restarted"}
+    for fault, r in recovery.items():
+        assert r["next_success_s"] is not None, f"no rollout succeeded after the {fault}"
+        assert r["next_success_s"] < 60, r
+
+
+def test_question_no_environment_can_carry_fails_as_bad_environment(live: dict[str, Any]) -> None:
+    """A NUL byte cannot be put into a process environment. The k8s runner fails such an attempt
+    with reason bad_environment; the local runner must do the same instead of reporting the
+    worker's ValueError as a crash (a retry cannot help, and `crash` hides the cause)."""
+    assert live["audit"]["planned_outcomes"]["question-nul-byte"] == {"FAILED bad_environment": 1}

@@ -1,0 +1,110 @@
+"""Hostile question text through both runners' paths: the server's claim environment, the
+Kubernetes Job template (render, parse, compare) and the local runner's spawned process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from calcx.api.client import CalcxClient
+from calcx.api.models import Claim
+from calcx.controller.local_runner import LocalRunner
+from calcx.k8s.render import SECRET_KEY_NAME, JobSettings, RenderError, render_attempt
+from calcx.server.serve import start_server_thread
+
+GROUP_TEXT = 'grp: "x"\n--- {{ 7*7 }} $(id)'
+
+
+def hostile_texts(faults: ModuleType) -> dict[str, str]:
+    texts = {name: f"What is 12 * 3?\n\n{suffix}" for name, suffix in faults.HOSTILE_QUESTION_SUFFIXES.items()}
+    texts["bare-yaml-document"] = "---\nkind: Secret\nmetadata: {name: evil}\n..."
+    texts["only-quotes"] = "\"'\"'`\"\"\"'''"
+    return texts
+
+
+@pytest.fixture()
+def claims(tmp_path: Path, faults: ModuleType) -> Iterator[dict[str, Claim]]:
+    """One claim per hostile text from a real server (the server builds the agent environment)."""
+    srv = start_server_thread(str(tmp_path / "calcx.db"), faults.KEY)
+    try:
+        texts = hostile_texts(faults)
+        with CalcxClient(srv.url, faults.KEY) as client:
+            client.create_rollouts([
+                {"rollout_id": f"q-{name}", "group_id": GROUP_TEXT, "row": {"question": text, "result": "36"}}
+                for name, text in texts.items()])
+            got = client.claim("test", max=len(texts), timeout_s=0).claims
+        yield {c.rollout.rollout_id.removeprefix("q-"): c for c in got}
+    finally:
+        srv.stop()
+
+
+def test_server_puts_the_exact_text_into_the_claim_environment(claims: dict[str, Claim], faults: ModuleType) -> None:
+    texts = hostile_texts(faults)
+    assert set(claims) == set(texts)
+    for name, claim in claims.items():
+        assert claim.env["QUESTION"] == texts[name], name
+        assert claim.env["RESULT"] == "36"
+
+
+def test_k8s_job_carries_the_exact_text_and_keeps_its_structure(claims: dict[str, Claim], faults: ModuleType) -> None:
+    texts = hostile_texts(faults)
+    for name, claim in claims.items():
+        rendered = render_attempt(
+            rollout_id=claim.rollout.rollout_id, attempt_id=claim.attempt_id, group_id=claim.rollout.group_id,
+            env=claim.env, token=claim.token, deadline_s=claim.deadline_s, settings=JobSettings(),
+        )
+        docs = [d for d in yaml.safe_load_all(rendered.job_yaml) if d is not None]
+        assert len(docs) == 1, name
+        job = docs[0]
+        assert sorted(job) == ["apiVersion", "kind", "metadata", "spec"] and job["kind"] == "Job"
+        container = job["spec"]["template"]["spec"]["containers"]
+        assert len(container) == 1
+        env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container[0]["env"]}
+        assert env["QUESTION"] == texts[name], name
+        assert env["AGL_KEY"] == {"secretKeyRef": {"name": rendered.secret_name, "key": SECRET_KEY_NAME}}
+        assert claim.token not in rendered.job_yaml
+        assert job["metadata"]["annotations"]["calcx.dev/group-id"] == GROUP_TEXT
+        assert job["spec"]["backoffLimit"] == 0
+
+
+def test_k8s_refuses_text_no_environment_can_carry(faults: ModuleType) -> None:
+    for suffix in faults.UNCARRIABLE_QUESTION_SUFFIXES.values():
+        with pytest.raises(RenderError, match="NUL"):
+            render_attempt(rollout_id="r", attempt_id="1", group_id=None,
+                           env={"QUESTION": f"q {suffix}", "RESULT": "1"}, token="t", deadline_s=10,
+                           settings=JobSettings())
+
+
+DUMP_ENV = (
+    "import json, os; "
+    "open(os.path.join(os.environ['DUMP_DIR'], os.environ['CALCX_ROLLOUT_ID'] + '.json'), 'w', encoding='utf-8')"
+    ".write(json.dumps({k: os.environ.get(k) for k in ('QUESTION', 'RESULT')}))"
+)
+
+
+def test_local_runner_hands_the_exact_text_to_a_spawned_agent(claims: dict[str, Claim], faults: ModuleType,
+                                                             tmp_path: Path) -> None:
+    texts = hostile_texts(faults)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "DUMP_DIR": str(tmp_path)}
+    runner = LocalRunner(agent_cmd=[sys.executable, "-S", "-c", DUMP_ENV], prefork=False, env=env)
+
+    async def run_all() -> list[Any]:
+        await runner.start()
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(runner.run(c) for c in claims.values())), 60)
+        finally:
+            await runner.close()
+
+    results = asyncio.run(run_all())
+    assert [r.state for r in results] == ["SUCCEEDED"] * len(claims)
+    for name, claim in claims.items():
+        got = json.loads((tmp_path / f"{claim.rollout.rollout_id}.json").read_text(encoding="utf-8"))
+        assert got == {"QUESTION": texts[name], "RESULT": "36"}, name
