@@ -52,6 +52,21 @@ def test_openai_client_through_gateway_records_tokens(client: CalcxClient, upstr
     assert client.calls(claim.rollout.rollout_id, attempt_id="2") == []
 
 
+def test_calls_carry_their_rollouts_policy_version(client: CalcxClient, upstream: Any) -> None:
+    """The trainer creates each rollout for a step; its calls say so even if the registry was
+    registered once at version 0 (the registry's version stays the fallback)."""
+    client.put_models("m", [upstream.url], policy_version=0)
+    client.create_rollouts([
+        {"rollout_id": "step-7", "row": {"question": "q", "result": "4"}, "policy_version": 7},
+        {"rollout_id": "no-step", "row": {"question": "q", "result": "4"}},
+    ])
+    claims = {c.rollout.rollout_id: c for c in client.claim("ctl", 2, timeout_s=2).claims}
+    for rid in ("step-7", "no-step"):
+        client.chat_completions(rid, claims[rid].attempt_id, {"model": "m", "messages": MESSAGES})
+    assert [c.policy_version for c in client.calls("step-7")] == [7]
+    assert [c.policy_version for c in client.calls("no-step")] == [0]
+
+
 def test_upstream_5xx_is_retried_then_recorded_once(client: CalcxClient, upstream: Any) -> None:
     client.put_models("m", [upstream.url])
     claim = running_claims(client)[0]

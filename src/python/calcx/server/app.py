@@ -520,6 +520,11 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         if gateway is None:
             raise APIError(503, "starting", "the server is starting or stopping; try again shortly")
         upstream_request = gateway.prepare(payload, registry)
+        # Calls are stamped with the policy version their rollout was created for (the trainer
+        # step, as verl stamps its own samples); the registry's version is the fallback.
+        version = state.db.rollout_policy_version(rid)
+        if version is not None:
+            registry = {**registry, "policy_version": version}
         status, content = await gateway.forward(rid, aid, upstream_request, registry)
         return Response(content=content, status_code=status, media_type="application/json")
 

@@ -362,6 +362,14 @@ class RolloutStore:
 
     # ---- attempts -------------------------------------------------------------------------
 
+    def rollout_policy_version(self, rollout_id: str) -> int | None:
+        """The policy version the rollout was created for (None when the trainer gave none)."""
+        row = self._db.execute("SELECT spec FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
+        if row is None:
+            return None
+        version = json.loads(row[0]).get("policy_version")
+        return int(version) if isinstance(version, int) else None
+
     def attempt_state(self, rollout_id: str, attempt_id: str) -> str:
         """The state of one attempt; NotFound names what is missing."""
         attempt_no = _parse_attempt_id(attempt_id)
