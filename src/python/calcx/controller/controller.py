@@ -24,6 +24,9 @@ from calcx.controller.base import RunResult, Runner
 log = logging.getLogger("calcx.controller")
 
 DETAIL_LIMIT = 60_000
+#: How often the heartbeat loop re-reads the lease; bounds the delay after a shorter lease arrives.
+HEARTBEAT_TICK_S = 0.2
+MIN_HEARTBEAT_SLEEP_S = 0.01
 
 
 def default_controller_id() -> str:
@@ -204,11 +207,20 @@ class Controller:
 
     # -- leases --------------------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
+        """Heartbeat what is running once lease/3 has passed since the last heartbeat.
+
+        The lease is the one in the latest claim (or heartbeat) answer, re-read on every wake-up
+        (at most every HEARTBEAT_TICK_S), so attempts claimed under a lease shorter than the
+        controller's initial guess are renewed in time from the first claim on.
+        """
         assert self._client is not None
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(max(0.2, self.lease_s / 3))
-            if not self._running:
+            due = last + self.lease_s / 3
+            await asyncio.sleep(min(HEARTBEAT_TICK_S, max(due - time.monotonic(), MIN_HEARTBEAT_SLEEP_S)))
+            if time.monotonic() < last + self.lease_s / 3 or not self._running:
                 continue
+            last = time.monotonic()
             refs = list(self._running)
             try:
                 answer = await self._client.heartbeat(self.controller_id, refs)

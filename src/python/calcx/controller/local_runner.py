@@ -36,6 +36,35 @@ log = logging.getLogger("calcx.controller.local")
 CALCULATOR_CMD_VARIABLE = "CALCX_CALCULATOR_CMD"
 DEFAULT_TAIL_BYTES = 16 * 1024
 DETAIL_LINES = 20
+#: Linux refuses one environment string ("NAME=value" plus its NUL) longer than MAX_ARG_STRLEN.
+MAX_ENV_STRING_BYTES = 128 * 1024 - 1
+
+
+def env_problem(name: object, value: object) -> str | None:
+    """Why no process environment can carry ``name=value`` (None when one can).
+
+    The same rules the k8s runner applies when it renders a Job: a NUL byte, text that is not
+    valid Unicode (a lone surrogate) or a variable over Linux's per-string limit cannot reach
+    the agent as given, so the attempt fails ``bad_environment`` instead of crashing the worker.
+    """
+    if not isinstance(name, str) or not name:
+        return f"environment variable name {name!r} must be a non-empty string"
+    if "=" in name or "\x00" in name:
+        return f"environment variable name {name!r} contains '=' or a NUL character"
+    if not isinstance(value, str):
+        return f"environment variable {name} must be a string, got {type(value).__name__}"
+    nul = value.find("\x00")
+    if nul >= 0:
+        return (f"environment variable {name} contains a NUL character (at offset {nul}), "
+                "which no process environment can hold; remove it from the input row")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        return f"environment variable {name} is not valid Unicode ({exc.reason} at offset {exc.start}); fix the input encoding"
+    if len(name.encode("utf-8")) + 1 + size > MAX_ENV_STRING_BYTES:
+        return (f"environment variable {name} is {size} bytes; Linux limits one variable to "
+                f"{MAX_ENV_STRING_BYTES} bytes including its name; shorten the input row")
+    return None
 
 
 def lazy_ca_settings(env: Mapping[str, str]) -> dict[str, str | None] | None:
@@ -185,6 +214,11 @@ class LocalRunner:
     async def run(self, claim: "Claim") -> RunResult:
         rid, aid = claim.rollout.rollout_id, claim.attempt_id
         label = f"{rid}/{aid}"
+        for name, value in claim.env.items():
+            problem = env_problem(name, value)
+            if problem is not None:  # a retry cannot help: the input itself is the cause
+                log.warning("not starting %s: %s", label, problem)
+                return RunResult.failed("bad_environment", detail=f"cannot start the agent: {problem}")
         log_file = None
         if self.log_dir:
             safe = label.replace("/", ".")
