@@ -479,7 +479,7 @@ PLANNED: dict[str, tuple[str, tuple[str, str | None]]] = {
     "agent-killed-mid-rollout": ("[stub:slow=3]", ("FAILED", "crash")),
 }
 PLANNED.update({f"question-{name}": ("", ("SUCCEEDED", None)) for name in HOSTILE_QUESTION_SUFFIXES})
-PLANNED.update({f"question-{name}": ("", ("FAILED", "*")) for name in UNCARRIABLE_QUESTION_SUFFIXES})
+PLANNED.update({f"question-{name}": ("", ("FAILED", "bad_environment")) for name in UNCARRIABLE_QUESTION_SUFFIXES})
 HANG_EXPRESSION = "9**9**8"
 #: (fraction of rollouts terminal, process fault)
 DEFAULT_SCHEDULE = [(0.10, "second-controller-start"), (0.22, "server-sigterm"), (0.38, "controller-restart"),
@@ -1228,8 +1228,8 @@ def render_markdown(args: argparse.Namespace, res: dict[str, Any], queued: dict[
         "```",
         "",
         f"Settings: {getattr(args, 'concurrency', '?')} rollouts at once per controller, rollout deadline "
-        f"{getattr(args, 'deadline_s', '?')} s, server lease {getattr(args, 'lease_s', '?')} s (see the lease gap in "
-        f"docs/faults.md), gateway upstream timeout {getattr(args, 'upstream_timeout_s', '?')} s with 2 retries, "
+        f"{getattr(args, 'deadline_s', '?')} s, server lease {getattr(args, 'lease_s', '?')} s, "
+        f"gateway upstream timeout {getattr(args, 'upstream_timeout_s', '?')} s with 2 retries, "
         f"agents' calculator timeout {getattr(args, 'calculator_timeout_s', '?')} s and whole-run bound "
         f"{getattr(args, 'agent_timeout_s', '?')} s (lowered so that hangs end fast), model client retries at "
         "their default (6).",
@@ -1271,9 +1271,7 @@ def render_markdown(args: argparse.Namespace, res: dict[str, Any], queued: dict[
         outcome = ", ".join(f"{o} x{n}" for o, n in sorted(a["planned_outcomes"][kind].items()))
         want = PLANNED[kind][1]
         planned = f"{want[0]}{' ' + want[1] if want[1] and want[1] != '*' else ''}"
-        if kind.startswith("question-") and want[0] == "FAILED":
-            planned += " with a reason (bad_environment wanted: see docs/faults.md, known gaps)"
-        elif want[1] == "*":
+        if want[1] == "*":
             planned += " (timeout or model_unreachable)"
         elif kind.startswith("answer-") or kind in ("model-bad-tool-json", "reflection-tool-call"):
             planned += ", reward 0"
@@ -1335,7 +1333,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds-each", type=int, default=2, help="rows per planned fault kind (default 2)")
     p.add_argument("--concurrency", type=int, default=12, help="per controller (default 12)")
     p.add_argument("--deadline-s", type=float, default=45.0, help="rollout deadline (default 45)")
-    p.add_argument("--lease-s", type=float, default=12.0, help="server lease (default 12)")
+    p.add_argument("--lease-s", type=float, default=6.0, help="server lease (default 6, shorter than the server's 30 s so that controller restarts recover fast)")
     p.add_argument("--upstream-timeout-s", type=float, default=4.0, help="gateway upstream timeout (default 4)")
     p.add_argument("--calculator-timeout-s", type=float, default=6.0, help="agents' MCP read timeout (default 6)")
     p.add_argument("--agent-timeout-s", type=float, default=35.0, help="agents' whole-run bound (default 35)")
