@@ -10,27 +10,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from calcx.api.models import FAILURE_REASONS  # the reasons a FAILED attempt may carry
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from calcx.api.models import Claim
 
 SUCCEEDED = "SUCCEEDED"
 FAILED = "FAILED"
-
-#: Failure reasons a FAILED attempt may carry (docs/architecture.md).
-FAILURE_REASONS: frozenset[str] = frozenset(
-    {
-        "timeout",
-        "crash",
-        "model_unreachable",
-        "calculator_failed",
-        "reward_post_failed",
-        "bad_environment",
-        "image_pull",
-        "config_error",
-        "controller_lost",
-        "cancelled",
-    }
-)
 
 #: Agent exit codes for infrastructure failures -> failure reason.
 EXIT_CODE_REASONS: dict[int, str] = {
