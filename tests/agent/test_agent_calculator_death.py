@@ -168,7 +168,10 @@ def test_calculator_killed_while_the_model_thinks_exits_11_at_once(counted_stub,
 def test_calculator_hung_on_a_tool_call_exits_11_after_the_read_timeout(tool_hang_run, event_log):
     run = tool_hang_run.wait(RUN_TIMEOUT_S + 30)
     assert_calculator_failed(run, event_log)
-    assert "in time" in run.last_stderr_line
+    # The read timeout ends the call; under load the MCP session may tear its stream down first,
+    # which reads as a transport failure: both are the calculator failing, well before the deadline.
+    line = run.last_stderr_line
+    assert "in time" in line or "calculator transport failed" in line, line
     assert run.seconds < RUN_TIMEOUT_S / 2, f"took {run.seconds:.1f} s: the failure waited for the run deadline"
 
 
