@@ -72,10 +72,10 @@ def _pull_problem() -> str | None:
 def kind_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     problem = _pull_problem()
     if problem:
-        pytest.skip(problem)
+        pytest.skip(reason=problem)
     for tool in ("kind", "kubectl"):
         if shutil.which(tool) is None:
-            pytest.skip(f"the {tool} CLI is not installed (https://kind.sigs.k8s.io/docs/user/quick-start/)")
+            pytest.skip(reason=f"the {tool} CLI is not installed (https://kind.sigs.k8s.io/docs/user/quick-start/)")
     name = f"calcx-test-{uuid.uuid4().hex[:6]}"
     kubeconfig = tmp_path_factory.mktemp("kind") / "kubeconfig"
     run = lambda *args, timeout=300: subprocess.run(args, check=True, capture_output=True, text=True, timeout=timeout)  # noqa: E731

@@ -22,6 +22,20 @@ class ReportError(ValueError):
     """The metrics or eval input cannot make a report."""
 
 
+def _save_reward_axes(fig, ax, title: str, out: Path) -> Path:  # type: ignore[no-untyped-def]
+    """Label, title and write a reward figure as PNG; close it."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel("training step")
+    ax.set_ylabel("mean reward")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(out, format="png")
+    plt.close(fig)
+    return out
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Flattened metric lines, each with an int `step`. Bad lines are an error naming the line."""
     rows = []
@@ -68,15 +82,7 @@ def plot_reward_curve(metrics: Sequence[Mapping[str, Any]], out_png: str | Path,
                         if k.startswith(VAL_KEY_PREFIX) and k.endswith("/mean@1") and isinstance(v, (int, float)))
     if val_points:
         ax.plot([p[0] for p in val_points], [p[1] for p in val_points], "s--", markersize=4, label="validation")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("mean reward")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="best")
-    fig.tight_layout()
-    fig.savefig(out, format="png")
-    plt.close(fig)
-    return out
+    return _save_reward_axes(fig, ax, title, out)
 
 
 @dataclass
@@ -215,15 +221,7 @@ def plot_validation_curve(points: Sequence[tuple[int, float]], out_png: str | Pa
     out.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     ax.plot([p[0] for p in points], [p[1] for p in points], "s--", markersize=5, label="validation")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("mean reward")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="best")
-    fig.tight_layout()
-    fig.savefig(out, format="png")
-    plt.close(fig)
-    return out
+    return _save_reward_axes(fig, ax, title, out)
 
 
 def count_incomplete(path: str | Path) -> int:
