@@ -123,35 +123,37 @@ class ExpiredAttempt:
     controller_id: str | None
 
 
-def _ids_blob(ids: list[int]) -> bytes:
-    """Token ids packed as little-endian int32: far cheaper than JSON for long prompts."""
-    packed = array("i", ids)
+def _pack(typecode: str, values: list) -> bytes:
+    """Numbers packed little-endian ("i": int32 token ids, "d": float64 log-probs): far cheaper
+    than JSON for long prompts."""
+    packed = array(typecode, values)
     if sys.byteorder != "little":
         packed.byteswap()
     return packed.tobytes()
+
+
+def _unpack(typecode: str, blob: bytes) -> list:
+    packed = array(typecode)
+    packed.frombytes(blob)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tolist()
+
+
+def _ids_blob(ids: list[int]) -> bytes:
+    return _pack("i", ids)
 
 
 def _ids_list(blob: bytes) -> list[int]:
-    packed = array("i")
-    packed.frombytes(blob)
-    if sys.byteorder != "little":
-        packed.byteswap()
-    return packed.tolist()
+    return _unpack("i", blob)
 
 
 def _floats_blob(values: list[float]) -> bytes:
-    packed = array("d", values)
-    if sys.byteorder != "little":
-        packed.byteswap()
-    return packed.tobytes()
+    return _pack("d", values)
 
 
 def _floats_list(blob: bytes) -> list[float]:
-    packed = array("d")
-    packed.frombytes(blob)
-    if sys.byteorder != "little":
-        packed.byteswap()
-    return packed.tolist()
+    return _unpack("d", blob)
 
 
 def _dumps(value: Any) -> str:
