@@ -1,4 +1,4 @@
-"""``calcx data``: generate a Calc-X-style dataset, or validate dataset files."""
+"""``calcx data``: generate a Calc-X-style dataset, import GSM8K or Calc-X files, or validate files."""
 
 from __future__ import annotations
 
@@ -6,9 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from calcx.data.importers import FORMATS
+
+SHOWN_PROBLEMS = 20
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="calcx data", description="Calc-X datasets: generate or validate.")
+    parser = argparse.ArgumentParser(prog="calcx data", description="Calc-X datasets: generate, import or validate.")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="write train/test/test_mini parquet files and sample.jsonl")
     gen.add_argument("--out", required=True, help="directory to write into (created if missing)")
@@ -18,6 +22,24 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--mini-size", type=int, default=50, help="rows in test_mini.parquet (default 50)")
     gen.add_argument("--sample-size", type=int, default=16, help="rows in sample.jsonl (default 16)")
     gen.add_argument("--force", action="store_true", help="overwrite existing files")
+    imp = sub.add_parser(
+        "import", help="turn GSM8K or Calc-X files into train/test/test_mini parquet files and sample.jsonl",
+        description="Read GSM8K jsonl/parquet ({question, answer ending in '#### N'}) or Calc-X rows (id, question, "
+                    "chain, result, source) and write calcx's dataset files. test.parquet is the validation "
+                    "split (the trainer's --val-file). Bad rows stop the import (exit 1) unless --skip-invalid.")
+    imp.add_argument("files", nargs="+", help=".jsonl or .parquet files")
+    imp.add_argument("--out", required=True, help="directory to write into (created if missing)")
+    imp.add_argument("--format", choices=FORMATS, default="auto",
+                     help="input layout (default auto: rows with 'answer' and no 'result' are GSM8K)")
+    imp.add_argument("--val-size", type=int, default=200,
+                     help="rows in the validation split, test.parquet (default 200)")
+    imp.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
+    imp.add_argument("--mini-size", type=int, default=50,
+                     help="rows in test_mini.parquet, the head of the validation split (default 50)")
+    imp.add_argument("--sample-size", type=int, default=16,
+                     help="rows in sample.jsonl, the head of the training split (default 16)")
+    imp.add_argument("--skip-invalid", action="store_true", help="write the good rows and list the bad ones skipped")
+    imp.add_argument("--force", action="store_true", help="overwrite existing files")
     val = sub.add_parser("validate", help="check that files follow the Calc-X row schema")
     val.add_argument("files", nargs="+", help=".parquet or .jsonl files")
     return parser
@@ -53,6 +75,56 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _list_problems(problems: list) -> None:
+    for problem in problems[:SHOWN_PROBLEMS]:
+        print(f"  {problem}", file=sys.stderr)
+    if len(problems) > SHOWN_PROBLEMS:
+        print(f"  ... and {len(problems) - SHOWN_PROBLEMS} more", file=sys.stderr)
+
+
+def _import(args: argparse.Namespace) -> int:
+    from calcx.data.importers import import_files, output_paths, split_rows, write_dataset
+    from calcx.data.schema import DataError
+
+    for name in ("mini_size", "sample_size"):
+        if getattr(args, name) < 0:
+            print(f"calcx data: error: --{name.replace('_', '-')} must be >= 0", file=sys.stderr)
+            return 2
+    existing = [str(t) for t in output_paths(args.out) if t.exists()]
+    if existing and not args.force:
+        print(f"calcx data: error: {', '.join(existing)} already exist; pass --force to overwrite", file=sys.stderr)
+        return 2
+    try:
+        result = import_files(args.files, args.format)
+    except DataError as exc:
+        print(f"calcx data: error: {exc}", file=sys.stderr)
+        return 2
+    bad = len(result.problems)
+    if bad and not args.skip_invalid:
+        print(f"calcx data: error: {bad} bad row{'s' if bad != 1 else ''} in {result.read} read; nothing written. "
+              "Fix them, or pass --skip-invalid to write the good rows:", file=sys.stderr)
+        _list_problems(result.problems)
+        return 1
+    if not result.rows:
+        print(f"calcx data: error: no good rows in {', '.join(args.files)}", file=sys.stderr)
+        return 1
+    try:
+        train, validation = split_rows(result.rows, args.val_size, args.seed)
+    except DataError as exc:
+        print(f"calcx data: error: {exc}", file=sys.stderr)
+        return 2
+    if bad:
+        print(f"calcx data: skipped {bad} bad row{'s' if bad != 1 else ''}:", file=sys.stderr)
+        _list_problems(result.problems)
+    written = write_dataset(train, validation, args.out, mini_size=args.mini_size, sample_size=args.sample_size)
+    for target, size in written:
+        print(f"wrote {target} ({size} rows)")
+    files = len(args.files)
+    print(f"imported {result.read} rows read from {files} file{'s' if files != 1 else ''}: {len(train)} train, "
+          f"{len(validation)} validation, {bad} skipped")
+    return 0
+
+
 def _validate(args: argparse.Namespace) -> int:
     from calcx.data.io import read_rows
     from calcx.data.schema import DataError
@@ -73,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "generate":
         return _generate(args)
+    if args.command == "import":
+        return _import(args)
     return _validate(args)
 
 

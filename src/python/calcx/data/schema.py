@@ -18,28 +18,42 @@ FIELD_ALIASES = {"source_ds": "source"}
 
 
 class DataError(ValueError):
-    """A dataset file or row that does not follow the Calc-X schema."""
+    """A dataset file or row that does not follow the Calc-X schema.
+
+    ``field`` and ``reason`` (the message without its ``file: row N:`` prefix) are set when one
+    field of one row is at fault, so an importer can list problems by file, line and field.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.reason = reason if reason is not None else message
+
+
+def _field_error(where: str, field: str, reason: str) -> DataError:
+    return DataError(f"{where}: field '{field}' {reason}", field=field, reason=reason)
 
 
 def _as_text(value: Any, field: str, where: str) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, bool):
-        raise DataError(f"{where}: field '{field}' must be a string, got a boolean")
+        raise _field_error(where, field, "must be a string, got a boolean")
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float) and field in ("id", "result"):
         if not math.isfinite(value):
-            raise DataError(f"{where}: field '{field}' must be a finite number or a string, got {value!r}")
+            raise _field_error(where, field, f"must be a finite number or a string, got {value!r}")
         return str(int(value)) if value.is_integer() else repr(value)
-    raise DataError(f"{where}: field '{field}' must be a string, got {type(value).__name__}")
+    raise _field_error(where, field, f"must be a string, got {type(value).__name__}")
 
 
 def validate_row(row: Any, *, file: str = "<rows>", number: int = 0) -> dict[str, Any]:
     """A clean copy of ``row`` (numbers in ``id``/``result`` become strings) or DataError."""
     where = f"{file}: row {number}"
     if not isinstance(row, Mapping):
-        raise DataError(f"{where}: expected an object with fields {', '.join(FIELDS)}, got {type(row).__name__}")
+        reason = f"expected an object with fields {', '.join(FIELDS)}, got {type(row).__name__}"
+        raise DataError(f"{where}: {reason}", reason=reason)
     clean: dict[str, Any] = {}
     for key, value in row.items():
         key = str(key)
@@ -47,11 +61,11 @@ def validate_row(row: Any, *, file: str = "<rows>", number: int = 0) -> dict[str
         clean[alias if alias is not None and alias not in row else key] = value
     for field in FIELDS:
         if field not in clean or clean[field] is None:
-            raise DataError(f"{where}: field '{field}' is missing (every row needs {', '.join(FIELDS)})")
+            raise _field_error(where, field, f"is missing (every row needs {', '.join(FIELDS)})")
         clean[field] = _as_text(clean[field], field, where)
     for field in NON_EMPTY_FIELDS:
         if not clean[field].strip():
-            raise DataError(f"{where}: field '{field}' is empty")
+            raise _field_error(where, field, "is empty")
     return clean
 
 
