@@ -17,9 +17,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("calcx.agent.__main__", "run the Calc-X agent once, from the AGL_* environment"),
     "stub-llm": ("calcx.stub_llm.__main__", "scripted OpenAI-compatible model for rehearsals"),
     "rehearse": ("calcx.rehearse.__main__", "server + controller + stub LLM + a dataset, on CPU"),
-    "data": ("calcx.data.__main__", "generate or validate Calc-X data files"),
+    "data": ("calcx.data.__main__", "generate, import (GSM8K, Calc-X) or validate dataset files"),
     "train": ("calcx.trainer.cli", "GRPO training with verl (needs a CUDA GPU)"),
     "k8s": ("calcx.k8s.build", "render and validate the Kubernetes manifests"),
+    "model": ("calcx.model.__main__", "convert a GGUF file into a Hugging Face model directory"),
 }
 
 

@@ -1,0 +1,223 @@
+"""Turn a GGUF file into a Hugging Face model directory, for machines that cannot reach a hub.
+
+transformers reads a GGUF (dequantizing every tensor to float32) but cannot save the model it
+read, so the weights are copied into a fresh model of the same class, built from the read
+config without its quantization entry. The copy is strict: a missing or unexpected key is an
+error, never a silently random weight. The result is cast and saved as safetensors, with the
+tokenizer and the GGUF's own chat template (vLLM's tool-call parsing depends on it). Output is
+written next to --out and renamed into place, so a failed conversion leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+GGUF_MAGIC = b"GGUF"
+CHAT_TEMPLATE_FIELD = "tokenizer.chat_template"
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+class ConvertError(Exception):
+    """A conversion that cannot go ahead; the message says what was wrong and what to do."""
+
+
+@dataclass
+class Converted:
+    out: Path
+    architecture: str
+    parameters: int
+    bytes_written: int
+
+
+def _lacks(name: str, exc: ImportError) -> ConvertError:
+    return ConvertError(f"this build lacks {name} ({exc}); use the trainer artifact (the calcx-gpu PEX on a GPU "
+                        "machine) or a Python environment with torch, transformers, gguf and accelerate")
+
+
+def _require() -> tuple[Any, Any, Any]:
+    """torch, transformers and gguf, or ConvertError naming the one this build lacks.
+
+    transformers also needs accelerate to read a GGUF; it is checked here so that its absence is
+    named as such rather than surfacing as a read error.
+    """
+    try:
+        import torch
+    except ImportError as exc:
+        raise _lacks("torch", exc) from None
+    try:
+        import transformers
+    except ImportError as exc:
+        raise _lacks("transformers", exc) from None
+    try:
+        import gguf
+    except ImportError as exc:
+        raise _lacks("gguf", exc) from None
+    try:
+        import accelerate  # noqa: F401  (transformers refuses to read a GGUF without it)
+    except ImportError as exc:
+        raise _lacks("accelerate", exc) from None
+    return torch, transformers, gguf
+
+
+def check_gguf(path: Path) -> None:
+    if not path.exists():
+        raise ConvertError(f"{path}: no such file; pass --gguf the path of a .gguf file")
+    if not path.is_file():
+        raise ConvertError(f"{path}: not a file; pass --gguf the path of a .gguf file")
+    with path.open("rb") as handle:
+        magic = handle.read(len(GGUF_MAGIC))
+    if magic != GGUF_MAGIC:
+        raise ConvertError(f"{path}: not a GGUF file (it starts with {magic!r}, a GGUF file with {GGUF_MAGIC!r}); "
+                           "is it a partial download, or the pieces not yet joined?")
+
+
+def check_out(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConvertError(f"{out}: exists and is not a directory; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ConvertError(f"{out}: exists and is not empty; choose another --out, or pass --force to replace it")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def normalise_sha256(text: str) -> str:
+    value = text.strip().lower()
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise ConvertError(f"--sha256 {text!r} is not a sha256 (64 hex digits)")
+    return value
+
+
+@dataclass
+class Metadata:
+    """What the conversion takes from the GGUF's own fields rather than from transformers."""
+
+    chat_template: str | None
+    special_ids: dict[str, int]  # "bos_token"/"eos_token"/"pad_token" -> token id
+
+
+SPECIAL_ID_FIELDS = {"bos_token": "tokenizer.ggml.bos_token_id", "eos_token": "tokenizer.ggml.eos_token_id",
+                     "pad_token": "tokenizer.ggml.padding_token_id"}
+
+
+def read_metadata(gguf_module: Any, path: Path) -> Metadata:
+    reader = gguf_module.GGUFReader(str(path))
+    field = reader.fields.get(CHAT_TEMPLATE_FIELD)
+    template = field.contents() if field is not None else None
+    ids = {}
+    for role, name in SPECIAL_ID_FIELDS.items():
+        if name in reader.fields:
+            ids[role] = int(reader.fields[name].contents())
+    return Metadata(template if isinstance(template, str) and template.strip() else None, ids)
+
+
+def set_special_tokens(tokenizer: Any, special_ids: dict[str, int]) -> None:
+    """Name the GGUF's bos/eos/pad tokens on the tokenizer.
+
+    transformers' GGUF tokenizer converters pick their own (Qwen2's eos is <|endoftext|> where
+    an Instruct GGUF says <|im_end|>; the llama converter sets eos to the bos token), while
+    generation stops on the GGUF's ids, which config.json keeps.
+    """
+    for role, token_id in special_ids.items():
+        if 0 <= token_id < len(tokenizer):
+            setattr(tokenizer, role, tokenizer.convert_ids_to_tokens(token_id))
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def convert(gguf: str | Path, out: str | Path, *, dtype: str = "bfloat16", sha256: str | None = None,
+            force: bool = False, chat_template_file: str | Path | None = None,
+            log: Callable[[str], None] = print) -> Converted:
+    """Convert ``gguf`` into a model directory at ``out``; ConvertError for anything a user can fix."""
+    gguf, out = Path(gguf), Path(out)
+    if dtype not in DTYPES:
+        raise ConvertError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    expected = normalise_sha256(sha256) if sha256 is not None else None
+    check_gguf(gguf)
+    check_out(out, force)
+    template_override = None
+    if chat_template_file is not None:
+        try:
+            template_override = Path(chat_template_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConvertError(f"--chat-template {chat_template_file}: cannot read: {exc.strerror or exc}") from None
+    torch, transformers, gguf_module = _require()
+
+    started = time.monotonic()
+    actual = sha256_of(gguf)
+    if expected is not None and actual != expected:
+        raise ConvertError(f"{gguf}: sha256 is {actual}, expected {expected}; the file is damaged or not the one "
+                           "meant (re-copy it, or check the pieces were joined in order)")
+    checked = "matches --sha256" if expected is not None else "not checked: no --sha256"
+    log(f"verify sha256: {actual} ({checked}) ({time.monotonic() - started:.1f} s)")
+
+    started = time.monotonic()
+    try:
+        metadata = read_metadata(gguf_module, gguf)
+    except (ValueError, KeyError, IndexError, OSError) as exc:  # GGUFReader on a damaged or truncated file
+        raise ConvertError(f"{gguf}: cannot be read as GGUF ({type(exc).__name__}: {exc}); the file is "
+                           "damaged or truncated (compare its sha256 with the source's)") from None
+    template = template_override if template_override is not None else metadata.chat_template
+    if template is None:
+        raise ConvertError(f"{gguf}: has no {CHAT_TEMPLATE_FIELD}; pass --chat-template FILE (a Jinja chat "
+                           "template) to give the model one")
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                                   dtype=torch.float32)
+    except (ValueError, KeyError, OSError, RuntimeError) as exc:
+        raise ConvertError(f"{gguf}: transformers {transformers.__version__} cannot read it: {exc}") from None
+    config = loaded.config
+    log(f"read: {config.model_type} ({type(loaded).__name__}), {config.num_hidden_layers} layers, hidden "
+        f"{config.hidden_size}, vocab {config.vocab_size} ({time.monotonic() - started:.1f} s)")
+
+    started = time.monotonic()
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    fresh = type(loaded)(config)
+    weights, wanted = loaded.state_dict(), set(fresh.state_dict())
+    missing, unexpected = sorted(wanted - set(weights)), sorted(set(weights) - wanted)
+    if missing or unexpected:
+        raise ConvertError(f"{gguf}: the weights read do not fit {type(fresh).__name__}: missing {missing}, "
+                           f"unexpected {unexpected}; this architecture is not supported as is")
+    fresh.load_state_dict(weights, strict=True)
+    del loaded, weights
+    target = getattr(torch, dtype)
+    fresh.to(target)
+    fresh.config.dtype = target
+    parameters = sum(p.numel() for p in fresh.parameters())
+    log(f"rebuild: {type(fresh).__name__}, {parameters:,} parameters as {dtype} "
+        f"({time.monotonic() - started:.1f} s)")
+
+    started = time.monotonic()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    partial.chmod(0o755)  # mkdtemp's 0700 would hide the model from a server running as another user
+    try:
+        fresh.save_pretrained(partial, safe_serialization=True)
+        tokenizer.chat_template = template
+        set_special_tokens(tokenizer, metadata.special_ids)
+        tokenizer.save_pretrained(partial)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(partial, out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    written = _size(out)
+    log(f"save: {out} ({written / 1e6:.1f} MB) ({time.monotonic() - started:.1f} s)")
+    return Converted(out, config.model_type, parameters, written)
