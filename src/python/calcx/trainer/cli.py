@@ -115,6 +115,9 @@ def _train(args: argparse.Namespace) -> int:
         if problem is not None:
             print(NO_GPU_MESSAGE.format(why=problem), file=sys.stderr)
             return 3
+    from calcx.trainer.native_libs import expose_native_libraries
+
+    expose_native_libraries()  # before Ray and vLLM start: their processes inherit the environment
     from calcx.trainer import data as data_mod
     from calcx.trainer.launch import LaunchError, run_training
     from calcx.trainer.services import ServicesError

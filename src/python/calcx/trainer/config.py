@@ -181,7 +181,7 @@ def resolve_model_path(model: str) -> str:
         missing.append("tokenizer.json or tokenizer_config.json")
     if missing:
         raise ConfigError(f"--model {model!r}: the directory has no {' and no '.join(missing)}; "
-                          "it must be a Hugging Face model directory (see src/gpu/convert_smollm2.py)")
+                          "it must be a Hugging Face model directory (`calcx model from-gguf` makes one from a GGUF file)")
     return str(path.resolve())
 
 
