@@ -1,106 +1,121 @@
 #!/usr/bin/env bash
-# The GPU run on an offline single-GPU machine (an H200 was used), in stages, so each fits a
-# bounded command:
+# Training on an offline GPU machine whose Python already has a CUDA torch (an H200 was used),
+# from the one PEX Pants builds (`./pants package src/python/calcx:calcx-gpu`), in stages that each
+# fit a bounded command. docs/gpu-run.md walks through it.
 #
-#   src/gpu/h200_run.sh receive CHUNK_DIR     # append carried wheel chunks to $WORK/chunks
-#   src/gpu/h200_run.sh setup                 # install wheels, convert SmolLM2, generate data
-#   src/gpu/h200_run.sh anchor STEPS          # verl's own single-turn GRPO (the anchor)
-#   src/gpu/h200_run.sh calcx STEPS           # calcx train: agents, gateway, local runner
-#   src/gpu/h200_run.sh stop-ray              # end what Ray left running
-#   src/gpu/h200_run.sh pack OUT_DIR          # results.tar.gz of logs, metrics, report
+#   src/gpu/h200_run.sh receive DIR            # keep carried pieces (PEX, model, data) in $WORK/in
+#   src/gpu/h200_run.sh setup                  # join + verify the PEX and the GGUF, convert the model
+#   src/gpu/h200_run.sh start NAME STEPS [KEY=VALUE...]  # `calcx train` in the background; the
+#                                                # overrides win over RUN_ARGS; FLAGS="--async" adds flags
+#   src/gpu/h200_run.sh status NAME [OUT]      # progress; copies metrics, logs and report to OUT
+#   src/gpu/h200_run.sh wait NAME SECONDS [OUT]  # status after the run ends or SECONDS pass
+#   src/gpu/h200_run.sh stop NAME              # end the run (its whole process group)
 #
-# Logs and metrics go to $RESULTS (default $WORK/results). Shared sizes for both runs: batch 16
-# prompts x n=4, prompt <= 1024 tokens, response <= 256 tokens per model call.
+# Pieces are made on the machine with network by src/gpu/stage_carry.sh. The machine's torch is
+# found through its `python3` and handed to the PEX with PEX_EXTRA_SYS_PATH (the PEX leaves torch,
+# torchvision and torchaudio out and appends that directory after its own packages).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
 WORK="${WORK:-$HOME/calcx-gpu}"
 RESULTS="${RESULTS:-$WORK/results}"
-SITE="$WORK/site"
-MODEL="$WORK/models/smollm2-135m"
-DATA="$WORK/data"
-BATCH="${BATCH:-16}"
-N="${N:-4}"
-PROMPT_LEN="${PROMPT_LEN:-1024}"
-RESPONSE_LEN="${RESPONSE_LEN:-256}"
-mkdir -p "$WORK/chunks" "$RESULTS"
+IN="$WORK/in"
+PEX="$WORK/calcx-gpu.pex"
+GGUF="$WORK/model.gguf"
+MODEL="$WORK/models/qwen2.5-coder-1.5b-instruct"
+GGUF_SHA256=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
+PYTHON="${PYTHON:-python3}"
+mkdir -p "$IN" "$RESULTS"
 
-export VLLM_USE_FLASHINFER_SAMPLER=0
+export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer's sampler needs its cubin package, not carried
 export PYTHONUNBUFFERED=1
-trainer_env() { export PYTHONPATH="$root/src/python:$SITE/trainer"; }
 
-stage="${1:?stage: receive|setup|anchor|calcx}"; shift
+torch_site() { "$PYTHON" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))'; }
+calcx() { PEX_EXTRA_SYS_PATH="$(torch_site)" "$PYTHON" "$PEX" "$@"; }
+
+# The settings both runs share (docs/gpu-run.md says why): the reference batch 32 x 4, lr 5e-6,
+# prompt <= 2048 and response <= 1024 tokens a model call, FSDP without offload, sdpa attention.
+RUN_ARGS=(
+  data.train_batch_size=32 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=32
+  actor_rollout_ref.actor.optim.lr=5e-6
+  data.max_prompt_length=2048 data.max_response_length=1024 actor_rollout_ref.rollout.max_model_len=4096
+  actor_rollout_ref.actor.fsdp_config.param_offload=false actor_rollout_ref.actor.fsdp_config.optimizer_offload=false
+  actor_rollout_ref.model.use_remove_padding=false +actor_rollout_ref.model.override_config.attn_implementation=sdpa
+  calcx.controller_concurrency=128
+  trainer.val_before_train=true trainer.test_freq=10 trainer.save_freq=-1 trainer.total_epochs=1
+)
+
+stage="${1:?stage: receive|setup|start|status|wait|stop}"; shift
 case "$stage" in
   receive)
-    cp -v "${1:?CHUNK_DIR}"/* "$WORK/chunks/"
-    du -sh "$WORK/chunks"
+    cp -r "${1:?DIR}"/. "$IN/"
+    du -sh "$IN"
     ;;
   setup)
     t0=$(date +%s)
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RESULTS/gpu.txt"
-    python3 -c 'import sys, torch, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__)' | tee -a "$RESULTS/gpu.txt"
-    bash "$here/install_wheels.sh" "$WORK/chunks" "$SITE"
-    trainer_env
-    python3 -c 'import verl, vllm, ray; print("verl", verl.__version__, "vllm", vllm.__version__, "ray", ray.__version__)' | tee -a "$RESULTS/gpu.txt"
-    PYTHONPATH="$root/src/python:$SITE/agent" python3 -c 'import autogen_agentchat, mcp; print("agent site ok: mcp", mcp.__version__ if hasattr(mcp, "__version__") else "?")' | tee -a "$RESULTS/gpu.txt"
-    gguf="$(find "$SITE/trainer" -name '*.gguf' | head -1)"
-    python3 "$here/convert_smollm2.py" --gguf "$gguf" --out "$MODEL" 2>&1 | tail -3
-    python3 -m calcx.data generate --out "$DATA"
-    python3 "$here/anchor.py" data --src "$DATA/train.parquet" --out "$DATA/anchor_train.parquet"
-    python3 "$here/anchor.py" data --src "$DATA/test_mini.parquet" --out "$DATA/anchor_val.parquet"
-    echo "setup took $(( $(date +%s) - t0 )) s" | tee -a "$RESULTS/gpu.txt"
+    { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+      "$PYTHON" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available())'
+      ldd --version | sed -n 1p; } | tee "$RESULTS/machine.txt"
+    (cd "$IN" && for sums in SHA256SUMS.*; do sha256sum -c --quiet "$sums"; done)
+    cat "$IN"/calcx-gpu.pex.[0-9]* > "$PEX"
+    echo "$(cat "$IN/calcx-gpu.pex.sha256")  $PEX" | sha256sum -c --quiet
+    echo "calcx-gpu.pex: $(stat -c %s "$PEX") bytes, sha256 $(cat "$IN/calcx-gpu.pex.sha256") (as Pants built it)" \
+      | tee -a "$RESULTS/machine.txt"
+    cat "$IN"/model.gguf.[0-9]* > "$GGUF"
+    t1=$(date +%s)
+    calcx --version | tee -a "$RESULTS/machine.txt"
+    t2=$(date +%s)
+    calcx model from-gguf --gguf "$GGUF" --sha256 "$GGUF_SHA256" --out "$MODEL" --force 2>&1 | tee "$RESULTS/convert.log"
+    t3=$(date +%s)
+    echo "setup: join+verify $((t1 - t0)) s, first PEX start (venv) $((t2 - t1)) s, model conversion $((t3 - t2)) s" \
+      | tee -a "$RESULTS/machine.txt"
     ;;
-  anchor)
-    steps="${1:-10}"
-    trainer_env
-    export VERL_FILE_LOGGER_PATH="$RESULTS/anchor_metrics.jsonl"
-    rm -f "$VERL_FILE_LOGGER_PATH"
-    python3 -m verl.trainer.main_ppo \
-      algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=False \
-      data.train_files="$DATA/anchor_train.parquet" data.val_files="$DATA/anchor_val.parquet" \
-      data.train_batch_size="$BATCH" data.max_prompt_length="$PROMPT_LEN" data.max_response_length="$RESPONSE_LEN" \
-      actor_rollout_ref.model.path="$MODEL" actor_rollout_ref.model.use_remove_padding=False \
-      +actor_rollout_ref.model.override_config.attn_implementation=sdpa \
-      actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH" \
-      actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 actor_rollout_ref.actor.use_kl_loss=False \
-      actor_rollout_ref.actor.entropy_coeff=0 \
-      actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n="$N" \
-      actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
-      actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
-      actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \
-      actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \
-      reward.custom_reward_function.path="$here/anchor.py" reward.custom_reward_function.name=compute_score \
-      trainer.logger='[console,file]' trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=-1 \
-      trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.total_training_steps="$steps" \
-      trainer.project_name=calcx trainer.experiment_name=anchor 2>&1 | tee "$RESULTS/anchor.log"
+  start)
+    name="${1:?NAME}"; steps="${2:?STEPS}"; shift 2
+    dir="$RESULTS/$name"
+    mkdir -p "$dir"
+    torch="$(torch_site)"
+    echo "$(date +%s)" > "$dir/started"
+    setsid nohup env PEX_EXTRA_SYS_PATH="$torch" "$PYTHON" "$PEX" train \
+      --model "$MODEL" --train-file "$IN/gsm8k/train.parquet" --val-file "$IN/gsm8k/test.parquet" \
+      --run-name "$name" ${FLAGS:-} "calcx.report_dir=$dir" trainer.total_training_steps="$steps" "${RUN_ARGS[@]}" "$@" \
+      >"$dir/train.log" 2>&1 </dev/null &
+    echo $! > "$dir/pid"
+    echo "started $name (pid $(cat "$dir/pid")): $dir/train.log"
     ;;
-  calcx)
-    steps="${1:-10}"
-    trainer_env
-    # The agent runs under the same python3 with its own site (mcp<2; vLLM brings mcp 2.x).
-    python3 -m calcx.trainer.cli --model "$MODEL" --chat-template hermes \
-      --train-file "$DATA/train.parquet" --val-file "$DATA/test_mini.parquet" --run-name gpu-run \
-      "calcx.report_dir=$RESULTS/calcx-run" \
-      "calcx.agent_python=python3" "calcx.agent_pythonpath=[$root/src/python,$SITE/agent]" \
-      data.train_batch_size="$BATCH" data.max_prompt_length="$PROMPT_LEN" data.max_response_length="$RESPONSE_LEN" \
-      actor_rollout_ref.rollout.n="$N" actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH" \
-      actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
-      actor_rollout_ref.rollout.max_model_len=2048 actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
-      actor_rollout_ref.model.use_remove_padding=false \
-      +actor_rollout_ref.model.override_config.attn_implementation=sdpa \
-      actor_rollout_ref.actor.fsdp_config.param_offload=false actor_rollout_ref.actor.fsdp_config.optimizer_offload=false \
-      trainer.total_training_steps="$steps" trainer.total_epochs=1 trainer.save_freq=-1 \
-      trainer.test_freq="${TEST_FREQ:-5}" \
-      2>&1 | tee "$RESULTS/calcx.log"
+  status|wait)
+    name="${1:?NAME}"
+    dir="$RESULTS/$name"
+    if [[ "$stage" == wait ]]; then
+      deadline=$(( $(date +%s) + ${2:?SECONDS} )); shift
+      while kill -0 "$(cat "$dir/pid")" 2>/dev/null && (( $(date +%s) < deadline )); do sleep 10; done
+    fi
+    out="${2:-}"
+    alive=no; kill -0 "$(cat "$dir/pid")" 2>/dev/null && alive=yes
+    echo "run $name: running=$alive, $(( $(date +%s) - $(cat "$dir/started") )) s since start"
+    [[ -f "$dir/metrics.jsonl" ]] && echo "steps logged: $(grep -c '"timing_s/step"' "$dir/metrics.jsonl" || true)"
+    grep -E "step:[0-9]+ |Traceback|Error|calcx train:" "$dir/train.log" | tail -n 6 | cut -c1-400 || true
+    if [[ -n "$out" ]]; then
+      mkdir -p "$out"
+      for f in metrics.jsonl eval.md report.md reward_curve.png incomplete_groups.jsonl; do
+        [[ -f "$dir/$f" ]] && cp "$dir/$f" "$out/$name-$f"
+      done
+      gzip -c "$dir/train.log" > "$out/$name-train.log.gz"
+      db="$dir/services/calcx.db"
+      if [[ -f "$dir/metrics.jsonl" ]]; then
+        "$PYTHON" "$here/step_table.py" "$dir/metrics.jsonl" $([[ -f "$db" ]] && echo --calls "$db") \
+          > "$out/$name-steps.md" 2>&1 || true
+      fi
+      cp "$RESULTS/machine.txt" "$out/" 2>/dev/null || true
+      ls -la "$out"
+    fi
     ;;
-  stop-ray)
-    trainer_env
-    python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true
-    ;;
-  pack)
-    out="${1:?OUT_DIR}"
-    tar -czf "$out/results.tar.gz" -C "$WORK" results
-    ls -la "$out"
+  stop)
+    name="${1:?NAME}"
+    pid="$(cat "$RESULTS/$name/pid")"
+    kill -TERM -- "-$pid" 2>/dev/null || true
+    for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+    echo "stopped $name"
     ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

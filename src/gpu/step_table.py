@@ -4,7 +4,10 @@
 
 With `--calls` (the calcx server's SQLite store), the GPU's idle share of each step while it
 waited for agents is measured from the recorded model calls: the generation phase minus the union
-of the intervals in which at least one call was inside vLLM, over the whole step.
+of the intervals in which at least one call was inside vLLM, over the whole step; and the store's
+agent table follows the step table: per step, the training rollouts, the share that called the
+calculator, tool-call parse failures (a `<tool_call>` in the text that vLLM's parser did not turn
+into a call), failed attempts (retried as new ones) and the largest policy-version lag of a call.
 """
 
 from __future__ import annotations
@@ -50,9 +53,60 @@ def busy_seconds_by_step(db: Path) -> dict[int, float]:
     return busy
 
 
+_TRAIN_ID = re.compile(r"^calcx-train-s(\d+)-")
+
+
+def agent_stats(db: Path) -> dict[int, dict[str, float]]:
+    """Per training step, from the recorded calls and attempts of `calcx-train-s{step}-*` rollouts."""
+    con = sqlite3.connect(db)
+    stats: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    tool_users: dict[int, set[str]] = defaultdict(set)
+    rollouts: dict[int, set[str]] = defaultdict(set)
+    for rid, response, version in con.execute(
+            "select rollout_id, response, policy_version from calls where status_code = 200"):
+        match = _TRAIN_ID.match(str(rid))
+        if not match:
+            continue
+        step = int(match.group(1))
+        rollouts[step].add(rid)
+        try:
+            message = json.loads(response)["choices"][0]["message"]
+        except (TypeError, ValueError, KeyError, IndexError):
+            continue
+        if message.get("tool_calls"):
+            tool_users[step].add(rid)
+        elif "<tool_call>" in str(message.get("content") or ""):
+            stats[step]["parse_failures"] += 1
+        if version is not None:
+            # the rollout's own step is the policy it was started with; the lag is how far behind
+            # the trained-on step (step) the version that answered was
+            stats[step]["max_lag"] = max(stats[step]["max_lag"], step - int(version))
+    for rid, state in con.execute("select rollout_id, state from attempts"):
+        match = _TRAIN_ID.match(str(rid))
+        if match and state == "FAILED":
+            stats[int(match.group(1))]["failed_attempts"] += 1
+    for step in rollouts:
+        stats[step]["rollouts"] = len(rollouts[step])
+        stats[step]["tool_share"] = len(tool_users[step]) / len(rollouts[step])
+    return {k: dict(v) for k, v in stats.items()}
+
+
+def agent_table(stats: dict[int, dict[str, float]]) -> str:
+    head = ["step", "rollouts", "called the calculator", "tool-call parse failures", "failed attempts",
+            "max policy lag"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for step in sorted(stats):
+        m = stats[step]
+        lines.append(f"| {step} | {int(m.get('rollouts', 0))} | {m.get('tool_share', 0.0):.0%} | "
+                     f"{int(m.get('parse_failures', 0))} | {int(m.get('failed_attempts', 0))} | "
+                     f"{int(m.get('max_lag', 0))} |")
+    return "\n".join(lines)
+
+
 def table(steps: dict[int, dict], busy: dict[int, float] | None) -> str:
     head = ["step", "step s", "rollout (gen) s", "old log-prob s", "update s", "weight sync s",
-            "tokens/s", "GPU mem peak GB", "GPU idle waiting for agents", "mean reward", "val accuracy"]
+            "tokens/s", "GPU mem peak GB", "GPU idle waiting for agents", "mean reward", "val accuracy",
+            "evicted samples"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for step in sorted(steps):
         m = steps[step]
@@ -68,7 +122,8 @@ def table(steps: dict[int, dict], busy: dict[int, float] | None) -> str:
                  f"{m.get('timing_s/old_log_prob', float('nan')):.2f}", f"{m.get('timing_s/update_actor', float('nan')):.2f}",
                  f"{m.get('timing_s/update_weights', float('nan')):.2f}", f"{m.get('perf/throughput', float('nan')):.0f}",
                  f"{m.get('actor/perf/max_memory_allocated_gb', float('nan')):.1f}", idle,
-                 f"{m.get('critic/score/mean', float('nan')):.3f}", f"{statistics.mean(val):.3f}" if val else "-"]
+                 f"{m.get('critic/score/mean', float('nan')):.3f}", f"{statistics.mean(val):.3f}" if val else "-",
+                 f"{m.get('train/rollout_failure/evicted_samples', 0):.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -80,6 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     steps = read_metrics(args.metrics)
     print(table(steps, busy_seconds_by_step(args.calls) if args.calls else None))
+    if args.calls:
+        print()
+        print(agent_table(agent_stats(args.calls)))
+    validation = [(step, statistics.mean(v for k, v in m.items() if k.startswith("val-core/") and k.endswith("mean@1")))
+                  for step, m in sorted(steps.items())
+                  if any(k.startswith("val-core/") and k.endswith("mean@1") for k in m)]
+    if validation:
+        print("\nvalidation accuracy: " + ", ".join(f"step {step}: {acc:.3f}" for step, acc in validation))
     after_first = [m["timing_s/step"] for s, m in sorted(steps.items()) if "timing_s/step" in m][1:]
     if after_first:
         print(f"\nmean step time after the first: {statistics.mean(after_first):.2f} s "

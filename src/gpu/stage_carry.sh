@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Stage what an offline GPU machine needs into folders of one carry each (a piece of at most
+# 58 MiB, so that a piece and the repository fit a 64 MiB transfer):
+#
+#   src/gpu/stage_carry.sh PEX MODEL_CHUNKS_DIR DATA_DIR OUT_DIR
+#
+# OUT_DIR/00/  checksums, the PEX's sha256 and DATA_DIR's train.parquet and test.parquet (validation)
+# OUT_DIR/NN/  one piece each: calcx-gpu.pex.NN, then model.gguf.NN (from src/gpu/fetch_model.sh)
+#
+# There, `src/gpu/h200_run.sh receive OUT_DIR/NN` for each folder in order, then `setup`.
+set -euo pipefail
+pex="${1:?usage: stage_carry.sh PEX MODEL_CHUNKS_DIR DATA_DIR OUT_DIR}"
+model_chunks="${2:?MODEL_CHUNKS_DIR}"
+data="${3:?DATA_DIR}"
+out="${4:?OUT_DIR}"
+rm -rf "$out"
+mkdir -p "$out/00/gsm8k" "$out/pieces"
+split -b 58M -d -a 2 "$pex" "$out/pieces/calcx-gpu.pex."
+(cd "$out/pieces" && sha256sum calcx-gpu.pex.* > ../00/SHA256SUMS.pex)
+sha256sum "$pex" | cut -d' ' -f1 > "$out/00/calcx-gpu.pex.sha256"
+cp "$model_chunks"/model.gguf.* "$out/pieces/"
+cp "$model_chunks/SHA256SUMS" "$out/00/SHA256SUMS.model"
+cp "$data/train.parquet" "$data/test.parquet" "$out/00/gsm8k/"
+n=1
+for piece in "$out"/pieces/calcx-gpu.pex.* "$out"/pieces/model.gguf.*; do
+  dir="$(printf '%s/%02d' "$out" "$n")"
+  mkdir -p "$dir" && mv "$piece" "$dir/"
+  n=$((n + 1))
+done
+rmdir "$out/pieces"
+echo "staged $((n - 1)) pieces after $out/00 (PEX sha256 $(cat "$out/00/calcx-gpu.pex.sha256"))"
+du -sh "$out"/00 "$out"
