@@ -227,6 +227,18 @@ def test_a_quantized_gguf_is_dequantized(tmp_path):
         assert torch.equal(saved[hf_name(name)], torch.from_numpy(values)), name
 
 
+def test_converts_where_no_record_names_the_gguf_module(tmp_path, monkeypatch):
+    # a PEX venv: the distributions' RECORD files list no modules, so transformers' module ->
+    # distribution map has no entry for gguf (on the GPU machine: "Invalid version: 'N/A'")
+    from transformers.utils import import_utils
+
+    monkeypatch.delitem(import_utils.PACKAGE_DISTRIBUTION_MAPPING, "gguf", raising=False)
+    source = tmp_path / "tiny.gguf"
+    write_gguf(source, "qwen2")
+    assert main(["from-gguf", "--gguf", str(source), "--out", str(tmp_path / "model")]) == 0
+    assert (tmp_path / "model" / "config.json").is_file()
+
+
 def test_progress_lines_name_each_phase_with_a_time(converted, tmp_path, capsys):
     _, source, _, _ = converted
     capsys.readouterr()

@@ -66,6 +66,21 @@ def _require() -> tuple[Any, Any, Any]:
     return torch, transformers, gguf
 
 
+def name_gguf_distribution() -> None:
+    """Tell transformers which distribution provides the `gguf` module.
+
+    transformers reads gguf's version through a module -> distribution map built once from the
+    installed distributions' RECORD files (`importlib.metadata.packages_distributions()`). In a
+    PEX venv (calcx-gpu.pex) those files list no modules, gguf's version reads as 'N/A', and
+    transformers refuses every GGUF file with "Invalid version: 'N/A'" (seen on the GPU machine).
+    """
+    from transformers.utils import import_utils
+
+    mapping = getattr(import_utils, "PACKAGE_DISTRIBUTION_MAPPING", None)
+    if isinstance(mapping, dict) and not mapping.get("gguf"):
+        mapping["gguf"] = ["gguf"]
+
+
 def check_gguf(path: Path) -> None:
     if not path.exists():
         raise ConvertError(f"{path}: no such file; pass --gguf the path of a .gguf file")
@@ -156,6 +171,7 @@ def convert(gguf: str | Path, out: str | Path, *, dtype: str = "bfloat16", sha25
         except OSError as exc:
             raise ConvertError(f"--chat-template {chat_template_file}: cannot read: {exc.strerror or exc}") from None
     torch, transformers, gguf_module = _require()
+    name_gguf_distribution()
 
     started = time.monotonic()
     actual = sha256_of(gguf)
