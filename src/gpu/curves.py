@@ -1,0 +1,63 @@
+"""One picture of GPU runs side by side: training reward per step (left) and validation accuracy
+(right), one line per run, from verl's metrics files (the `file` logger's JSONL).
+
+    python3 src/gpu/curves.py --out docs/gpu-run/curves.png sync=docs/gpu-run/sync_metrics.jsonl [async=...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+from calcx.trainer.report import read_metrics, reward_series, validation_series  # noqa: E402
+
+
+def draw(runs: list[tuple[str, Path]], out: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (reward_ax, val_ax) = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
+    for label, path in runs:
+        metrics = read_metrics(path)
+        _, steps, values = reward_series(metrics)
+        reward_ax.plot(steps, values, "o-", markersize=3, label=label)
+        points = validation_series(metrics)
+        val_ax.plot([p[0] for p in points], [p[1] for p in points], "s--", markersize=5, label=label)
+        for step, acc in points:
+            val_ax.annotate(f"{acc:.2f}", (step, acc), textcoords="offset points", xytext=(0, 6), ha="center")
+    reward_ax.set(title="training reward (mean of 32 x 4 rollouts)", xlabel="step", ylabel="reward", ylim=(0, 1))
+    val_ax.set(title="validation accuracy (held-out problems)", xlabel="step", ylabel="accuracy", ylim=(0, 1))
+    for ax in (reward_ax, val_ax):
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="LABEL=METRICS.jsonl")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--title", default="calcx GRPO on GSM8K, Qwen2.5-Coder-1.5B-Instruct, one H200")
+    args = parser.parse_args(argv)
+    runs = []
+    for item in args.runs:
+        label, sep, path = item.partition("=")
+        if not sep or not Path(path).is_file():
+            parser.error(f"{item!r}: give LABEL=PATH to an existing metrics file")
+        runs.append((label, Path(path)))
+    print(draw(runs, args.out, args.title))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
