@@ -29,7 +29,9 @@ CALCX = [
     {"id": f"ape-{i}", "question": f"What is {i} + {i}?", "chain": f'<gadget id="calculator">{i} + {i}</gadget>',
      "result": str(2 * i), "source": "ape210k"} for i in range(1, 9)
 ]
-REAL_GSM8K = Path(os.environ.get("CALCX_GSM8K_FILE", "/work/shared/data/gsm8k/train.jsonl"))
+# GSM8K's own train.jsonl (MIT; never copied into the repository): .ci/run points at a copy beside
+# the clone when the machine has one.
+REAL_GSM8K = Path(os.environ.get("CALCX_GSM8K_FILE", "") or "/nonexistent/gsm8k/train.jsonl")
 OUTPUTS = ("train.parquet", "test.parquet", "test_mini.parquet", "sample.jsonl")
 
 
@@ -231,7 +233,7 @@ def test_cli_usage_errors(tmp_path, capsys):
 
 
 @pytest.mark.skipif(not REAL_GSM8K.is_file(),
-                    reason=f"no GSM8K copy at {REAL_GSM8K} (set CALCX_GSM8K_FILE to GSM8K's train.jsonl to run this)")
+                    reason="needs GSM8K's train.jsonl, which the repository does not ship: set CALCX_GSM8K_FILE to a copy")
 def test_the_real_gsm8k_train_file(tmp_path, capsys):
     code, stdout, stderr = run(capsys, str(REAL_GSM8K), "--out", str(tmp_path / "gsm8k"))
     assert code == 0, stderr
