@@ -29,13 +29,18 @@ def build_parser(runner: str = "local") -> argparse.ArgumentParser:
     p.add_argument("--server", default=os.environ.get("CALCX_SERVER", DEFAULT_SERVER),
                    help=f"calcx server base URL (default $CALCX_SERVER or {DEFAULT_SERVER})")
     p.add_argument("--key", default=None, help="server key (default: $CALCX_KEY); required")
-    p.add_argument("--concurrency", type=int, default=8, help="rollouts run at once (default 8)")
+    p.add_argument("--concurrency", type=int, default=24,
+                   help="rollouts run at once (default 24: what saturated 2 cores with the stub LLM, "
+                        "benchmarks/RESULTS.md; size it to the inference servers for a real policy)")
     p.add_argument("--controller-id", default=None, help="name in claims and leases (default HOST-PID)")
-    p.add_argument("--claim-timeout-s", type=float, default=10.0, help="long-poll length of one claim request")
+    p.add_argument("--claim-timeout-s", type=float, default=10.0,
+                   help="long-poll length of one claim request (default 10)")
     p.add_argument("--max-rollouts", type=int, default=None, help="exit after running this many (default: forever)")
     p.add_argument("--shutdown-grace-s", type=float, default=0.0,
-                   help="on SIGTERM/SIGINT, let running rollouts finish for this long before cancelling them")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+                   help="on SIGTERM/SIGINT, let running rollouts finish for this long before cancelling them "
+                        "(default 0)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="(default info)")
     if runner == "k8s":
         module = _k8s_module()
         if hasattr(module, "add_arguments"):

@@ -21,14 +21,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="base URL agents use to reach this server (default http://HOST:PORT)",
     )
-    p.add_argument("--max-tokens-ceiling", type=int, default=4096, help="gateway max_tokens ceiling (clamped)")
-    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, help="largest request body accepted")
-    p.add_argument("--lease-s", type=float, default=30.0, help="claim lease; controllers heartbeat within it")
-    p.add_argument("--max-poll-s", type=float, default=300.0, help="longest long poll the server holds")
-    p.add_argument("--upstream-timeout-s", type=float, default=300.0, help="read timeout of one upstream call")
-    p.add_argument("--upstream-retries", type=int, default=3, help="retries of a failed upstream call")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--access-log", action="store_true", help="log every request (costs throughput)")
+    p.add_argument("--max-tokens-ceiling", type=int, default=4096,
+                   help="gateway max_tokens ceiling (clamped; default 4096)")
+    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
+                   help="largest request body accepted (default 8 MiB)")
+    p.add_argument("--lease-s", type=float, default=30.0,
+                   help="claim lease; controllers heartbeat within it (default 30)")
+    p.add_argument("--max-poll-s", type=float, default=300.0, help="longest long poll the server holds (default 300)")
+    p.add_argument("--upstream-timeout-s", type=float, default=300.0,
+                   help="read timeout of one upstream call (default 300)")
+    p.add_argument("--upstream-retries", type=int, default=3, help="retries of a failed upstream call (default 3)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="(default info)")
+    p.add_argument("--access-log", action="store_true",
+                   help="log every request and every upstream call (costs throughput; default off)")
     return p
 
 
@@ -56,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"calcx server: cannot use {args.db!r} as the rollout store: {exc}", file=sys.stderr)
         return 1
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.access_log:
+        # httpx logs every upstream call at INFO: that is the access log of the gateway's side
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         sock = bind_socket(args.host, args.port)
     except OSError as exc:
