@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from calcx.data.io import write_jsonl, write_parquet
+from calcx.data.io import read_parquet_records, write_jsonl, write_parquet
 from calcx.data.schema import DataError, validate_row
 
 FORMATS = ("auto", "gsm8k", "calcx")
@@ -73,16 +73,6 @@ def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
                 yield number, Problem(str(path), number, None, f"is not valid JSON ({exc.msg} at column {exc.colno})")
 
 
-def _parquet_records(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
-    import pyarrow.parquet as pq
-
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises several types for a damaged file
-        raise DataError(f"{path}: not a readable parquet file ({exc})") from None
-    return table.column_names, table.to_pylist()
 
 
 def _detect(keys: Any) -> str:
@@ -135,7 +125,7 @@ def read_source(path: str | Path, fmt: str = "auto") -> ImportResult:
     path = Path(path)
     file = str(path)
     if path.suffix == ".parquet":
-        columns, records = _parquet_records(path)
+        columns, records = read_parquet_records(path)
         numbered: list[tuple[int, Any]] = list(enumerate(records, start=1))
         unit = "row"
     elif path.suffix == ".jsonl":

@@ -32,7 +32,8 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def read_parquet(path: str | Path) -> list[dict[str, Any]]:
+def read_parquet_records(path: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """A parquet file's column names and raw rows, unvalidated; DataError if missing or damaged."""
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -42,7 +43,12 @@ def read_parquet(path: str | Path) -> list[dict[str, Any]]:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise DataError(f"{path}: not a readable parquet file ({exc})") from None
-    return [validate_row(row, file=str(path), number=i) for i, row in enumerate(table.to_pylist(), start=1)]
+    return table.column_names, table.to_pylist()
+
+
+def read_parquet(path: str | Path) -> list[dict[str, Any]]:
+    _, records = read_parquet_records(path)
+    return [validate_row(row, file=str(path), number=i) for i, row in enumerate(records, start=1)]
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
