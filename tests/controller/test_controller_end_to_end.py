@@ -122,18 +122,39 @@ def test_calculator_death_fails_the_rollout_as_calculator_failed(loop: tuple[Sta
 
 def test_two_controllers_never_run_a_rollout_twice(loop: tuple[Stack, list[dict]]) -> None:
     stack, rows = loop
+    first = stack.controllers[0]
     second = stack.start_controller(controller_id="second")
+    # Both controllers are ready (long-polling) before the work arrives; each takes at most
+    # `concurrency` (4) of the 12 at a time, so neither can take them all.
     client = client_of(stack)
     ids = [f"dup-{i}" for i in range(12)]
     client.create_rollouts([spec(rid, rows[8 + i]) for i, rid in enumerate(ids)])
     done = wait_terminal(client, ids, timeout_s=90)
-    assert all(r.state == "SUCCEEDED" and len(r.attempts) == 1 for r in done.values())
-    logs = "".join(Path(c.log_path).read_text(errors="replace") for c in stack.controllers)
-    starts = Counter(rid for rid in ids for line in logs.splitlines() if f"started {rid}/1 " in line)
+
+    # The server's record: who claimed each rollout. Both controllers must have claimed work,
+    # otherwise "never twice" was never put to the test.
+    owner = {rid: r.attempts[0].controller_id for rid, r in done.items()}
+    by_controller = Counter(owner.values())
+    assert set(by_controller) == {"rehearsal-0", "second"}, by_controller
+
+    # The controllers' record: which rollouts each one started. Every rollout was started exactly
+    # once, by the controller the server handed it to, and each controller ran what it claimed.
+    started: dict[str, Counter[str]] = {}
+    for name, proc in (("rehearsal-0", first), ("second", second)):
+        lines = Path(proc.log_path).read_text(errors="replace").splitlines()
+        started[name] = Counter(rid for rid in ids for line in lines if f"started {rid}/1 " in line)
+    starts = started["rehearsal-0"] + started["second"]
     assert starts == Counter({rid: 1 for rid in ids}), starts
-    owners = Counter(r.latest_attempt.controller_id for r in done.values())
-    assert set(owners) <= {"rehearsal-0", "second"}
-    assert second.alive()
+    for name in ("rehearsal-0", "second"):
+        assert set(started[name]) == {rid for rid, who in owner.items() if who == name}, (name, started[name], owner)
+
+    assert all(r.state == "SUCCEEDED" and len(r.attempts) == 1 for r in done.values()), done
+    # The gateway's record: one agent run per rollout means exactly one tool call and one answer
+    # recorded for it (a rollout whose dialogue ran twice would have recorded four calls).
+    for rid in ids:
+        assert len(client.calls(rid)) == 2, (rid, owner[rid])
+        assert done[rid].reward == 1.0, rid
+    assert second.alive() and first.alive()
 
 
 def test_server_restart_in_the_middle_loses_nothing(loop: tuple[Stack, list[dict]]) -> None:

@@ -4,6 +4,7 @@ structure stays the same, and the result passes the strict Kubernetes schema."""
 from __future__ import annotations
 
 import json
+from copy import deepcopy
 from typing import Any
 
 import pytest
@@ -59,16 +60,60 @@ def _shape(obj: Any) -> Any:
     return type(obj).__name__
 
 
+# Two independent YAML readers of the rendered text: PyYAML's pure-Python loader and libyaml's.
+# What the API server gets is the renderer's own parse (`rendered.job`); what kubectl or the
+# manifests archive would give it is the text: both must say the same thing.
+LOADERS = [yaml.SafeLoader] + ([yaml.CSafeLoader] if getattr(yaml, "__with_libyaml__", False) else [])
+REFERENCE_QUESTION, REFERENCE_RESULT = "What is 2+3?", "5"
+ENV_NAMES = ["QUESTION", "RESULT", "AGL_OPENAI_BASE_URL", "AGL_EVENT_URL", "AGL_KEY"]
+
+
+def _container_env(job: dict[str, Any]) -> list[dict[str, Any]]:
+    return job["spec"]["template"]["spec"]["containers"][0]["env"]
+
+
+def _with_env_values(job: dict[str, Any], question: str, result: str) -> dict[str, Any]:
+    """A copy of `job` with the QUESTION and RESULT values replaced."""
+    copy = deepcopy(job)
+    for entry in _container_env(copy):
+        if entry["name"] == "QUESTION":
+            entry["value"] = question
+        elif entry["name"] == "RESULT":
+            entry["value"] = result
+    return copy
+
+
+@pytest.mark.parametrize("loader", LOADERS, ids=lambda loader: loader.__name__)
 @pytest.mark.parametrize("question", HOSTILE, ids=lambda q: repr(q[:30]))
-def test_hostile_question_round_trips_and_keeps_structure(question: str) -> None:
-    reference = _render("What is 2+3?")
+def test_hostile_question_reaches_the_container_env_exactly_and_keeps_structure(question: str, loader: Any) -> None:
+    reference = _render(REFERENCE_QUESTION, result=REFERENCE_RESULT)
     rendered = _render(question, result=question)
-    docs = list(yaml.safe_load_all(rendered.job_yaml))
-    assert len(docs) == 1 and docs[0] == rendered.job
-    env = {e["name"]: e.get("value") for e in rendered.job["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["QUESTION"] == question and env["RESULT"] == question
-    assert _shape(rendered.job) == _shape(reference.job)
-    assert json.loads(json.dumps(rendered.job)) == rendered.job  # what the API server receives
+    ref_docs = list(yaml.load_all(reference.job_yaml, Loader=loader))
+    docs = list(yaml.load_all(rendered.job_yaml, Loader=loader))
+
+    # Structure: the same number of documents, kinds and keys as a plain question gives.
+    assert len(ref_docs) == 1 and len(docs) == len(ref_docs), [d.get("kind") if isinstance(d, dict) else d for d in docs]
+    assert [(d["apiVersion"], d["kind"]) for d in docs] == [("batch/v1", "Job")]
+    assert _shape(docs[0]) == _shape(ref_docs[0])
+    env = _container_env(docs[0])
+    assert [e["name"] for e in env] == ENV_NAMES
+    assert [sorted(e) for e in env] == [["name", "value"]] * 4 + [["name", "valueFrom"]]
+    # Nothing but the two values differs from the reference Job: no key, label, name or
+    # setting was added, dropped or changed by the hostile text.
+    assert _with_env_values(docs[0], REFERENCE_QUESTION, REFERENCE_RESULT) == ref_docs[0]
+    assert list(yaml.load_all(rendered.secret_yaml, Loader=loader)) == list(yaml.load_all(reference.secret_yaml, Loader=loader))
+
+    # Values: the container env carries the exact text, byte for byte.
+    values = {e["name"]: e.get("value") for e in env}
+    for name in ("QUESTION", "RESULT"):
+        assert type(values[name]) is str, (name, values[name])
+        assert values[name].encode("utf-8") == question.encode("utf-8"), name
+    assert values["AGL_OPENAI_BASE_URL"] == "http://s/v1" and values["AGL_EVENT_URL"] == "http://s/e"
+
+    # What the controller sends to the API server (the renderer's own parse, as JSON) says the same.
+    assert rendered.job == docs[0]
+    sent = json.loads(json.dumps(rendered.job, ensure_ascii=True))
+    assert {e["name"]: e.get("value") for e in _container_env(sent)} == values
     validate_manifest(rendered.job)
 
 

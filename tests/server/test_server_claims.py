@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,32 @@ import pytest
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError, CalcxClient
 from calcx.api.tokens import attempt_token
 from calcx.server.serve import start_server_thread
+
+
+class ThreadOutcome:
+    """Runs `target` in a thread and keeps what it returned or raised, for the test's own thread:
+    an exception (an assertion included) inside a plain thread is only printed as a warning."""
+
+    def __init__(self, target: Callable[[], Any]) -> None:
+        self._target = target
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=target.__name__, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._target()
+        except BaseException as exc:  # handed to the main thread by result()
+            self._error = exc
+
+    def result(self) -> Any:
+        """Waits for the thread; returns what the target returned or raises what it raised.
+        (The targets here are bounded by their HTTP clients' own timeouts.)"""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def spec(rid: str, i: int = 0, **extra: Any) -> dict[str, Any]:
@@ -51,15 +78,14 @@ def test_claim_long_polls_and_wakes_on_create(client: CalcxClient, server: Any, 
 
     def create_later() -> None:
         time.sleep(0.3)
-        with CalcxClient(server.url, server_key) as other:
+        with CalcxClient(server.url, server_key, timeout=10.0) as other:
             other.create_rollout(spec("late-1", 1))
 
-    worker = threading.Thread(target=create_later)
-    worker.start()
+    worker = ThreadOutcome(create_later)
     started = time.monotonic()
     woke = client.claim("waiting", 5, timeout_s=10)
     waited = time.monotonic() - started
-    worker.join(5)
+    worker.result()  # re-raises what went wrong in the thread, here
     assert [c.rollout.rollout_id for c in woke.claims] == ["late-1"]
     assert waited < 1.5, f"claim long poll took {waited:.2f}s"
 
@@ -123,18 +149,20 @@ def test_claim_for_a_vanished_long_poll_is_requeued(client: CalcxClient, server:
     arrives afterwards must not be stranded as RUNNING under it."""
     import httpx
 
-    def impatient() -> None:
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(
-                f"{server.url}/v1/claims",
-                json={"controller_id": "impatient", "max": 1, "timeout_s": 5},
-                headers={"authorization": f"Bearer {server_key}"},
-                timeout=0.4,
-            )
+    def impatient() -> httpx.Response:
+        return httpx.post(
+            f"{server.url}/v1/claims",
+            json={"controller_id": "impatient", "max": 1, "timeout_s": 5},
+            headers={"authorization": f"Bearer {server_key}"},
+            timeout=0.4,
+        )
 
-    worker = threading.Thread(target=impatient)
-    worker.start()
-    worker.join(5)
+    worker = ThreadOutcome(impatient)
+    # The impatient client must have given up on a long poll that was still open: a timeout on
+    # our side, not an answer (an empty answer would mean the server never long-polled it).
+    with pytest.raises(httpx.ReadTimeout):
+        answer = worker.result()
+        pytest.fail(f"the impatient claim was answered instead of timing out: {answer.status_code} {answer.text}")
     time.sleep(0.1)
     client.create_rollout(spec("orphan", 1))
     time.sleep(0.3)  # the impatient long poll wakes, sees its client gone and requeues
