@@ -1,9 +1,11 @@
 """The k8s runner against a real Kubernetes cluster (kind), as the users' CI runs it.
 
 Needs: a Docker daemon that can pull `kindest/node` (or already has it), the `kind` and
-`kubectl` CLIs, and the agent image ($CALCX_AGENT_IMAGE, default calcx/agent:latest). When the
-node image cannot be pulled (no registry reachable) the tests skip with exactly that reason;
-they never pass without running.
+`kubectl` CLIs, and the agent image ($CALCX_AGENT_IMAGE, default calcx/agent:latest). When any
+of these is missing the tests skip, and the reason names every missing piece, e.g. on the
+project's CI machines (no `kind` binary, no registry):
+"kind cluster unavailable: the kind CLI is not installed (...); cannot pull kindest/node:v1.31.0
+(no registry reachable): ...". They never pass without running.
 
 What runs: the manifests from `calcx.k8s.build` applied with `kubectl apply -k`; real Jobs of
 the real image created by `K8sRunner` through the cluster's API: the agent, given a server URL
@@ -68,14 +70,24 @@ def _pull_problem() -> str | None:
     return None
 
 
+def _missing_prerequisites() -> list[str]:
+    """Every reason a kind cluster cannot be made here (empty when it can)."""
+    problems = [
+        f"the {tool} CLI is not installed (https://kind.sigs.k8s.io/docs/user/quick-start/)"
+        for tool in ("kind", "kubectl")
+        if shutil.which(tool) is None
+    ]
+    pull = _pull_problem()
+    if pull:
+        problems.append(pull)
+    return problems
+
+
 @pytest.fixture(scope="module")
 def kind_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    problem = _pull_problem()
-    if problem:
-        pytest.skip(reason=problem)
-    for tool in ("kind", "kubectl"):
-        if shutil.which(tool) is None:
-            pytest.skip(reason=f"the {tool} CLI is not installed (https://kind.sigs.k8s.io/docs/user/quick-start/)")
+    problems = _missing_prerequisites()
+    if problems:
+        pytest.skip(reason="kind cluster unavailable: " + "; ".join(problems))
     name = f"calcx-test-{uuid.uuid4().hex[:6]}"
     kubeconfig = tmp_path_factory.mktemp("kind") / "kubeconfig"
     run = lambda *args, timeout=300: subprocess.run(args, check=True, capture_output=True, text=True, timeout=timeout)  # noqa: E731
