@@ -38,9 +38,11 @@ def test_extract_answer(message, answer):
     ["### ANSWER: " + " " * 5_000_000 + "x", "###" * 2_000_000, "### ANSWER: 1" + " \t" * 3_000_000],
 )
 def test_extract_answer_is_fast_on_adversarial_text(message):
+    # linear time: ~50 ms here for 6-15 MB; a backtracking regex would not return at all, so the
+    # ceiling (30 s, hundreds of times the typical figure) only tells a hang from a slow machine
     started = time.monotonic()
     extract_answer(message)
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 30.0
 
 
 def test_task_contains_question_and_format_instruction():

@@ -249,4 +249,5 @@ def test_workbench_watch_fails_the_run_when_the_calculator_dies_mid_run():
 
     detail, seconds = asyncio.run(scenario())
     assert detail.startswith("calculator process (pid ") and ("exited" in detail or "signal 9" in detail)
-    assert seconds < 2.0
+    # noticed at once (~0.3 s here), not after the 60 s call it guards: 30 s still tells them apart
+    assert seconds < 30.0

@@ -88,7 +88,8 @@ def test_hostile_answers_return_quickly_and_do_not_match(pred):
     started = time.monotonic()
     assert reward(pred, "42") == 0.0
     assert reward("42", pred) == 0.0
-    assert time.monotonic() - started < 1.0
+    # milliseconds here; the ceiling tells a hang (9**9**9 evaluated) from a slow machine
+    assert time.monotonic() - started < 30.0
 
 
 def test_hostile_text_is_never_executed(tmp_path):

