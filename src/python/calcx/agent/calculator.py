@@ -9,6 +9,7 @@ pre-started calculators.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -22,10 +23,19 @@ def calculator_command(env: Mapping[str, str] | None = None) -> list[str]:
     env = os.environ if env is None else env
     raw = (env.get(CALCULATOR_CMD_VARIABLE) or "").strip()
     if raw:
-        from calcx.agent.config import parse_command
-
         return parse_command(raw, CALCULATOR_CMD_VARIABLE)
     return [sys.executable, "-m", "calcx.agent.calculator"]
+
+
+def parse_command(raw: str, name: str) -> list[str]:
+    """A JSON list of strings (a command line), or ValueError naming ``name``."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"environment variable {name} must be a JSON list of strings: {exc}") from None
+    if not isinstance(value, list) or not value or not all(isinstance(x, str) and x for x in value):
+        raise ValueError(f"environment variable {name} must be a non-empty JSON list of strings, got {raw[:200]!r}")
+    return value
 
 
 def calculator_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Mapping
 
+from calcx.agent.calculator import calculator_command
 from calcx.agent.failures import BadEnvironment
 
 REQUIRED_VARIABLES = ("QUESTION", "RESULT", "AGL_OPENAI_BASE_URL", "AGL_EVENT_URL", "AGL_KEY")
@@ -39,8 +39,6 @@ class AgentConfig:
             value = env[name].strip()
             if not value.startswith(("http://", "https://")):
                 raise BadEnvironment(f"environment variable {name} must be an http(s) URL, got {value[:200]!r}")
-        from calcx.agent.calculator import calculator_command
-
         try:
             command = tuple(calculator_command(env))
         except ValueError as exc:
@@ -69,15 +67,4 @@ def _positive_float(env: Mapping[str, str], name: str, default: float, *, zero_o
     if not (value >= 0 if zero_ok else value > 0) or value != value or value == float("inf"):
         bound = ">= 0" if zero_ok else "> 0"
         raise BadEnvironment(f"environment variable {name} must be a finite number {bound}, got {raw[:100]!r}")
-    return value
-
-
-def parse_command(raw: str, name: str) -> list[str]:
-    """A JSON list of strings (a command line), or ValueError naming ``name``."""
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"environment variable {name} must be a JSON list of strings: {exc}") from None
-    if not isinstance(value, list) or not value or not all(isinstance(x, str) and x for x in value):
-        raise ValueError(f"environment variable {name} must be a non-empty JSON list of strings, got {raw[:200]!r}")
     return value
