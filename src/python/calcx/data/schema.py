@@ -68,6 +68,3 @@ def validate_row(row: Any, *, file: str = "<rows>", number: int = 0) -> dict[str
             raise _field_error(where, field, "is empty")
     return clean
 
-
-def validate_rows(rows: list[Any], *, file: str = "<rows>", first_number: int = 1) -> list[dict[str, Any]]:
-    return [validate_row(row, file=file, number=first_number + i) for i, row in enumerate(rows)]

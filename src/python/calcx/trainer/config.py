@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 PACKAGE_CONFIG_DIR = Path(__file__).resolve().parent / "config"
 CALCX_OVERRIDES = PACKAGE_CONFIG_DIR / "calcx.yaml"
@@ -221,17 +221,3 @@ def redacted_yaml(cfg: DictConfig) -> str:
         if isinstance(value, str) and len(value) > 80:
             OmegaConf.update(shown, dotted, f"<{len(value)} characters, from calcx.chat_template>", merge=False)
     return OmegaConf.to_yaml(shown)
-
-
-def resolve_in_place(cfg: DictConfig) -> DictConfig:
-    OmegaConf.resolve(cfg)
-    return cfg
-
-
-def to_plain(cfg: DictConfig | ListConfig, *, resolve: bool = True) -> Any:
-    return OmegaConf.to_container(cfg, resolve=resolve)
-
-
-def dotlist_from_argv(rest: Sequence[str]) -> list[str]:
-    """Keep the positional overrides as given (argparse hands them over in order)."""
-    return [item for item in rest if item]
