@@ -71,10 +71,12 @@ def started_pid(controller: ManagedProcess, rid: str, timeout_s: float = 30.0) -
 
 
 def rollout_processes(controller: ManagedProcess, before: set[int]) -> dict[int, str]:
-    """Processes below the controller that appeared since `before`, except idle spare workers."""
+    """Processes below the controller that appeared since `before`, except the worker's spares."""
     now = descendants(controller.pid) - before
     named = {pid: process_name(pid) or "?" for pid in now}
-    return {pid: name for pid, name in named.items() if name != "calcx-spare"}
+    # The worker's spares outlive rollouts; a spare forked a moment ago still carries its parent's
+    # name (calcx-zygote) until it renames itself, so both names are workers, not rollout processes.
+    return {pid: name for pid, name in named.items() if name not in ("calcx-spare", "calcx-zygote")}
 
 
 def wait_for_name(controller: ManagedProcess, before: set[int], name: str, timeout_s: float = 20.0) -> int:
