@@ -15,10 +15,10 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError, CalcxConnectionError
-from calcx.api.models import Claim
+from calcx.api.models import AttemptRef, Claim
 from calcx.controller.base import RunResult, Runner
 
 log = logging.getLogger("calcx.controller")
@@ -78,6 +78,8 @@ class Controller:
         self.lease_s = 30.0
         self._client: AsyncCalcxClient | None = None
         self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # attempts whose run has ended and whose result is being reported
+        self._reporting: set[tuple[str, str]] = set()
         self._slot_freed = asyncio.Event()
         self._stop = asyncio.Event()
         self._claim_task: asyncio.Task[Any] | None = None
@@ -174,7 +176,11 @@ class Controller:
             log.exception("runner failed on %s/%s", rid, aid)
             result = RunResult.failed("crash", detail=f"runner error: {type(exc).__name__}: {exc}")
         t1 = time.monotonic()
-        await self._report(rid, aid, result, timeout_s=self.report_timeout_s)
+        self._reporting.add((rid, aid))
+        try:
+            await self._report(rid, aid, result, timeout_s=self.report_timeout_s)
+        finally:
+            self._reporting.discard((rid, aid))
         log.debug("timing: %s/%s report %.4f", rid, aid, time.monotonic() - t1)
 
     async def _report(self, rid: str, aid: str, result: RunResult, timeout_s: float) -> None:
@@ -228,12 +234,22 @@ class Controller:
                 log.warning("heartbeat failed: %s", exc)
                 continue
             self.lease_s = answer.lease_s or self.lease_s
-            for ref in answer.lost:
-                task = self._running.get((ref.rollout_id, ref.attempt_id))
-                if task is not None:
-                    log.warning("server says %s/%s is no longer ours; stopping it", ref.rollout_id, ref.attempt_id)
-                    self.stats.lost += 1
-                    task.cancel()
+            self._stop_lost(answer.lost)
+
+    def _stop_lost(self, lost: Iterable[AttemptRef]) -> None:
+        """Stop what the server no longer counts as ours, except attempts whose result is being
+        reported: a heartbeat that crossed their finish sees them terminal, and nothing is lost."""
+        for ref in lost:
+            key = (ref.rollout_id, ref.attempt_id)
+            task = self._running.get(key)
+            if task is None:
+                continue
+            if key in self._reporting:
+                log.debug("%s/%s finished while a heartbeat was in flight", *key)
+                continue
+            log.warning("server says %s/%s is no longer ours; stopping it", *key)
+            self.stats.lost += 1
+            task.cancel()
 
     # -- shutdown ------------------------------------------------------------------------
     async def _sleep_or_stop(self, seconds: float) -> None:
