@@ -1167,7 +1167,7 @@ def run_queued(args: argparse.Namespace, workdir: Path, log: Callable[[str], Non
         rss1 = rss_bytes(stack.server.pid)
         health = latencies(300, "GET", lambda i: "/healthz")
         gets = latencies(300, "GET", lambda i: f"/v1/rollouts/q-{(i * 37) % n:05d}")
-        lists = latencies(20, "GET", lambda i: f"/v1/rollouts?state=QUEUED&limit=1000")
+        lists = latencies(20, "GET", lambda i: "/v1/rollouts?state=QUEUED&limit=1000")
         claims = latencies(100, "POST", lambda i: "/v1/claims", {"controller_id": "latency-probe", "max": 1,
                                                                    "timeout_s": 0})
         with CalcxClient(stack.server_url, KEY) as c:
