@@ -75,6 +75,16 @@ def run_rollouts(client: CalcxClient, ids: list[str], *, deadline_s: float) -> d
     return out
 
 
+def run_one_under(api: FakeApiServer, server: ServerThread, client: CalcxClient, tmp_path: Path, image: str,
+                  rid: str, *, deadline_s: float) -> Rollout:
+    """One rollout under a controller of `image`, which must then exit cleanly."""
+    controller = start_controller(api, server, tmp_path, image)
+    try:
+        return run_rollouts(client, [rid], deadline_s=deadline_s)[rid]
+    finally:
+        assert controller.stop(grace_s=20) == 0
+
+
 def env_of(job: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
 
@@ -110,11 +120,7 @@ def test_controller_runs_rollouts_as_jobs_with_the_key_in_a_secret(
 
 def test_image_pull_failure_is_reported_as_such(
         api: FakeApiServer, server: ServerThread, client: CalcxClient, tmp_path: Path) -> None:
-    controller = start_controller(api, server, tmp_path, "fake/agent:image-pull")
-    try:
-        rollout = run_rollouts(client, ["k8s-pull"], deadline_s=120)["k8s-pull"]
-    finally:
-        assert controller.stop(grace_s=20) == 0
+    rollout = run_one_under(api, server, client, tmp_path, "fake/agent:image-pull", "k8s-pull", deadline_s=120)
     attempt = rollout.latest_attempt
     assert (rollout.state, attempt.reason) == ("FAILED", "image_pull")
     assert "ErrImagePull" in (attempt.detail or "") or "pull access denied" in (attempt.detail or "")
@@ -122,11 +128,7 @@ def test_image_pull_failure_is_reported_as_such(
 
 def test_a_slow_pull_is_not_mistaken_for_an_image_pull_failure(
         api: FakeApiServer, server: ServerThread, client: CalcxClient, tmp_path: Path) -> None:
-    controller = start_controller(api, server, tmp_path, "fake/agent:slow-pull")
-    try:
-        rollout = run_rollouts(client, ["k8s-slow-pull"], deadline_s=2)["k8s-slow-pull"]
-    finally:
-        assert controller.stop(grace_s=20) == 0
+    rollout = run_one_under(api, server, client, tmp_path, "fake/agent:slow-pull", "k8s-slow-pull", deadline_s=2)
     attempt = rollout.latest_attempt
     # waited through ContainerCreating until the Job's own deadline ended it
     assert (rollout.state, attempt.reason) == ("FAILED", "timeout")
