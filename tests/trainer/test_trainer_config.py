@@ -67,6 +67,35 @@ def test_verl_validation_rejects_a_bad_batch_split() -> None:
         validate_with_verl(bad)  # mini batch larger than the train batch
 
 
+def test_step_efficiency_defaults_compose_and_validate(cfg) -> None:
+    """Packed rows, token-budgeted micro-batches and torch's sdpa attention are what a user gets
+    without flags (docs/gpu-run.md measures them), and verl's log-prob passes follow them."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from calcx.trainer.launch import validate_with_verl
+
+    arr = cfg.actor_rollout_ref
+    assert arr.model.use_remove_padding is True
+    assert arr.model.override_config.attn_implementation == "sdpa"
+    assert arr.actor.use_dynamic_bsz is True and arr.actor.ppo_max_token_len_per_gpu == 8192
+    assert arr.rollout.log_prob_use_dynamic_bsz is True and arr.rollout.log_prob_max_token_len_per_gpu == 8192
+    assert cfg.data.max_prompt_length + cfg.data.max_response_length <= arr.actor.ppo_max_token_len_per_gpu
+    validate_with_verl(cfg)
+    actor = omega_conf_to_dataclass(arr.actor)
+    assert actor.use_dynamic_bsz is True and actor.ppo_max_token_len_per_gpu == 8192
+
+
+def test_token_budget_must_hold_the_longest_row() -> None:
+    from calcx.trainer.launch import validate_with_verl
+
+    short = compose(ComposeRequest(dotlist=["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"]))
+    with pytest.raises(ValueError, match="ppo_max_token_len_per_gpu \\(4096\\) must hold the longest row.*6144"):
+        validate_with_verl(short)
+    fixed = compose(ComposeRequest(dotlist=["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+                                            "actor_rollout_ref.actor.use_dynamic_bsz=false"]))
+    validate_with_verl(fixed)  # fixed micro-batches have no token budget to respect
+
+
 def test_command_line_wins_over_calcx_and_flags() -> None:
     cfg = compose(ComposeRequest(
         model="/models/tiny", run_name="r1", server_url="http://127.0.0.1:9",

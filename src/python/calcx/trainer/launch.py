@@ -30,11 +30,30 @@ class LaunchError(RuntimeError):
     """The run cannot start as configured; the message says what to change."""
 
 
+def check_batch_shape(cfg: DictConfig) -> None:
+    """The checks verl skips once micro-batches are cut by tokens (`use_dynamic_bsz`): a mini batch
+    no larger than the train batch (verl pads a step's rows to a multiple of mini batch x n), and a
+    token budget that holds the longest row (else verl stops at the first old-log-prob pass)."""
+    actor = cfg.actor_rollout_ref.actor
+    if actor.ppo_mini_batch_size > cfg.data.train_batch_size:
+        raise ValueError(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size ({actor.ppo_mini_batch_size}) must be <= "
+            f"data.train_batch_size ({cfg.data.train_batch_size})"
+        )
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if actor.use_dynamic_bsz and actor.ppo_max_token_len_per_gpu < longest:
+        raise ValueError(
+            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu ({actor.ppo_max_token_len_per_gpu}) must hold "
+            f"the longest row, data.max_prompt_length + data.max_response_length ({longest}); raise it"
+        )
+
+
 def validate_with_verl(cfg: DictConfig) -> None:
     """verl's own checks, as verl.trainer.main_ppo runs them, plus its dataclass conversions."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
+    check_batch_shape(cfg)
     validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
