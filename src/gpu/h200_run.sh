@@ -5,11 +5,17 @@
 #
 #   src/gpu/h200_run.sh receive DIR            # keep carried pieces (PEX, model, data) in $WORK/in
 #   src/gpu/h200_run.sh setup                  # join + verify the PEX and the GGUF, convert the model
+#   src/gpu/h200_run.sh pex                    # the PEX's half of setup (join, verify, build its venv),
+#                                                # to run while the model's pieces are still coming
+#   src/gpu/h200_run.sh campaign STEPS MODE... # setup, then one run per MODE (sync|async) to its end,
+#                                                # one after another; start it with setsid nohup
 #   src/gpu/h200_run.sh start NAME STEPS [KEY=VALUE...]  # `calcx train` in the background; the
 #                                                # overrides win over RUN_ARGS; FLAGS="--async" adds flags
-#   src/gpu/h200_run.sh status NAME [OUT]      # progress; copies metrics, logs and report to OUT
+#   src/gpu/h200_run.sh launch STEPS MODE...   # the campaign in the background (setsid nohup)
+#   src/gpu/h200_run.sh watch SECONDS [OUT]    # the campaign's runs after it ends or SECONDS pass
+#   src/gpu/h200_run.sh status NAME [OUT]      # progress and step tables; OUT gets NAME.tar.gz
 #   src/gpu/h200_run.sh wait NAME SECONDS [OUT]  # status after the run ends or SECONDS pass
-#   src/gpu/h200_run.sh stop NAME              # end the run (its whole process group)
+#   src/gpu/h200_run.sh stop NAME|campaign     # end the run (its whole process group), or all
 #
 # Pieces are made on the machine with network by src/gpu/stage_carry.sh. The machine's torch is
 # found through its `python3` and handed to the PEX with PEX_EXTRA_SYS_PATH (the PEX leaves torch,
@@ -32,14 +38,14 @@ export PYTHONUNBUFFERED=1
 torch_site() { "$PYTHON" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))'; }
 calcx() { PEX_EXTRA_SYS_PATH="$(torch_site)" "$PYTHON" "$PEX" "$@"; }
 
-# The settings both runs share (docs/gpu-run.md says why): the reference batch 32 x 4, lr 5e-6,
-# prompt <= 2048 and response <= 1024 tokens a model call, FSDP without offload, sdpa attention.
+# The settings every run shares (docs/gpu-run.md says why): the reference batch 32 x 4, lr 5e-6,
+# prompt <= 2048 and response <= 1024 tokens a model call, FSDP without offload; packed rows,
+# token-budgeted micro-batches and sdpa attention are calcx's defaults.
 RUN_ARGS=(
   data.train_batch_size=32 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=32
   actor_rollout_ref.actor.optim.lr=5e-6
   data.max_prompt_length=2048 data.max_response_length=1024 actor_rollout_ref.rollout.max_model_len=4096
   actor_rollout_ref.actor.fsdp_config.param_offload=false actor_rollout_ref.actor.fsdp_config.optimizer_offload=false
-  actor_rollout_ref.model.use_remove_padding=false +actor_rollout_ref.model.override_config.attn_implementation=sdpa
   calcx.controller_concurrency=128
   trainer.val_before_train=true trainer.test_freq=10 trainer.save_freq=-1 trainer.total_epochs=1
 )
@@ -50,24 +56,44 @@ case "$stage" in
     cp -r "${1:?DIR}"/. "$IN/"
     du -sh "$IN"
     ;;
-  setup)
+  pex)
     t0=$(date +%s)
     { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
       "$PYTHON" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available())'
-      ldd --version | sed -n 1p; } | tee "$RESULTS/machine.txt"
-    (cd "$IN" && for sums in SHA256SUMS.*; do sha256sum -c --quiet "$sums"; done)
+      ldd --version | sed -n 1p; } > "$RESULTS/machine.txt"
+    (cd "$IN" && sha256sum -c --quiet SHA256SUMS.pex)
     cat "$IN"/calcx-gpu.pex.[0-9]* > "$PEX"
     echo "$(cat "$IN/calcx-gpu.pex.sha256")  $PEX" | sha256sum -c --quiet
     echo "calcx-gpu.pex: $(stat -c %s "$PEX") bytes, sha256 $(cat "$IN/calcx-gpu.pex.sha256") (as Pants built it)" \
-      | tee -a "$RESULTS/machine.txt"
-    cat "$IN"/model.gguf.[0-9]* > "$GGUF"
+      >> "$RESULTS/machine.txt"
     t1=$(date +%s)
-    calcx --version | tee -a "$RESULTS/machine.txt"
+    calcx --version >> "$RESULTS/machine.txt"
     t2=$(date +%s)
+    echo "pex: join+verify $((t1 - t0)) s, first PEX start (venv) $((t2 - t1)) s" >> "$RESULTS/machine.txt"
+    touch "$WORK/pex.ready"
+    cat "$RESULTS/machine.txt"
+    ;;
+  setup)
+    [[ -f "$WORK/pex.ready" ]] || "$0" pex
+    t2=$(date +%s)
+    (cd "$IN" && sha256sum -c --quiet SHA256SUMS.model)
+    cat "$IN"/model.gguf.[0-9]* > "$GGUF"
     calcx model from-gguf --gguf "$GGUF" --sha256 "$GGUF_SHA256" --out "$MODEL" --force 2>&1 | tee "$RESULTS/convert.log"
     t3=$(date +%s)
-    echo "setup: join+verify $((t1 - t0)) s, first PEX start (venv) $((t2 - t1)) s, model conversion $((t3 - t2)) s" \
-      | tee -a "$RESULTS/machine.txt"
+    echo "setup: join + verify + model conversion $((t3 - t2)) s" | tee -a "$RESULTS/machine.txt"
+    ;;
+  campaign)
+    steps="${1:?STEPS}"; shift
+    "$0" setup
+    for mode in "$@"; do
+      [[ "$mode" == sync || "$mode" == async ]] || { echo "campaign: mode $mode is not sync or async" >&2; exit 2; }
+      FLAGS="$([[ "$mode" == async ]] && echo --async || true)" "$0" start "$mode" "$steps"
+      while kill -0 "$(cat "$RESULTS/$mode/pid")" 2>/dev/null; do sleep 5; done
+      echo "$(date +%s)" > "$RESULTS/$mode/ended"
+      if ! grep -q '"timing_s/step"' "$RESULTS/$mode/metrics.jsonl" 2>/dev/null; then
+        echo "campaign: $mode logged no step; not starting the next run" >&2; exit 1
+      fi
+    done
     ;;
   start)
     name="${1:?NAME}"; steps="${2:?STEPS}"; shift 2
@@ -82,6 +108,23 @@ case "$stage" in
     echo $! > "$dir/pid"
     echo "started $name (pid $(cat "$dir/pid")): $dir/train.log"
     ;;
+  launch)
+    # the campaign in its own session, so that it outlives the command that starts it
+    setsid nohup "$0" campaign "$@" >"$RESULTS/campaign.log" 2>&1 </dev/null &
+    echo $! > "$RESULTS/campaign.pid"
+    echo "campaign started (pid $(cat "$RESULTS/campaign.pid")): $RESULTS/campaign.log"
+    ;;
+  watch)
+    # status of the campaign's runs after it ends or SECONDS pass; OUT gets one tarball a run
+    deadline=$(( $(date +%s) + ${1:?SECONDS} ))
+    out="${2:-}"
+    while kill -0 "$(cat "$RESULTS/campaign.pid")" 2>/dev/null && (( $(date +%s) < deadline )); do sleep 10; done
+    kill -0 "$(cat "$RESULTS/campaign.pid")" 2>/dev/null && echo "campaign: running" || echo "campaign: ended"
+    tail -n 5 "$RESULTS/campaign.log" | cut -c1-300
+    for mode in sync async; do
+      [[ -f "$RESULTS/$mode/pid" ]] && "$0" status "$mode" ${out:+"$out"}
+    done
+    ;;
   status|wait)
     name="${1:?NAME}"
     dir="$RESULTS/$name"
@@ -94,23 +137,29 @@ case "$stage" in
     echo "run $name: running=$alive, $(( $(date +%s) - $(cat "$dir/started") )) s since start"
     [[ -f "$dir/metrics.jsonl" ]] && echo "steps logged: $(grep -c '"timing_s/step"' "$dir/metrics.jsonl" || true)"
     grep -E "step:[0-9]+ |Traceback|Error|calcx train:" "$dir/train.log" | tail -n 6 | cut -c1-400 || true
+    db="$dir/services/calcx.db"
+    if [[ -f "$dir/metrics.jsonl" ]]; then
+      "$PYTHON" "$here/step_table.py" "$dir/metrics.jsonl" $([[ -f "$db" ]] && echo --calls "$db") \
+        > "$dir/steps.md" 2>&1 || true
+      cat "$dir/steps.md"
+    fi
     if [[ -n "$out" ]]; then
+      # one file a run (what comes back is counted in files): metrics, log, tables, report, curves
       mkdir -p "$out"
-      for f in metrics.jsonl eval.md report.md reward_curve.png incomplete_groups.jsonl; do
-        [[ -f "$dir/$f" ]] && cp "$dir/$f" "$out/$name-$f"
-      done
-      gzip -c "$dir/train.log" > "$out/$name-train.log.gz"
-      db="$dir/services/calcx.db"
-      if [[ -f "$dir/metrics.jsonl" ]]; then
-        "$PYTHON" "$here/step_table.py" "$dir/metrics.jsonl" $([[ -f "$db" ]] && echo --calls "$db") \
-          > "$out/$name-steps.md" 2>&1 || true
-      fi
-      cp "$RESULTS/machine.txt" "$out/" 2>/dev/null || true
+      cp "$RESULTS/machine.txt" "$dir/" 2>/dev/null || true
+      (cd "$dir" && tar -czf "$out/$name.tar.gz" --ignore-failed-read \
+        $(ls metrics.jsonl train.log steps.md eval.md report.md reward_curve.png incomplete_groups.jsonl \
+             machine.txt started ended 2>/dev/null))
       ls -la "$out"
     fi
     ;;
   stop)
     name="${1:?NAME}"
+    if [[ "$name" == campaign ]]; then  # the campaign first (so it starts nothing more), then its runs
+      kill -TERM -- "-$(cat "$RESULTS/campaign.pid")" 2>/dev/null || true
+      for mode in sync async; do [[ -f "$RESULTS/$mode/pid" ]] && "$0" stop "$mode"; done
+      exit 0
+    fi
     pid="$(cat "$RESULTS/$name/pid")"
     kill -TERM -- "-$pid" 2>/dev/null || true
     for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
