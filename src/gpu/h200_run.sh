@@ -57,6 +57,7 @@ case "$stage" in
     du -sh "$IN"
     ;;
   pex)
+    touch "$WORK/pex.running"; trap 'rm -f "$WORK/pex.running"' EXIT
     t0=$(date +%s)
     { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
       "$PYTHON" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available())'
@@ -74,6 +75,7 @@ case "$stage" in
     cat "$RESULTS/machine.txt"
     ;;
   setup)
+    while [[ -f "$WORK/pex.running" ]]; do sleep 2; done  # a `pex` started in the background
     [[ -f "$WORK/pex.ready" ]] || "$0" pex
     t2=$(date +%s)
     (cd "$IN" && sha256sum -c --quiet SHA256SUMS.model)
