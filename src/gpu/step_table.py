@@ -123,7 +123,7 @@ def table(steps: dict[int, dict], busy: dict[int, float] | None) -> str:
                  f"{m.get('timing_s/update_weights', float('nan')):.2f}", f"{m.get('perf/throughput', float('nan')):.0f}",
                  f"{m.get('actor/perf/max_memory_allocated_gb', float('nan')):.1f}", idle,
                  f"{m.get('critic/score/mean', float('nan')):.3f}", f"{statistics.mean(val):.3f}" if val else "-",
-                 f"{m.get('train/rollout_failure/evicted_samples', 0):.0f}"]
+                 f"{m.get('training/rollout_failure/evicted_samples', 0):.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -5,7 +5,7 @@ verl's V1 trainer (`trainer.use_v1=true`, TransferQueue) calls `run()` once per 
 keyed `{uid}_{session}_{i}`. A session that raises marks its prompt's group as failed, and the
 replay buffer then evicts the group (async always; sync with
 `trainer.v1.sampler.sync_refill_failed_groups=true`) and counts it in
-`train/rollout_failure/evicted_samples`: an incomplete group is never trained as reward 0.
+`training/rollout_failure/evicted_samples`: an incomplete group is never trained as reward 0.
 
 Imports verl (and so torch and ray): load it only where verl is installed.
 """

@@ -1,0 +1,48 @@
+"""The real calcx parts for live trainer tests: which Python runs them, and a stub LLM process.
+
+The server, controller, agent and stub LLM need the CPU service packages (fastapi,
+prometheus-client, autogen, mcp, ...), which the trainer resolve does not hold: they run under
+`$CALCX_SERVICES_PYTHON` (conftest.py points it at the `calcx` PEX's interpreter under Pants),
+default /opt/calcx-dev/bin/python. Tests that need them are skipped, naming the variable, without.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import pytest
+
+from calcx.rehearse.stack import STUB_READY, ManagedProcess
+from calcx.trainer.services import CALCX_SRC
+
+DEFAULT_SERVICES_PYTHON = "/opt/calcx-dev/bin/python"
+SERVICES_PYTHON = os.environ.get("CALCX_SERVICES_PYTHON") or (
+    DEFAULT_SERVICES_PYTHON if os.path.exists(DEFAULT_SERVICES_PYTHON) else "")
+
+needs_services = pytest.mark.skipif(
+    not SERVICES_PYTHON or not os.access(SERVICES_PYTHON, os.X_OK),
+    reason="no Python with the CPU service packages: set CALCX_SERVICES_PYTHON "
+           f"(default {DEFAULT_SERVICES_PYTHON} is absent)")
+
+
+def start_stub(work: Path, rows: Sequence[dict[str, Any]], *extra: str) -> tuple[ManagedProcess, str]:
+    """`python -m calcx.stub_llm` on a free port, scripted with `rows`; (process, OpenAI base URL)."""
+    script = work / "stub-rows.jsonl"
+    script.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stub = ManagedProcess("stub-llm", [SERVICES_PYTHON, "-m", "calcx.stub_llm", "--port", "0", "--script", str(script),
+                                       *extra],
+                          work / "stub.log", {**os.environ, "PYTHONPATH": str(CALCX_SRC)})
+    stub.start(STUB_READY, 60)
+    assert stub.match is not None
+    return stub, stub.match.group(1).rstrip("/")
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
