@@ -11,7 +11,8 @@ import pytest
 from calcx.agent.answer import INSTRUCTION, build_task, extract_answer
 from calcx.agent.calculator import calculator_command, calculator_environment
 from calcx.agent.config import AgentConfig
-from calcx.agent.failures import EXIT_CODES, BadEnvironment, CalculatorFailed
+from calcx.agent.failures import BadEnvironment, CalculatorFailed
+from calcx.contract.failures import EXIT_CODES
 
 GOOD_ENV = {"QUESTION": "What is 2 + 2?", "RESULT": "4", "AGL_OPENAI_BASE_URL": "http://127.0.0.1:1/v1",
             "AGL_EVENT_URL": "http://127.0.0.1:1/events", "AGL_KEY": "k"}

@@ -12,8 +12,9 @@ import time
 import pytest
 
 from calcx.api.models import Claim, Rollout
+from calcx.contract.failures import reason_from_agent_exit
 from calcx.controller.__main__ import main as controller_main
-from calcx.controller.base import RunResult, reason_from_agent_exit
+from calcx.controller.base import RunResult
 from calcx.controller.local_runner import LocalRunner, parse_command
 from calcx.controller.procutil import pid_alive
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from calcx.agent.failures import EXIT_CODES, FAILURE_PREFIX
 from calcx.api.client import CalcxClient
 from calcx.api.models import Claim
+from calcx.contract.failures import EXIT_CODES, FAILURE_PREFIX
 from calcx.controller.k8s_runner import K8sRunner, K8sRunnerConfig
 from calcx.k8s.render import JobSettings, RenderedAttempt
 from calcx.k8s.validate import validate_manifest

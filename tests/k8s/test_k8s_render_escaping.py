@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from calcx.k8s.escaping import MAX_ENV_BYTES, dns_label, label_value, yaml_quote
+from calcx.contract.env import MAX_ENV_BYTES
+from calcx.k8s.escaping import dns_label, label_value, yaml_quote
 from calcx.k8s.render import SECRET_KEY_NAME, JobSettings, RenderError, render_attempt
 from calcx.k8s.validate import validate_manifest
 

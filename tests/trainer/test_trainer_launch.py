@@ -108,8 +108,9 @@ def _port_open(url: str) -> bool:
                                                 f"(default {DEFAULT_SERVICES_PYTHON} is absent)")
 @pytest.mark.timeout(300)
 def test_eval_only_starts_and_ends_its_own_services(tmp_path: Path) -> None:
+    from calcx.contract.ready import STUB_LLM_READY
     from calcx.data.generator import generate_split
-    from calcx.rehearse.stack import STUB_READY, ManagedProcess
+    from calcx.rehearse.stack import ManagedProcess
 
     rows = generate_split("test", 3, seed=5)
     rows[2] = {**rows[2], "question": "[stub:wrong] " + rows[2]["question"]}
@@ -118,7 +119,7 @@ def test_eval_only_starts_and_ends_its_own_services(tmp_path: Path) -> None:
     stub = ManagedProcess("stub", [SERVICES_PYTHON, "-m", "calcx.stub_llm", "--port", "0", "--script", str(val)],
                           tmp_path / "stub.log", {**os.environ, "PYTHONPATH": str(CALCX_SRC)})
     try:
-        stub.start(STUB_READY, 60)
+        stub.start(STUB_LLM_READY, 60)
         assert stub.match is not None
         report = tmp_path / "run"
         done = subprocess.run(

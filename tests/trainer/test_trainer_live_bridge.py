@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 import torch
 
-from calcx.rehearse.stack import STUB_READY, ManagedProcess
+from calcx.contract.ready import STUB_LLM_READY
+from calcx.rehearse.stack import ManagedProcess
 from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.report import count_incomplete
 from calcx.trainer.server_api import TrainerServerClient
@@ -67,7 +68,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
                           work / "stub.log", {**os.environ, "PYTHONPATH": str(CALCX_SRC)})
     try:
         services.start()
-        stub.start(STUB_READY, 60)
+        stub.start(STUB_LLM_READY, 60)
         assert stub.match is not None
         stub_url = stub.match.group(1).rstrip("/")
         yield {"work": work, "rows": rows, "services": services, "stub_url": stub_url}

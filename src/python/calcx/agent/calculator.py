@@ -15,15 +15,15 @@ import os
 import sys
 from typing import Mapping
 
-CALCULATOR_CMD_VARIABLE = "CALCX_CALCULATOR_CMD"
+from calcx.contract.env import AGL_PREFIX, CALCX_CALCULATOR_CMD, QUESTION, RESULT
 
 
 def calculator_command(env: Mapping[str, str] | None = None) -> list[str]:
     """The command line that starts the calculator (ValueError if the override is malformed)."""
     env = os.environ if env is None else env
-    raw = (env.get(CALCULATOR_CMD_VARIABLE) or "").strip()
+    raw = (env.get(CALCX_CALCULATOR_CMD) or "").strip()
     if raw:
-        return parse_command(raw, CALCULATOR_CMD_VARIABLE)
+        return parse_command(raw, CALCX_CALCULATOR_CMD)
     return [sys.executable, "-m", "calcx.agent.calculator"]
 
 
@@ -41,9 +41,9 @@ def parse_command(raw: str, name: str) -> list[str]:
 def calculator_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment for the calculator process: ours without the agent's secrets, plus our
     import path so that ``-m calcx.agent.calculator`` resolves wherever the agent runs."""
-    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("AGL_")}
-    env.pop("QUESTION", None)
-    env.pop("RESULT", None)
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith(AGL_PREFIX)}
+    env.pop(QUESTION, None)
+    env.pop(RESULT, None)
     paths = [p for p in sys.path if p and os.path.exists(p)]
     existing = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = os.pathsep.join(paths + ([existing] if existing else []))

@@ -7,8 +7,18 @@ from typing import Mapping
 
 from calcx.agent.calculator import calculator_command
 from calcx.agent.failures import BadEnvironment
+from calcx.contract.env import (
+    AGL_EVENT_URL,
+    AGL_KEY,
+    AGL_OPENAI_BASE_URL,
+    CALCX_AGENT_TIMEOUT_S,
+    CALCX_CALCULATOR_TIMEOUT_S,
+    CALCX_MODEL_MAX_RETRIES,
+    QUESTION,
+    REQUIRED_VARIABLES,
+    RESULT,
+)
 
-REQUIRED_VARIABLES = ("QUESTION", "RESULT", "AGL_OPENAI_BASE_URL", "AGL_EVENT_URL", "AGL_KEY")
 MAX_RUN_SECONDS = 300.0
 DEFAULT_MODEL_MAX_RETRIES = 6
 DEFAULT_CALCULATOR_TIMEOUT_S = 120.0
@@ -35,7 +45,7 @@ class AgentConfig:
                 f"environment variable {missing[0]} is missing or empty "
                 f"(the agent needs {', '.join(REQUIRED_VARIABLES)}; missing: {', '.join(missing)})"
             )
-        for name in ("AGL_OPENAI_BASE_URL", "AGL_EVENT_URL"):
+        for name in (AGL_OPENAI_BASE_URL, AGL_EVENT_URL):
             value = env[name].strip()
             if not value.startswith(("http://", "https://")):
                 raise BadEnvironment(f"environment variable {name} must be an http(s) URL, got {value[:200]!r}")
@@ -44,14 +54,14 @@ class AgentConfig:
         except ValueError as exc:
             raise BadEnvironment(str(exc)) from None
         return cls(
-            question=env["QUESTION"],
-            result=env["RESULT"],
-            base_url=env["AGL_OPENAI_BASE_URL"].strip(),
-            event_url=env["AGL_EVENT_URL"].strip(),
-            key=env["AGL_KEY"].strip(),
-            run_timeout_s=min(MAX_RUN_SECONDS, _positive_float(env, "CALCX_AGENT_TIMEOUT_S", MAX_RUN_SECONDS)),
-            model_max_retries=int(_positive_float(env, "CALCX_MODEL_MAX_RETRIES", DEFAULT_MODEL_MAX_RETRIES, zero_ok=True)),
-            calculator_timeout_s=_positive_float(env, "CALCX_CALCULATOR_TIMEOUT_S", DEFAULT_CALCULATOR_TIMEOUT_S),
+            question=env[QUESTION],
+            result=env[RESULT],
+            base_url=env[AGL_OPENAI_BASE_URL].strip(),
+            event_url=env[AGL_EVENT_URL].strip(),
+            key=env[AGL_KEY].strip(),
+            run_timeout_s=min(MAX_RUN_SECONDS, _positive_float(env, CALCX_AGENT_TIMEOUT_S, MAX_RUN_SECONDS)),
+            model_max_retries=int(_positive_float(env, CALCX_MODEL_MAX_RETRIES, DEFAULT_MODEL_MAX_RETRIES, zero_ok=True)),
+            calculator_timeout_s=_positive_float(env, CALCX_CALCULATOR_TIMEOUT_S, DEFAULT_CALCULATOR_TIMEOUT_S),
             calculator_command=command,
         )
 

@@ -1,30 +1,12 @@
-"""Exit statuses of the agent and the failures that lead to them.
+"""The agent's infrastructure failures, one exception class per reason.
 
-Exit 0 means the agent finished, whatever its answer scored. Every other status
-is an infrastructure failure that the controller retries instead of training on;
-the last stderr line names its reason (``calcx-agent: failure: <reason> ...``).
+The exit status and the last stderr line of each come from :mod:`calcx.contract.failures`
+(exit 0 means the agent finished, whatever its answer scored).
 """
 
 from __future__ import annotations
 
-EXIT_OK = 0
-EXIT_CRASH = 1
-EXIT_BAD_ENVIRONMENT = 2
-EXIT_MODEL_UNREACHABLE = 10
-EXIT_CALCULATOR_FAILED = 11
-EXIT_TIMEOUT = 12
-EXIT_REWARD_POST_FAILED = 13
-
-EXIT_CODES: dict[str, int] = {
-    "crash": EXIT_CRASH,
-    "bad_environment": EXIT_BAD_ENVIRONMENT,
-    "model_unreachable": EXIT_MODEL_UNREACHABLE,
-    "calculator_failed": EXIT_CALCULATOR_FAILED,
-    "timeout": EXIT_TIMEOUT,
-    "reward_post_failed": EXIT_REWARD_POST_FAILED,
-}
-REASONS_BY_EXIT_CODE: dict[int, str] = {code: reason for reason, code in EXIT_CODES.items()}
-FAILURE_PREFIX = "calcx-agent: failure: "
+from calcx.contract.failures import EXIT_CODES, failure_line
 
 
 class AgentFailure(Exception):
@@ -41,10 +23,7 @@ class AgentFailure(Exception):
         return EXIT_CODES[self.reason]
 
     def stderr_line(self) -> str:
-        detail = " ".join(self.detail.split())
-        if len(detail) > 500:
-            detail = detail[:497] + "..."
-        return f"{FAILURE_PREFIX}{self.reason} {detail}"
+        return failure_line(self.reason, self.detail)
 
 
 class BadEnvironment(AgentFailure):

@@ -2,7 +2,7 @@
 
 ``run_agent(env)`` is what ``python -m calcx.agent`` and the local runner's
 pre-forked workers call. It never raises: every outcome is an exit status
-(see :mod:`calcx.agent.failures`) and, on failure, a last stderr line
+(see :mod:`calcx.contract.failures`) and, on failure, a last stderr line
 ``calcx-agent: failure: <reason> <detail>``. No reward is posted unless the
 agent finished.
 """
@@ -19,8 +19,10 @@ from typing import Mapping
 
 from calcx.agent.answer import extract_answer
 from calcx.agent.config import AgentConfig
-from calcx.agent.failures import EXIT_OK, AgentCrash, AgentFailure, AgentTimeout
+from calcx.agent.failures import AgentCrash, AgentFailure, AgentTimeout
 from calcx.agent.reward import reward
+from calcx.contract.env import CALCX_AGENT_TIMEOUT_S
+from calcx.contract.failures import EXIT_OK
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ async def _rollout(config: AgentConfig, deadline: float) -> Outcome:
             return Outcome(answer=answer, reward=value, message=message)
     except TimeoutError:
         if scope.expired():
-            raise AgentTimeout(f"run exceeded {config.run_timeout_s:g} s (CALCX_AGENT_TIMEOUT_S / 300 s bound)") from None
+            raise AgentTimeout(f"run exceeded {config.run_timeout_s:g} s ({CALCX_AGENT_TIMEOUT_S} / 300 s bound)") from None
         raise
 
 

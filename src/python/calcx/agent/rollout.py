@@ -22,6 +22,7 @@ from calcx.agent.calculator import calculator_environment
 from calcx.agent.config import AgentConfig
 from calcx.agent.failures import AgentFailure, BadEnvironment, ModelUnreachable
 from calcx.agent.workbench import CalculatorWorkbench
+from calcx.contract.env import AGL_KEY
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def classify_model_error(exc: BaseException, config: AgentConfig) -> AgentFailur
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         if status in (401, 403):
-            return BadEnvironment(f"model endpoint {config.base_url} rejected AGL_KEY (HTTP {status}): {exc.message}")
+            return BadEnvironment(f"model endpoint {config.base_url} rejected {AGL_KEY} (HTTP {status}): {exc.message}")
         return ModelUnreachable(
             f"model endpoint {config.base_url} answered HTTP {status} (after {retries} retries where retryable): "
             f"{exc.message}"

@@ -11,28 +11,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from calcx.contract.failures import FAILURE_REASONS
+
 RolloutState = Literal["QUEUED", "RUNNING", "SUCCEEDED", "FAILED"]
 TerminalState = Literal["SUCCEEDED", "FAILED"]
 TERMINAL_STATES: frozenset[str] = frozenset({"SUCCEEDED", "FAILED"})
 
 # Rollout ids travel in URL paths and in attempt tokens, so they keep to a URL-safe alphabet.
 ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
-DEFAULT_ENV_MAP: dict[str, str] = {"QUESTION": "question", "RESULT": "result"}
-
-FAILURE_REASONS: frozenset[str] = frozenset(
-    {
-        "timeout",
-        "crash",
-        "model_unreachable",
-        "calculator_failed",
-        "reward_post_failed",
-        "bad_environment",
-        "image_pull",
-        "config_error",
-        "controller_lost",
-        "cancelled",
-    }
-)
 
 
 class _Model(BaseModel):

@@ -10,6 +10,7 @@ import signal
 import sys
 from typing import Any
 
+from calcx.contract.ready import controller_ready_line
 from calcx.controller.base import Runner
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -100,7 +101,7 @@ async def _serve(args: argparse.Namespace, key: str) -> int:
         args.server, key, runner,
         concurrency=args.concurrency, controller_id=args.controller_id, claim_timeout_s=args.claim_timeout_s,
         max_rollouts=args.max_rollouts, shutdown_grace_s=args.shutdown_grace_s,
-        on_ready=lambda: print(f"calcx controller: ready (runner {runner.name})", flush=True),
+        on_ready=lambda: print(controller_ready_line(runner.name), flush=True),
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -10,22 +10,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from calcx.api.models import FAILURE_REASONS  # the reasons a FAILED attempt may carry
+from calcx.contract.failures import FAILURE_REASONS  # the reasons a FAILED attempt may carry
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from calcx.api.models import Claim
 
 SUCCEEDED = "SUCCEEDED"
 FAILED = "FAILED"
-
-#: Agent exit codes for infrastructure failures -> failure reason.
-EXIT_CODE_REASONS: dict[int, str] = {
-    10: "model_unreachable",
-    11: "calculator_failed",
-    12: "timeout",
-    13: "reward_post_failed",
-    2: "bad_environment",
-}
 
 
 @dataclass
@@ -67,28 +58,6 @@ class RunResult:
         detail: str | None = None,
     ) -> "RunResult":
         return cls(FAILED, reason, exit_code, agent_seconds, detail)
-
-
-def reason_from_agent_exit(exit_code: int, stderr_tail: str | None) -> str:
-    """Failure reason for a non-zero agent exit.
-
-    Preference order: the agent's own ``calcx-agent: failure: <reason>`` line (last one wins),
-    then the documented exit-code map, then ``crash`` (a signal or an unknown code).
-    """
-    if stderr_tail:
-        for line in reversed(stderr_tail.splitlines()):
-            marker = "calcx-agent: failure:"
-            idx = line.find(marker)
-            if idx >= 0:
-                words = line[idx + len(marker) :].split()
-                if words:
-                    word = words[0].rstrip(":,;.")
-                    if word in FAILURE_REASONS:
-                        return word
-                break
-    if exit_code < 0:
-        return "crash"
-    return EXIT_CODE_REASONS.get(exit_code, "crash")
 
 
 @runtime_checkable

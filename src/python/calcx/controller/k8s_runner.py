@@ -38,7 +38,9 @@ from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 from kubernetes.client.rest import ApiException
 
-from calcx.controller.base import RunResult, reason_from_agent_exit
+from calcx.contract.env import CALCX_AGENT_TIMEOUT_S, CALCX_ATTEMPT_ID, CALCX_ROLLOUT_ID
+from calcx.contract.failures import reason_from_agent_exit
+from calcx.controller.base import RunResult
 from calcx.k8s.escaping import label_value
 from calcx.k8s.render import MANAGED_BY, JobSettings, RenderedAttempt, RenderError, render_attempt
 
@@ -278,11 +280,11 @@ class K8sRunner:
 
     def _attempt_settings(self, claim: Any) -> dict[str, str]:
         env = dict(claim.env)
-        env.setdefault("CALCX_ROLLOUT_ID", claim.rollout.rollout_id)
-        env.setdefault("CALCX_ATTEMPT_ID", claim.attempt_id)
+        env.setdefault(CALCX_ROLLOUT_ID, claim.rollout.rollout_id)
+        env.setdefault(CALCX_ATTEMPT_ID, claim.attempt_id)
         # The agent stops itself (exit 12, reason timeout) just before Kubernetes would kill it.
         agent_timeout = max(1.0, float(claim.deadline_s) - self.config.agent_timeout_margin_s)
-        env.setdefault("CALCX_AGENT_TIMEOUT_S", f"{agent_timeout:g}")
+        env.setdefault(CALCX_AGENT_TIMEOUT_S, f"{agent_timeout:g}")
         return env
 
     def render(self, claim: Any) -> RenderedAttempt:

@@ -23,7 +23,9 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
-from calcx.controller.base import RunResult, reason_from_agent_exit
+from calcx.contract.env import CALCX_CALCULATOR_CMD, env_problem
+from calcx.contract.failures import reason_from_agent_exit
+from calcx.controller.base import RunResult
 from calcx.controller.launcher import as_env_value, exec_command, handoff_command
 from calcx.controller.procutil import kill_group
 from calcx.controller.zygote_client import ChildExit, Zygote, ZygoteUnavailable, default_zygote_command
@@ -33,38 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("calcx.controller.local")
 
-CALCULATOR_CMD_VARIABLE = "CALCX_CALCULATOR_CMD"
 DEFAULT_TAIL_BYTES = 16 * 1024
 DETAIL_LINES = 20
-#: Linux refuses one environment string ("NAME=value" plus its NUL) longer than MAX_ARG_STRLEN.
-MAX_ENV_STRING_BYTES = 128 * 1024 - 1
-
-
-def env_problem(name: object, value: object) -> str | None:
-    """Why no process environment can carry ``name=value`` (None when one can).
-
-    The same rules the k8s runner applies when it renders a Job: a NUL byte, text that is not
-    valid Unicode (a lone surrogate) or a variable over Linux's per-string limit cannot reach
-    the agent as given, so the attempt fails ``bad_environment`` instead of crashing the worker.
-    """
-    if not isinstance(name, str) or not name:
-        return f"environment variable name {name!r} must be a non-empty string"
-    if "=" in name or "\x00" in name:
-        return f"environment variable name {name!r} contains '=' or a NUL character"
-    if not isinstance(value, str):
-        return f"environment variable {name} must be a string, got {type(value).__name__}"
-    nul = value.find("\x00")
-    if nul >= 0:
-        return (f"environment variable {name} contains a NUL character (at offset {nul}), "
-                "which no process environment can hold; remove it from the input row")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        return f"environment variable {name} is not valid Unicode ({exc.reason} at offset {exc.start}); fix the input encoding"
-    if len(name.encode("utf-8")) + 1 + size > MAX_ENV_STRING_BYTES:
-        return (f"environment variable {name} is {size} bytes; Linux limits one variable to "
-                f"{MAX_ENV_STRING_BYTES} bytes including its name; shorten the input row")
-    return None
 
 
 def lazy_ca_settings(env: Mapping[str, str]) -> dict[str, str | None] | None:
@@ -200,15 +172,15 @@ class LocalRunner:
         env: dict[str, str | None] = dict(claim.env)
         if self.ca_settings and "SSL_CERT_FILE" not in claim.env and "SSL_CERT_DIR" not in claim.env:
             env.update(self.ca_settings)
-        user_calc = env.get(CALCULATOR_CMD_VARIABLE) or self.base_env.get(CALCULATOR_CMD_VARIABLE)
+        user_calc = env.get(CALCX_CALCULATOR_CMD) or self.base_env.get(CALCX_CALCULATOR_CMD)
         if user_calc:
-            env[CALCULATOR_CMD_VARIABLE] = user_calc  # an explicit choice wins
+            env[CALCX_CALCULATOR_CMD] = user_calc  # an explicit choice wins
         elif calc_via_zygote and self.zygote is not None:
-            env[CALCULATOR_CMD_VARIABLE] = as_env_value(handoff_command(self.zygote.sock_path))
+            env[CALCX_CALCULATOR_CMD] = as_env_value(handoff_command(self.zygote.sock_path))
         elif self.agent_cmd == default_agent_command():
             # Same interpreter as the agent: wrap its default calculator so it dies with the agent.
             calc = [sys.executable, "-m", "calcx.agent.calculator"]
-            env[CALCULATOR_CMD_VARIABLE] = as_env_value(exec_command(calc))
+            env[CALCX_CALCULATOR_CMD] = as_env_value(exec_command(calc))
         return env
 
     async def run(self, claim: "Claim") -> RunResult:

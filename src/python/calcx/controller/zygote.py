@@ -37,12 +37,12 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from calcx.contract.ready import WORKER_READY_LINE as READY_LINE
 from calcx.controller.procutil import kill_group, set_parent_death_signal, set_process_name
 
 MAX_FDS = 8
 LEARN_ROUNDS = 8  # children that may report lazily imported modules back
 MAX_LEARN = 5000
-READY_LINE = "calcx-zygote: ready"
 
 
 @dataclass

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from calcx.contract.ready import WORKER_READY_LINE
 from calcx.controller.procutil import kill_group
-from calcx.controller.zygote import READY_LINE
 
 log = logging.getLogger("calcx.controller.zygote")
 
@@ -150,7 +150,7 @@ class Zygote:
                         f"the agent worker {self.command} exited with {await self.proc.wait()} before it was ready; "
                         "run it by hand to see why, or use --no-prefork"
                     )
-                if line.decode(errors="replace").strip() == READY_LINE:
+                if line.decode(errors="replace").strip() == WORKER_READY_LINE:
                     break
         except asyncio.TimeoutError as exc:
             self._kill()

@@ -12,6 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+from calcx.contract.env import (
+    AGL_EVENT_URL,
+    AGL_OPENAI_BASE_URL,
+    CALCX_ATTEMPT_ID,
+    CALCX_ROLLOUT_ID,
+    QUESTION,
+    RESULT,
+)
 from calcx.k8s.render import JobSettings, RenderError, StaticSettings, render_attempt, render_static
 from calcx.k8s.validate import DEFAULT_K8S_VERSION, ManifestInvalid, validate_all
 
@@ -26,12 +34,12 @@ def build(out: Path, static: StaticSettings, server_key: str | None, version: st
         attempt_id="1",
         group_id="example-group",
         env={
-            "QUESTION": EXAMPLE_ROW["question"],
-            "RESULT": EXAMPLE_ROW["result"],
-            "AGL_OPENAI_BASE_URL": f"{static.server_url}/v1/rollouts/example-rollout/attempts/1/v1",
-            "AGL_EVENT_URL": f"{static.server_url}/v1/rollouts/example-rollout/attempts/1/events",
-            "CALCX_ROLLOUT_ID": "example-rollout",
-            "CALCX_ATTEMPT_ID": "1",
+            QUESTION: EXAMPLE_ROW["question"],
+            RESULT: EXAMPLE_ROW["result"],
+            AGL_OPENAI_BASE_URL: f"{static.server_url}/v1/rollouts/example-rollout/attempts/1/v1",
+            AGL_EVENT_URL: f"{static.server_url}/v1/rollouts/example-rollout/attempts/1/events",
+            CALCX_ROLLOUT_ID: "example-rollout",
+            CALCX_ATTEMPT_ID: "1",
         },
         token="calcx-at.example-rollout.1.<hmac-sha256 of the server key>",
         deadline_s=300,

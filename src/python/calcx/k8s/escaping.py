@@ -3,9 +3,8 @@
 Every templated value is written as a JSON string, which YAML reads as a double-quoted scalar:
 quotes, newlines, `: `, `#`, `---` and `{{ }}` stay inside the string. Characters that YAML does
 not allow raw in a stream or would read as line breaks (C0/C1 controls, DEL, U+2028/U+2029,
-U+FEFF, U+FFFE/U+FFFF) are written as escapes.
-Text that no process environment can carry (NUL, lone surrogates, > 128 KiB) is refused with
-an error that says so, rather than producing a Job that fails at container start.
+U+FEFF, U+FFFE/U+FFFF) are written as escapes. Which env values a Job may carry at all is
+`calcx.contract.env.env_problem`, applied by the renderer.
 """
 
 from __future__ import annotations
@@ -14,16 +13,12 @@ import hashlib
 import json
 import re
 
-#: Linux refuses any single environment string longer than this (MAX_ARG_STRLEN).
-MAX_ENV_BYTES = 128 * 1024 - 1
-
 _LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_ENV_NAME_RE = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 
 
 class UnsafeValueError(ValueError):
-    """A value that cannot be placed into a manifest (or a process environment) as given."""
+    """A value that cannot be placed into a manifest as given."""
 
 
 def _yaml_unsafe(ch: str) -> bool:
@@ -54,25 +49,6 @@ def yaml_int(value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise UnsafeValueError(f"expected a non-negative int, got {value!r}")
     return str(value)
-
-
-def check_env_value(name: str, value: str) -> str:
-    """`value` when a process environment can carry it, else a clear UnsafeValueError."""
-    if not _ENV_NAME_RE.match(name):
-        raise UnsafeValueError(f"environment variable name {name!r} is not a valid C identifier-like name")
-    if not isinstance(value, str):
-        raise UnsafeValueError(f"environment variable {name} must be a string, got {type(value).__name__}")
-    if "\x00" in value:
-        raise UnsafeValueError(f"environment variable {name} contains a NUL character, which no process environment can hold")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise UnsafeValueError(f"environment variable {name} is not valid Unicode ({exc.reason})") from exc
-    if size + len(name) + 1 > MAX_ENV_BYTES:
-        raise UnsafeValueError(
-            f"environment variable {name} is {size} bytes; Linux limits one variable to {MAX_ENV_BYTES} bytes"
-        )
-    return value
 
 
 def _digest(text: str, length: int) -> str:

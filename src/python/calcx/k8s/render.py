@@ -18,7 +18,8 @@ from typing import Any
 import jinja2
 import yaml
 
-from calcx.k8s.escaping import UnsafeValueError, check_env_value, dns_label, label_value, yaml_int, yaml_quote
+from calcx.contract.env import AGL_KEY, env_problem
+from calcx.k8s.escaping import UnsafeValueError, dns_label, label_value, yaml_int, yaml_quote
 
 TEMPLATES_ENV = "CALCX_K8S_TEMPLATES"
 SECRET_KEY_NAME = "agl-key"
@@ -160,10 +161,11 @@ def render_attempt(
     """
     if not (deadline_s > 0 and math.isfinite(deadline_s)):
         raise RenderError(f"deadline_s must be a positive finite number, got {deadline_s!r}")
-    try:
-        env_items = [(k, check_env_value(k, v)) for k, v in env.items() if k != "AGL_KEY"]
-    except UnsafeValueError as exc:
-        raise RenderError(f"rollout {rollout_id!r} attempt {attempt_id!r}: {exc}") from exc
+    env_items = [(k, v) for k, v in env.items() if k != AGL_KEY]
+    for k, v in env_items:
+        problem = env_problem(k, v)
+        if problem is not None:  # refused here rather than by a container that cannot start
+            raise RenderError(f"rollout {rollout_id!r} attempt {attempt_id!r}: {problem}")
     job_name = job_name_for(rollout_id, attempt_id)
     secret_name = f"{job_name}-key"
     labels = attempt_labels(settings, rollout_id, attempt_id, group_id)
@@ -233,7 +235,7 @@ def _check_job(
     _expect(src, "number of containers", len(pod["spec"]["containers"]), 1)
     _expect(src, "container image", container.get("image"), settings.image)
     want_env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env_items]
-    want_env.append({"name": "AGL_KEY", "valueFrom": {"secretKeyRef": {"name": secret_name, "key": SECRET_KEY_NAME}}})
+    want_env.append({"name": AGL_KEY, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": SECRET_KEY_NAME}}})
     _expect(src, "container env", container.get("env"), want_env)
 
 

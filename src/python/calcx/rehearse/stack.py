@@ -18,11 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from calcx.contract.ready import CONTROLLER_READY, SERVER_READY
+from calcx.contract.ready import STUB_LLM_READY as STUB_READY
 from calcx.controller.procutil import descendants, kill_group, process_start_time
-
-SERVER_READY = re.compile(r"calcx server listening on (http://\S+)")
-STUB_READY = re.compile(r"serving on (http://\S+)")
-CONTROLLER_READY = re.compile(r"calcx controller: ready")
 
 
 class StackError(RuntimeError):

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+from calcx.contract.ready import server_ready_line
 from calcx.server.serve import CalcxUvicornServer, bind_socket, uvicorn_config
 
 
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     server = CalcxUvicornServer(uvicorn_config(app, log_level=args.log_level, access_log=args.access_log))
     # Printed once listening is certain, so a parent process can read the address from stdout.
-    print(f"calcx server listening on http://{shown_host}:{port} (public {public_url}, db {args.db})", flush=True)
+    print(server_ready_line(f"http://{shown_host}:{port}", public_url, args.db), flush=True)
     try:
         server.run(sockets=[sock])
     finally:

@@ -22,7 +22,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from calcx.api.models import (
-    DEFAULT_ENV_MAP,
     TERMINAL_STATES,
     ClaimRequest,
     CreateRolloutsRequest,
@@ -34,6 +33,14 @@ from calcx.api.models import (
     reward_value,
 )
 from calcx.api.tokens import attempt_token
+from calcx.contract.env import (
+    AGL_EVENT_URL,
+    AGL_KEY,
+    AGL_OPENAI_BASE_URL,
+    CALCX_ATTEMPT_ID,
+    CALCX_ROLLOUT_ID,
+    DEFAULT_ENV_MAP,
+)
 from calcx.server import __version__
 from calcx.server.auth import Authenticator
 from calcx.server.errors import APIError, error_response, json_response, read_json, read_model
@@ -304,11 +311,11 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         prefix = f"{settings.public_url}/v1/rollouts/{rid}/attempts/{attempt_id}"
         env.update(
             {
-                "AGL_OPENAI_BASE_URL": f"{prefix}/v1",
-                "AGL_EVENT_URL": f"{prefix}/events",
-                "AGL_KEY": token,
-                "CALCX_ROLLOUT_ID": rid,
-                "CALCX_ATTEMPT_ID": attempt_id,
+                AGL_OPENAI_BASE_URL: f"{prefix}/v1",
+                AGL_EVENT_URL: f"{prefix}/events",
+                AGL_KEY: token,
+                CALCX_ROLLOUT_ID: rid,
+                CALCX_ATTEMPT_ID: attempt_id,
             }
         )
         return {

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import sys
 
+from calcx.contract.ready import stub_llm_ready_line
 from calcx.stub_llm.modes import MODES, ModeError, parse_mode
 
 
@@ -59,10 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"calcx stub-llm: error: {exc} (pick another --port, or 0 for a free one)", file=sys.stderr)
         return 2
     host, port = sock.getsockname()[:2]
-    print(
-        f"calcx stub-llm: serving on http://{host}:{port}/v1 (mode {args.mode}, {len(script)} scripted questions)",
-        flush=True,
-    )
+    print(stub_llm_ready_line(f"http://{host}:{port}/v1", args.mode, len(script)), flush=True)
     server = make_server(app, log_level=args.log_level)
     try:
         asyncio.run(server.serve(sockets=[sock]))

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from calcx.contract.ready import CONTROLLER_READY, SERVER_READY
 from calcx.controller.procutil import descendants, process_start_time
-from calcx.rehearse.stack import CONTROLLER_READY, SERVER_READY, ManagedProcess, StackError
+from calcx.rehearse.stack import ManagedProcess, StackError
 
 CALCX_SRC = Path(__file__).resolve().parents[2]  # .../src/python
 

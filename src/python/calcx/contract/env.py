@@ -1,0 +1,72 @@
+"""The environment a runner hands to an agent (Agent Lightning v1 names, plus calcx's own),
+and the rule for which values a process environment can carry.
+"""
+
+from __future__ import annotations
+
+import re
+
+# -- from the dataset row, through the rollout's env_map --------------------------------------
+QUESTION = "QUESTION"
+RESULT = "RESULT"
+#: Which row field each variable takes when a rollout names no env_map.
+DEFAULT_ENV_MAP: dict[str, str] = {QUESTION: "question", RESULT: "result"}
+
+# -- from the server, per attempt ---------------------------------------------------------------
+AGL_PREFIX = "AGL_"
+AGL_OPENAI_BASE_URL = "AGL_OPENAI_BASE_URL"  # the attempt's gateway: {server}/v1/rollouts/{rid}/attempts/{aid}/v1
+AGL_EVENT_URL = "AGL_EVENT_URL"  # where the reward goes: {server}/v1/rollouts/{rid}/attempts/{aid}/events
+AGL_KEY = "AGL_KEY"  # the attempt token (the k8s runner passes it from a Secret)
+CALCX_ROLLOUT_ID = "CALCX_ROLLOUT_ID"
+CALCX_ATTEMPT_ID = "CALCX_ATTEMPT_ID"
+
+#: What an agent cannot run without.
+REQUIRED_VARIABLES = (QUESTION, RESULT, AGL_OPENAI_BASE_URL, AGL_EVENT_URL, AGL_KEY)
+
+# -- optional settings (runners and users) -------------------------------------------------------
+CALCX_AGENT_TIMEOUT_S = "CALCX_AGENT_TIMEOUT_S"  # the agent's own bound on the whole run
+CALCX_MODEL_MAX_RETRIES = "CALCX_MODEL_MAX_RETRIES"
+CALCX_CALCULATOR_TIMEOUT_S = "CALCX_CALCULATOR_TIMEOUT_S"
+CALCX_CALCULATOR_CMD = "CALCX_CALCULATOR_CMD"  # a JSON list: the command that starts the calculator
+
+# -- the rule for values ---------------------------------------------------------------------
+#: Linux refuses one environment string ("NAME=value" plus its NUL) longer than MAX_ARG_STRLEN.
+MAX_ENV_BYTES = 128 * 1024 - 1
+#: Kubernetes' rule for a container's env names (letters, digits, '_', '-', '.'; no leading digit).
+_NAME_RE = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+
+
+def env_problem(name: object, value: object) -> str | None:
+    """Why no runner can hand ``name=value`` to an agent (None when every runner can).
+
+    One rule for the local runner (a process environment), the k8s runner (a Job's env list)
+    and the server (which refuses such a row when the rollout is created). It is the union of
+    the restrictions the two runners applied: a rollout may be claimed by either runner, so
+    a row is accepted only when both can carry it.
+    - the name: a process environment cannot hold an empty name, '=' or NUL; Kubernetes also
+      refuses anything outside ``[-._a-zA-Z][-._a-zA-Z0-9]*``.
+    - the value: a string without NUL, valid Unicode (no lone surrogate, which has no UTF-8
+      form), and ``NAME=value`` within Linux's per-string limit (MAX_ENV_BYTES).
+    A retry cannot help with any of these: the input itself is the cause.
+    """
+    if not isinstance(name, str) or not name:
+        return f"environment variable name {name!r} must be a non-empty string"
+    if "=" in name or "\x00" in name:
+        return f"environment variable name {name!r} contains '=' or a NUL character"
+    if not _NAME_RE.fullmatch(name):
+        return (f"environment variable name {name!r} is not a valid C identifier-like name "
+                "(letters, digits, '_', '-' or '.', not starting with a digit)")
+    if not isinstance(value, str):
+        return f"environment variable {name} must be a string, got {type(value).__name__}"
+    nul = value.find("\x00")
+    if nul >= 0:
+        return (f"environment variable {name} contains a NUL character (at offset {nul}), "
+                "which no process environment can hold; remove it from the input row")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        return f"environment variable {name} is not valid Unicode ({exc.reason} at offset {exc.start}); fix the input encoding"
+    if len(name.encode("utf-8")) + 1 + size > MAX_ENV_BYTES:
+        return (f"environment variable {name} is {size} bytes; Linux limits one variable to "
+                f"{MAX_ENV_BYTES} bytes including its name; shorten the input row")
+    return None
