@@ -15,7 +15,8 @@ from typing import Any, Sequence
 
 import pytest
 
-from calcx.rehearse.stack import STUB_READY, ManagedProcess
+from calcx.contract.ready import STUB_LLM_READY
+from calcx.rehearse.stack import ManagedProcess
 from calcx.trainer.services import CALCX_SRC
 
 DEFAULT_SERVICES_PYTHON = "/opt/calcx-dev/bin/python"
@@ -35,7 +36,7 @@ def start_stub(work: Path, rows: Sequence[dict[str, Any]], *extra: str) -> tuple
     stub = ManagedProcess("stub-llm", [SERVICES_PYTHON, "-m", "calcx.stub_llm", "--port", "0", "--script", str(script),
                                        *extra],
                           work / "stub.log", {**os.environ, "PYTHONPATH": str(CALCX_SRC)})
-    stub.start(STUB_READY, 60)
+    stub.start(STUB_LLM_READY, 60)
     assert stub.match is not None
     return stub, stub.match.group(1).rstrip("/")
 
