@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from calcx.api.client import AsyncCalcxClient, CalcxAPIError, CalcxConnectionError
+from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.api.models import AttemptRef, Claim
 from calcx.controller.base import RunResult, Runner
 
@@ -135,7 +135,7 @@ class Controller:
                     break
                 raise
             except CalcxAPIError as exc:
-                if isinstance(exc, CalcxConnectionError) or exc.status >= 500:
+                if exc.unreachable or exc.status >= 500:
                     log.warning("claim failed (%s); retrying in %.2fs", exc, backoff)
                 else:
                     log.error("the server refused the claim request: %s", exc)
@@ -198,7 +198,7 @@ class Controller:
                 log.info("finished %s/%s %s%s", rid, aid, result.state, f" ({result.reason})" if result.reason else "")
                 return
             except CalcxAPIError as exc:
-                retriable = isinstance(exc, CalcxConnectionError) or exc.status >= 500
+                retriable = exc.unreachable or exc.status >= 500
                 if not retriable:
                     # 409: no longer RUNNING (lease expired, already finished); 404: gone.
                     log.warning("server did not take the result of %s/%s: %s", rid, aid, exc)
