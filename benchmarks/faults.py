@@ -55,7 +55,7 @@ if str(ROOT / "src" / "python") not in sys.path:
 import httpx  # noqa: E402
 
 from calcx.api.tokens import attempt_token  # noqa: E402
-from calcx.controller.procutil import (  # noqa: E402
+from calcx.procs.procutil import (  # noqa: E402
     descendants,
     pid_alive,
     process_name,

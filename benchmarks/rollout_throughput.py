@@ -28,10 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src" / "python"))
 
 from calcx.api.client import CalcxClient  # noqa: E402
-from calcx.controller.procutil import cpu_seconds, descendants, pss_bytes, rss_bytes  # noqa: E402
+from calcx.procs.procutil import cpu_seconds, descendants, pss_bytes, rss_bytes  # noqa: E402
 from calcx.data.generator import generate_split  # noqa: E402
 from calcx.data.io import write_jsonl  # noqa: E402
 from calcx.rehearse.stack import Stack, StackConfig  # noqa: E402
+from calcx.worker.protocol import WORKER_MODULE  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -93,7 +94,7 @@ def zygote_stats(stack: Stack) -> dict[str, float]:
             argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
         except OSError:
             continue
-        if b"calcx.controller.zygote" in argv and b"--socket" in argv:
+        if WORKER_MODULE.encode() in argv and b"--socket" in argv:
             path = argv[argv.index(b"--socket") + 1].decode()
             with _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM) as sock:
                 sock.settimeout(5)

@@ -20,7 +20,8 @@ from calcx.api.client import CalcxClient
 from calcx.api.models import Rollout
 from calcx.api.tokens import attempt_token
 from calcx.k8s.render import SECRET_KEY_NAME
-from calcx.rehearse.stack import CONTROLLER_READY, ManagedProcess
+from calcx.procs.managed import ManagedProcess
+from calcx.rehearse.stack import CONTROLLER_READY
 from calcx.server.serve import ServerThread, start_server_thread
 
 KEY = "k8s-controller-process-key"

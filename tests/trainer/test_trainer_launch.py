@@ -109,7 +109,8 @@ def _port_open(url: str) -> bool:
 @pytest.mark.timeout(300)
 def test_eval_only_starts_and_ends_its_own_services(tmp_path: Path) -> None:
     from calcx.data.generator import generate_split
-    from calcx.rehearse.stack import STUB_READY, ManagedProcess
+    from calcx.procs.managed import ManagedProcess
+    from calcx.rehearse.stack import STUB_READY
 
     rows = generate_split("test", 3, seed=5)
     rows[2] = {**rows[2], "question": "[stub:wrong] " + rows[2]["question"]}

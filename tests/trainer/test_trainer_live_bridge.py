@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 import torch
 
-from calcx.rehearse.stack import STUB_READY, ManagedProcess
+from calcx.procs.managed import ManagedProcess
+from calcx.rehearse.stack import STUB_READY
 from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.report import count_incomplete
 from calcx.trainer.server_api import TrainerServerClient

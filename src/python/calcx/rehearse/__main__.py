@@ -115,7 +115,8 @@ def format_summary(s: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     from calcx.api.client import CalcxClient
     from calcx.data.schema import DataError
-    from calcx.rehearse.stack import Stack, StackConfig, StackError
+    from calcx.procs.managed import ProcessStartError
+    from calcx.rehearse.stack import Stack, StackConfig
 
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="calcx-rehearse-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -133,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"calcx rehearse: starting server, stub LLM and controller (logs in {workdir})", file=sys.stderr)
     try:
         stack.start()
-    except StackError as exc:
+    except ProcessStartError as exc:
         print(f"calcx rehearse: {exc}", file=sys.stderr)
         return 1
     try:
