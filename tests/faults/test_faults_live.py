@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+
+from calcx.faults.run import run_faults
 
 KINDS = [
     "agent-killed-mid-rollout",
@@ -29,14 +30,14 @@ KINDS = [
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory, faults: ModuleType) -> dict[str, Any]:
+def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     workdir: Path = tmp_path_factory.mktemp("faults-live")
     args = argparse.Namespace(
         n=24, kinds_each=1, kinds=KINDS, deadline_s=40.0, concurrency=6, lease_s=12.0, upstream_timeout_s=4.0,
         calculator_timeout_s=6.0, agent_timeout_s=30.0, timeout_s=150.0,
         schedule=[(0.25, "server-sigkill"), (0.45, "controller-restart")],
     )
-    result = faults.run_faults(args, workdir, lambda msg: None)
+    result = run_faults(args, workdir, lambda msg: None)
     result["workdir"] = workdir
     return result
 
