@@ -4,6 +4,7 @@ Kubernetes Job template (render, parse, compare) and the local runner's spawned 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import sys
@@ -54,6 +55,19 @@ def test_server_puts_the_exact_text_into_the_claim_environment(claims: dict[str,
         assert claim.env["RESULT"] == "36"
 
 
+PLAIN_QUESTION = "What is 12 * 3?"
+
+
+def without_question(job: dict[str, Any]) -> dict[str, Any]:
+    """The Job with the value of its QUESTION env entry blanked out."""
+    out = copy.deepcopy(job)
+    for container in out["spec"]["template"]["spec"]["containers"]:
+        for entry in container.get("env", []):
+            if entry.get("name") == "QUESTION":
+                entry["value"] = "<QUESTION>"
+    return out
+
+
 def test_k8s_job_carries_the_exact_text_and_keeps_its_structure(claims: dict[str, Claim]) -> None:
     texts = hostile_texts()
     for name, claim in claims.items():
@@ -61,10 +75,15 @@ def test_k8s_job_carries_the_exact_text_and_keeps_its_structure(claims: dict[str
             rollout_id=claim.rollout.rollout_id, attempt_id=claim.attempt_id, group_id=claim.rollout.group_id,
             env=claim.env, token=claim.token, deadline_s=claim.deadline_s, settings=JobSettings(),
         )
-        docs = [d for d in yaml.safe_load_all(rendered.job_yaml) if d is not None]
-        assert len(docs) == 1, name
-        job = docs[0]
-        assert sorted(job) == ["apiVersion", "kind", "metadata", "spec"] and job["kind"] == "Job"
+        job = yaml.safe_load(rendered.job_yaml)  # one document: safe_load refuses a second
+        plain = render_attempt(
+            rollout_id=claim.rollout.rollout_id, attempt_id=claim.attempt_id, group_id=claim.rollout.group_id,
+            env={**claim.env, "QUESTION": PLAIN_QUESTION}, token=claim.token, deadline_s=claim.deadline_s,
+            settings=JobSettings(),
+        )
+        # The hostile text changed nothing in the Job but its own value: no field, label,
+        # annotation or env entry added, dropped or altered by it.
+        assert without_question(job) == without_question(yaml.safe_load(plain.job_yaml)), name
         container = job["spec"]["template"]["spec"]["containers"]
         assert len(container) == 1
         env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container[0]["env"]}
