@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT / "src" / "python"))
 
 from calcx.api.client import CalcxClient  # noqa: E402
 from calcx.common.stats import percentile  # noqa: E402
-from calcx.procs.procutil import cpu_seconds, descendants, pss_bytes, rss_bytes  # noqa: E402
 from calcx.data.generator import generate_split  # noqa: E402
 from calcx.data.io import write_jsonl  # noqa: E402
+from calcx.procs.procutil import cpu_seconds, descendants, pss_bytes, rss_bytes  # noqa: E402
 from calcx.rehearse.stack import Stack, StackConfig  # noqa: E402
 from calcx.worker.protocol import WORKER_MODULE  # noqa: E402
 
