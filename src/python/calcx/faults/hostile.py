@@ -274,7 +274,6 @@ class HostileClient(threading.Thread):
         self.join(30)
 
     def run(self) -> None:
-        rounds = 0
         while not self._halt.is_set():
             cases = list(self.static)
             if self.live is not None:
@@ -292,7 +291,6 @@ class HostileClient(threading.Thread):
                     else:
                         self.outcomes.append(outcome)
                     self._halt.wait(self.pause_s)
-            rounds += 1
 
     def summary(self) -> dict[str, Any]:
         wrong = [o for o in self.outcomes if not o.ok]

@@ -41,7 +41,6 @@ class Injector(threading.Thread):
         self._halt = threading.Event()
         self._done_kill: set[str] = set()
         self.orphans: list[str] = []
-        self.lock = threading.Lock()
 
     def stop(self) -> None:
         self._halt.set()

@@ -33,7 +33,6 @@ class ManagedProcess:
     env: dict[str, str]
     proc: subprocess.Popen[str] | None = None
     match: re.Match[str] | None = None
-    lines: list[str] = field(default_factory=list)
     _ready: threading.Event = field(default_factory=threading.Event)
 
     def start(self, ready: re.Pattern[str] | None, timeout_s: float = 120.0) -> "ManagedProcess":
@@ -65,8 +64,6 @@ class ManagedProcess:
             for line in self.proc.stdout:
                 out.write(line)
                 out.flush()
-                if len(self.lines) < 1000:
-                    self.lines.append(line.rstrip("\n"))
                 if ready is not None and not self._ready.is_set():
                     m = ready.search(line)
                     if m:
