@@ -3,8 +3,8 @@
 Starting ``python -m calcx.agent`` costs about 1.4 s of imports (AutoGen, openai, mcp) and the
 MCP calculator another ~0.5 CPU-s, per rollout. A zygote is the agent artifact started once in
 worker mode (``python -m calcx.controller.zygote --socket PATH``, which runs
-:func:`calcx.worker.main.main`): it imports
-``calcx.agent.main`` and the calculator module, then serves requests on a UNIX socket:
+:func:`calcx.worker.main.main`): it imports ``calcx.agent.main`` and the calculator module,
+then serves requests on a UNIX socket:
 
 - ``{"op": "agent", "env": {...}}`` with one fd (SCM_RIGHTS) for the child's stdout+stderr:
   fork a child in its own process group that calls ``run_agent(env)`` and exits with its code.
