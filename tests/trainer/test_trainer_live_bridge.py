@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from calcx.contract.ready import STUB_LLM_READY
-from calcx.rehearse.stack import ManagedProcess
+from calcx.procs.managed import ManagedProcess
 from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.report import count_incomplete
 from calcx.trainer.server_api import TrainerServerClient

@@ -7,8 +7,9 @@ import logging
 import os
 import sys
 
+from calcx.common.serving import bind_socket
 from calcx.contract.ready import server_ready_line
-from calcx.server.serve import CalcxUvicornServer, bind_socket, uvicorn_config
+from calcx.server.serve import CalcxUvicornServer, uvicorn_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sock = bind_socket(args.host, args.port)
     except OSError as exc:
-        print(f"calcx server: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        print(f"calcx server: {exc}", file=sys.stderr)  # names the address
         return 1
     host, port = sock.getsockname()[:2]
     shown_host = f"[{host}]" if ":" in host else host
