@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from calcx.contract.env import DEFAULT_ENV_MAP, env_problem, env_value
 from calcx.contract.failures import FAILURE_REASONS
 
 RolloutState = Literal["QUEUED", "RUNNING", "SUCCEEDED", "FAILED"]
@@ -40,6 +41,18 @@ class RolloutCreate(_StrictBody):
     max_attempts: int = Field(default=3, ge=1, le=100)
     policy_version: int | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _carriable_env(self) -> "RolloutCreate":
+        """Refuse a row that no runner could hand to an agent (calcx.contract.env's rule) now,
+        rather than let a runner find out at every attempt. A missing field is the server's
+        own check, with its own message."""
+        env_map = self.env_map if self.env_map is not None else DEFAULT_ENV_MAP
+        for var, column in env_map.items():
+            problem = env_problem(var, env_value(self.row[column]) if column in self.row else "")
+            if problem is not None:
+                raise ValueError(f"rollout {self.rollout_id!r}: row field {column!r} (as {var}): {problem}")
+        return self
 
 
 class CreateRolloutsRequest(_StrictBody):

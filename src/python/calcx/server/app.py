@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -40,6 +39,7 @@ from calcx.contract.env import (
     CALCX_ATTEMPT_ID,
     CALCX_ROLLOUT_ID,
     DEFAULT_ENV_MAP,
+    env_value,
 )
 from calcx.server import __version__
 from calcx.server.auth import Authenticator
@@ -95,14 +95,6 @@ class ServerState:
         if self.store is None:
             raise APIError(503, "starting", "the server is starting or stopping; try again shortly")
         return self.store
-
-
-def _env_value(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (int, float, bool)) or value is None:
-        return str(value)
-    return json.dumps(value, ensure_ascii=False)
 
 
 def _check_env_map(rollouts: CreateRolloutsRequest) -> None:
@@ -307,7 +299,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         token = attempt_token(settings.key, rid, attempt_id)
         row = rollout["row"]
         env_map = rollout.get("env_map") or DEFAULT_ENV_MAP
-        env = {var: _env_value(row.get(column)) for var, column in env_map.items()}
+        env = {var: env_value(row.get(column)) for var, column in env_map.items()}
         prefix = f"{settings.public_url}/v1/rollouts/{rid}/attempts/{attempt_id}"
         env.update(
             {
