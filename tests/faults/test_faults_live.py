@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from calcx.faults.plan import PLANNED
+from calcx.faults.plan import PLANNED, outcome_name
 from calcx.faults.run import run_faults
 
 N = 24
@@ -80,7 +80,7 @@ def test_every_planned_fault_was_injected_and_ended_as_planned(live: dict[str, A
     assert live["audit"]["masked_by_process_faults"] == []
     for kind in KINDS:
         state, reason = PLANNED[kind][1]
-        assert live["audit"]["planned_outcomes"][kind] == {state if state == "SUCCEEDED" else f"FAILED {reason}": 1}, kind
+        assert live["audit"]["planned_outcomes"][kind] == {outcome_name(state, reason): 1}, kind
 
 
 def test_hostile_question_text_reaches_the_agent_exactly(live: dict[str, Any]) -> None:
@@ -104,8 +104,8 @@ def test_service_recovers_after_each_restart(live: dict[str, Any]) -> None:
         assert r["next_success_s"] < 60, r
 
 
-def test_question_no_environment_can_carry_fails_as_bad_environment(live: dict[str, Any]) -> None:
-    """A NUL byte cannot be put into a process environment. The k8s runner fails such an attempt
-    with reason bad_environment; the local runner must do the same instead of reporting the
-    worker's ValueError as a crash (a retry cannot help, and `crash` hides the cause)."""
-    assert live["audit"]["planned_outcomes"]["question-nul-byte"] == {"FAILED bad_environment": 1}
+def test_question_no_environment_can_carry_is_refused_at_creation(live: dict[str, Any]) -> None:
+    """A NUL byte cannot be put into a process environment, by either runner: the server refuses
+    such a row when it is created (422), so it is never queued, claimed or retried, and the rest
+    of the batch is not held up by it."""
+    assert live["audit"]["planned_outcomes"]["question-nul-byte"] == {"REFUSED 422": 1}

@@ -27,7 +27,9 @@ PLANNED: dict[str, tuple[str, tuple[str, str | None]]] = {
     "agent-killed-mid-rollout": ("[stub:slow=3]", ("FAILED", "crash")),
 }
 PLANNED.update({f"question-{name}": ("", ("SUCCEEDED", None)) for name in HOSTILE_QUESTION_SUFFIXES})
-PLANNED.update({f"question-{name}": ("", ("FAILED", "bad_environment")) for name in UNCARRIABLE_QUESTION_SUFFIXES})
+# a question no runner could hand to an agent is refused when it is created, never queued
+PLANNED.update({f"question-{name}": ("", ("REFUSED", "422")) for name in UNCARRIABLE_QUESTION_SUFFIXES})
+REFUSED_AT_CREATE = frozenset(kind for kind, (_, (state, _)) in PLANNED.items() if state == "REFUSED")
 HANG_EXPRESSION = "9**9**8"
 #: (fraction of rollouts terminal, process fault)
 DEFAULT_SCHEDULE = [(0.10, "second-controller-start"), (0.22, "server-sigterm"), (0.38, "controller-restart"),
@@ -35,6 +37,11 @@ DEFAULT_SCHEDULE = [(0.10, "second-controller-start"), (0.22, "server-sigterm"),
 RETRIABLE_KINDS = {"clean"} | {f"question-{n}" for n in HOSTILE_QUESTION_SUFFIXES}
 #: Failures a process fault (controller killed or stopped) causes to whatever was running.
 COLLATERAL_REASONS = {"controller_lost", "cancelled", "reward_post_failed"}  # + a server restart under an agent
+
+
+def outcome_name(state: str, reason: str | None) -> str:
+    """How the audit names an outcome: SUCCEEDED, FAILED <reason>, REFUSED <status>."""
+    return state if state == "SUCCEEDED" else f"{state} {reason}"
 
 
 def should_retry(kind: str, rollout: Any) -> bool:

@@ -21,7 +21,7 @@ from calcx.faults.audit import HangWatch, all_rollouts, audit, recovery_times
 from calcx.faults.forensics import agent_rewards, started_lines
 from calcx.faults.hostile import CANARY_NAME, KEY, MAX_BODY_BYTES, HostileClient, _auth, _j
 from calcx.faults.injector import Injector
-from calcx.faults.plan import DEFAULT_SCHEDULE, build_plan, should_retry
+from calcx.faults.plan import DEFAULT_SCHEDULE, REFUSED_AT_CREATE, build_plan, should_retry
 from calcx.procs.procutil import pid_alive, rss_bytes
 
 
@@ -88,6 +88,27 @@ def decoy_attempts(client: Any, prefix: str) -> tuple[tuple[str, str], tuple[str
     return running, finished
 
 
+def submit(client: Any, plan: Any) -> dict[str, tuple[str, str]]:
+    """Create the plan's rollouts in one batch, except those the server must refuse: each of those
+    is sent alone and its answer recorded (rid -> (kind, outcome)); they leave the plan."""
+    from calcx.api.client import CalcxAPIError
+
+    refused = [spec for spec in plan.specs if plan.kind[spec["rollout_id"]] in REFUSED_AT_CREATE]
+    plan.specs[:] = [spec for spec in plan.specs if spec not in refused]
+    client.create_rollouts(plan.specs)
+    outcomes: dict[str, tuple[str, str]] = {}
+    for spec in refused:
+        rid = spec["rollout_id"]
+        try:
+            client.create_rollouts([spec])
+            outcome = "CREATED"
+        except CalcxAPIError as exc:
+            outcome = f"REFUSED {exc.status}"
+        outcomes[rid] = (plan.kind.pop(rid), outcome)
+        plan.questions.pop(rid, None)
+    return outcomes
+
+
 def run_faults(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
     from calcx.api.client import CalcxAPIError, CalcxClient
 
@@ -132,7 +153,7 @@ def run_faults(args: argparse.Namespace, workdir: Path, log: Callable[[str], Non
         threads += [hostile, hang, injector]
 
         with client() as c:
-            c.create_rollouts(plan.specs)
+            refusals = submit(c, plan)
         t_submit = time.time()
         log(f"submitted {len(plan.specs)} rollouts")
         for t in (hostile, hang, injector):
@@ -177,6 +198,9 @@ def run_faults(args: argparse.Namespace, workdir: Path, log: Callable[[str], Non
             posted = agent_rewards(sorted(workdir.glob("agents-*")))
             starts = started_lines(sorted(workdir.glob("controller-*.log")))
             report = audit(rollouts, plan.kind, starts, posted, plan.questions, calls)
+            for kind, outcome in refusals.values():
+                report["planned_outcomes"].setdefault(kind, {})
+                report["planned_outcomes"][kind][outcome] = report["planned_outcomes"][kind].get(outcome, 0) + 1
         attempts = [(a.controller_id, a) for r in rollouts for a in r.attempts]
         result = {
             "audit": report,
