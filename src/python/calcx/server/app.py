@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -44,8 +44,9 @@ from calcx.contract.env import (
 from calcx.server import __version__
 from calcx.server.auth import Authenticator
 from calcx.server.errors import APIError, error_response, json_response, read_json, read_model
-from calcx.server.gateway import Gateway, GatewaySettings
+from calcx.server.gateway import Gateway
 from calcx.server.metrics import ServerMetrics
+from calcx.server.settings import ServerSettings
 from calcx.server.signals import Signals
 from calcx.server.store import RolloutStore, StoreError
 
@@ -56,20 +57,6 @@ Handler = Callable[[Request], Awaitable[Response]]
 _REGISTRY_KEY = "model_registry"
 _STATES = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED")
 _KNOWN_EVENT_TYPES = frozenset({"reward", "log", "tool_call", "answer", "error", "message"})
-
-
-@dataclass
-class ServerSettings:
-    store_path: str
-    key: str
-    public_url: str
-    max_tokens_ceiling: int = 4096
-    max_body_bytes: int = 8 * 1024 * 1024
-    lease_s: float = 30.0
-    max_poll_s: float = 300.0
-    upstream_timeout_s: float = 300.0
-    upstream_retries: int = 3
-    upstream_backoff_s: float = 0.2
 
 
 @dataclass
@@ -110,10 +97,6 @@ def _check_env_map(rollouts: CreateRolloutsRequest) -> None:
                 )
 
 
-def _bounded_timeout(value: float, settings: ServerSettings) -> float:
-    return max(0.0, min(float(value), settings.max_poll_s))
-
-
 def _parse_int(name: str, raw: str | None, default: int, lo: int, hi: int) -> int:
     if raw is None or raw == "":
         return default
@@ -138,33 +121,13 @@ def _parse_float(name: str, raw: str | None, default: float) -> float:
     return value
 
 
-def create_app(
-    store_path: str,
-    key: str,
-    public_url: str,
-    *,
-    max_tokens_ceiling: int = 4096,
-    max_body_bytes: int = 8 * 1024 * 1024,
-    lease_s: float = 30.0,
-    max_poll_s: float = 300.0,
-    upstream_timeout_s: float = 300.0,
-    upstream_retries: int = 3,
-    upstream_backoff_s: float = 0.2,
-) -> FastAPI:
-    """Build the app; the SQLite store opens at startup, inside the serving event loop."""
-    settings = ServerSettings(
-        store_path=store_path,
-        key=key,
-        public_url=public_url.rstrip("/"),
-        max_tokens_ceiling=max_tokens_ceiling,
-        max_body_bytes=max_body_bytes,
-        lease_s=lease_s,
-        max_poll_s=max_poll_s,
-        upstream_timeout_s=upstream_timeout_s,
-        upstream_retries=upstream_retries,
-        upstream_backoff_s=upstream_backoff_s,
-    )
-    state = ServerState(settings=settings, auth=Authenticator(key), metrics=ServerMetrics())
+def create_app(settings: ServerSettings) -> FastAPI:
+    """Build the app; the SQLite store opens at startup, inside the serving event loop.
+    `settings.public_url` must be set (the caller knows the address it listens on)."""
+    if not settings.public_url:
+        raise ValueError("create_app needs settings.public_url: the base URL agents reach this server at")
+    settings = replace(settings, public_url=settings.public_url.rstrip("/"))
+    state = ServerState(settings=settings, auth=Authenticator(settings.key), metrics=ServerMetrics())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -180,16 +143,7 @@ def create_app(
         state.registry = store.get_kv(_REGISTRY_KEY) or {}
         state.store = store
         state.closing = False
-        gateway = Gateway(
-            store,
-            state.metrics,
-            GatewaySettings(
-                max_tokens_ceiling=settings.max_tokens_ceiling,
-                upstream_timeout_s=settings.upstream_timeout_s,
-                max_retries=settings.upstream_retries,
-                backoff_s=settings.upstream_backoff_s,
-            ),
-        )
+        gateway = Gateway(store, state.metrics, settings)
         await gateway.start()
         state.gateway = gateway
         reaper = asyncio.create_task(_reap_leases(state), name="calcx-lease-reaper")
@@ -217,7 +171,7 @@ def create_app(
 
 async def _reap_leases(state: ServerState) -> None:
     """Fail RUNNING attempts whose controller stopped heartbeating (reason controller_lost)."""
-    interval = max(0.05, min(1.0, state.settings.lease_s / 4))
+    interval = state.settings.lease_check_s
     while True:
         await asyncio.sleep(interval)
         store = state.store
@@ -359,7 +313,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
             state=state_filter,
             group_id=q.get("group_id") or None,
             controller_id=q.get("controller_id") or None,
-            limit=_parse_int("limit", q.get("limit"), 100, 1, 1000),
+            limit=_parse_int("limit", q.get("limit"), settings.page_limit, 1, settings.max_page_limit),
             offset=_parse_int("offset", q.get("offset"), 0, 0, 2**62),
         )
         return json_response({"rollouts": rollouts})
@@ -375,7 +329,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         rid = request.path_params["rid"]
         auth.require_server_key(request)
         body = await read_model(request, WaitRequest, limit, allow_empty=True)
-        deadline = time.monotonic() + _bounded_timeout(body.timeout_s, settings)
+        deadline = time.monotonic() + settings.poll_timeout(body.timeout_s)
         while True:
             rollout = rollout_or_404(rid)
             remaining = deadline - time.monotonic()
@@ -404,8 +358,8 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         auth.require_server_key(request)
         q = request.query_params
         after = _parse_int("after", q.get("after"), 0, 0, 2**62)
-        page = _parse_int("limit", q.get("limit"), 100, 1, 1000)
-        timeout = _bounded_timeout(_parse_float("timeout_s", q.get("timeout_s"), 30.0), settings)
+        page = _parse_int("limit", q.get("limit"), settings.page_limit, 1, settings.max_page_limit)
+        timeout = settings.poll_timeout(_parse_float("timeout_s", q.get("timeout_s"), settings.terminal_poll_s))
         deadline = time.monotonic() + timeout
         while True:
             found = state.db.terminal_after(after, page)
@@ -427,7 +381,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     async def claim(request: Request) -> Response:
         auth.require_server_key(request)
         body = await read_model(request, ClaimRequest, limit)
-        deadline = time.monotonic() + _bounded_timeout(body.timeout_s, settings)
+        deadline = time.monotonic() + settings.poll_timeout(body.timeout_s)
         waited = False
         while True:
             picked = state.db.claim(body.controller_id, body.max, settings.lease_s)
