@@ -54,7 +54,6 @@ log = logging.getLogger("calcx.server")
 
 Handler = Callable[[Request], Awaitable[Response]]
 
-_REGISTRY_KEY = "model_registry"
 _STATES = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED")
 _KNOWN_EVENT_TYPES = frozenset({"reward", "log", "tool_call", "answer", "error", "message"})
 
@@ -132,7 +131,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = RolloutStore(settings.store_path)
-        renewed = store.renew_running_leases(settings.lease_s)
+        renewed = store.attempts.renew_running_leases(settings.lease_s)
         if renewed:
             log.warning(
                 "%d attempt(s) were RUNNING when the server stopped; their controllers have %.0f s to "
@@ -140,7 +139,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
                 renewed,
                 settings.lease_s,
             )
-        state.registry = store.get_kv(_REGISTRY_KEY) or {}
+        state.registry = store.registry.get() or {}
         state.store = store
         state.closing = False
         gateway = Gateway(store, state.metrics, settings)
@@ -163,7 +162,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         title="calcx server", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.calcx = state
-    state.metrics.watch_store(lambda: state.db.count_by_state())
+    state.metrics.watch_store(lambda: state.db.rollouts.count_by_state())
     _install_error_handlers(app, state)
     _install_routes(app, state)
     return app
@@ -178,7 +177,7 @@ async def _reap_leases(state: ServerState) -> None:
         if store is None:
             continue
         try:
-            expired = store.expire_leases()
+            expired = store.attempts.expire_leases()
         except Exception:  # keep reaping; a transient SQLite error must not end the task
             log.exception("lease reaper failed")
             continue
@@ -273,7 +272,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         }
 
     def rollout_or_404(rid: str) -> dict[str, Any]:
-        rollout = state.db.get_rollout(rid)
+        rollout = state.db.rollouts.get(rid)
         if rollout is None:
             raise APIError(404, "not_found", f"no rollout {rid!r}")
         return rollout
@@ -296,7 +295,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         auth.require_server_key(request)
         body = await read_model(request, CreateRolloutsRequest, limit)
         _check_env_map(body)
-        rollouts, created = state.db.create_rollouts(body.rollouts)
+        rollouts, created = state.db.rollouts.create(body.rollouts)
         if created:
             metrics.rollouts_created.inc(created)
             signals.queued.fire()
@@ -309,7 +308,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         state_filter = q.get("state") or None
         if state_filter is not None and state_filter not in _STATES:
             raise APIError(422, "invalid_query", f"state={state_filter!r} must be one of {', '.join(_STATES)}")
-        rollouts = state.db.list_rollouts(
+        rollouts = state.db.rollouts.query(
             state=state_filter,
             group_id=q.get("group_id") or None,
             controller_id=q.get("controller_id") or None,
@@ -341,7 +340,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
     async def retry_rollout(request: Request) -> Response:
         rid = request.path_params["rid"]
         auth.require_server_key(request)
-        state.db.retry(rid)
+        state.db.attempts.retry(rid)
         metrics.retries.inc()
         signals.queued.fire()
         return json_response(rollout_or_404(rid))
@@ -351,7 +350,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         rid = request.path_params["rid"]
         auth.require_server_key(request)
         attempt_id = request.query_params.get("attempt_id") or None
-        return json_response({"calls": state.db.list_calls(rid, attempt_id)})
+        return json_response({"calls": state.db.calls.query(rid, attempt_id)})
 
     @route("GET", "/v1/terminal")
     async def terminal(request: Request) -> Response:
@@ -362,12 +361,12 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         timeout = settings.poll_timeout(_parse_float("timeout_s", q.get("timeout_s"), settings.terminal_poll_s))
         deadline = time.monotonic() + timeout
         while True:
-            found = state.db.terminal_after(after, page)
+            found = state.db.attempts.terminal_after(after, page)
             remaining = deadline - time.monotonic()
             if found or state.closing or remaining <= 0:
                 break
             await signals.terminal.wait(remaining)
-        rollouts = {r["rollout_id"]: r for r in state.db.get_rollouts([rid for _, rid, _ in found])}
+        rollouts = {r["rollout_id"]: r for r in state.db.rollouts.get_many([rid for _, rid, _ in found])}
         items = [
             {"cursor": cursor, "attempt_id": aid, "rollout": rollouts[rid]}
             for cursor, rid, aid in found
@@ -384,7 +383,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         deadline = time.monotonic() + settings.poll_timeout(body.timeout_s)
         waited = False
         while True:
-            picked = state.db.claim(body.controller_id, body.max, settings.lease_s)
+            picked = state.db.attempts.claim(body.controller_id, body.max, settings.lease_s)
             remaining = deadline - time.monotonic()
             if picked or state.closing or remaining <= 0:
                 break
@@ -392,14 +391,14 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
             waited = True
         if picked and waited and await request.is_disconnected():
             # The controller gave up on this long poll (its own timeout): nobody would run these.
-            state.db.unclaim(body.controller_id, picked)
+            state.db.attempts.unclaim(body.controller_id, picked)
             signals.queued.fire()
             log.info("claimer %s disconnected during its long poll; %d claim(s) requeued", body.controller_id, len(picked))
             return json_response({"claims": [], "lease_s": settings.lease_s})
         claims = []
         if picked:
             metrics.claims.inc(len(picked))
-            rollouts = {r["rollout_id"]: r for r in state.db.get_rollouts([rid for rid, _ in picked])}
+            rollouts = {r["rollout_id"]: r for r in state.db.rollouts.get_many([rid for rid, _ in picked])}
             claims = [build_claim(rollouts[rid], aid) for rid, aid in picked]
         return json_response({"claims": claims, "lease_s": settings.lease_s})
 
@@ -408,7 +407,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         auth.require_server_key(request)
         body = await read_model(request, HeartbeatRequest, limit)
         refs = None if body.attempts is None else [(a.rollout_id, a.attempt_id) for a in body.attempts]
-        held, lost = state.db.heartbeat(body.controller_id, refs, settings.lease_s)
+        held, lost = state.db.attempts.heartbeat(body.controller_id, refs, settings.lease_s)
         return json_response(
             {
                 "lease_s": settings.lease_s,
@@ -426,7 +425,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
             raise APIError(422, "invalid_body", "a SUCCEEDED attempt has no failure reason; send reason: null")
         if body.state == "FAILED" and body.reason is None:
             raise APIError(422, "invalid_body", "a FAILED attempt needs a reason (e.g. crash, timeout)")
-        state.db.finish(rid, aid, body.state, body.reason, body.exit_code, body.agent_seconds, body.detail)
+        state.db.attempts.finish(rid, aid, body.state, body.reason, body.exit_code, body.agent_seconds, body.detail)
         metrics.finished.labels(body.state, body.reason or "").inc()
         signals.rollout_terminal.fire(rid)
         signals.terminal.fire()
@@ -445,7 +444,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
                 reward = reward_value(body.data)
             except ValueError as exc:
                 raise APIError(422, "invalid_reward", str(exc)) from None
-        event_id = state.db.add_event(rid, aid, body.event_type, body.data, reward)
+        event_id = state.db.events.add(rid, aid, body.event_type, body.data, reward)
         metrics.events.labels(body.event_type if body.event_type in _KNOWN_EVENT_TYPES else "other").inc()
         return json_response({"event_id": event_id})
 
@@ -454,7 +453,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         rid, aid = request.path_params["rid"], request.path_params["aid"]
         auth.require_attempt(request, rid, aid)
         payload = await read_json(request, limit)
-        current = state.db.attempt_state(rid, aid)
+        current = state.db.attempts.state(rid, aid)
         if current != "RUNNING":
             raise APIError(
                 409,
@@ -475,7 +474,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         upstream_request = gateway.prepare(payload, registry)
         # Calls are stamped with the policy version their rollout was created for (the trainer
         # step, as verl stamps its own samples); the registry's version is the fallback.
-        version = state.db.rollout_policy_version(rid)
+        version = state.db.rollouts.policy_version(rid)
         if version is not None:
             registry = {**registry, "policy_version": version}
         status, content = await gateway.forward(rid, aid, upstream_request, registry)
@@ -501,7 +500,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
             "policy_version": body.policy_version,
             "updated_at": time.time(),
         }
-        state.db.put_kv(_REGISTRY_KEY, registry)
+        state.db.registry.put(registry)
         state.registry = registry
         return json_response(registry)
 

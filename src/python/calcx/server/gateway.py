@@ -187,14 +187,14 @@ class Gateway:
             if result.status == 200 and payload is not None:
                 ids = extract_tokens(payload)
             try:
-                self.store.record_call(
+                self.store.calls.record(
                     rollout_id, attempt_id, body, result.content if payload is not None else None,
                     ids[0], ids[1], ids[2], latency, policy_version, result.endpoint, result.status,
                 )
             except (TypeError, OverflowError):
                 # token ids that are not int32 integers: keep the call, without them
                 log.warning("rollout %s: upstream token ids are not integers; recorded without them", rollout_id)
-                self.store.record_call(
+                self.store.calls.record(
                     rollout_id, attempt_id, body, result.content if payload is not None else None,
                     [], [], [], latency, policy_version, result.endpoint, result.status,
                 )
@@ -205,7 +205,7 @@ class Gateway:
         message = f"model endpoint failed after {tries} tries; last error: {last_error}"
         log.warning("rollout %s attempt %s: %s", rollout_id, attempt_id, message)
         error = json.dumps({"error": {"code": "upstream_unavailable", "message": message}}).encode()
-        self.store.record_call(rollout_id, attempt_id, body, error, [], [], [], latency, policy_version, endpoint, 502)
+        self.store.calls.record(rollout_id, attempt_id, body, error, [], [], [], latency, policy_version, endpoint, 502)
         self.metrics.gateway_calls.labels("502").inc()
         self.metrics.gateway_latency.observe(latency)
         return 502, error
