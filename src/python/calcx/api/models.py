@@ -7,7 +7,7 @@ so both sides share one definition of every field.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -17,6 +17,7 @@ from calcx.contract.failures import FAILURE_REASONS
 RolloutState = Literal["QUEUED", "RUNNING", "SUCCEEDED", "FAILED"]
 TerminalState = Literal["SUCCEEDED", "FAILED"]
 TERMINAL_STATES: frozenset[str] = frozenset({"SUCCEEDED", "FAILED"})
+ROLLOUT_STATES: tuple[RolloutState, ...] = get_args(RolloutState)
 
 # Rollout ids travel in URL paths and in attempt tokens, so they keep to a URL-safe alphabet.
 ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"

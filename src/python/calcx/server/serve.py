@@ -12,6 +12,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from calcx.common.serving import ThreadedServer, bind_socket, url_of
+from calcx.server.settings import DEFAULTS, ServerSettings
 
 
 class CalcxUvicornServer(uvicorn.Server):
@@ -47,14 +48,25 @@ class ServerThread(ThreadedServer):
 
 
 def start_server_thread(
-    store_path: str, key: str, host: str = "127.0.0.1", port: int = 0, public_url: str | None = None, **app_kwargs: Any
+    store_path: str,
+    key: str,
+    host: str = DEFAULTS.host,
+    port: int = 0,
+    public_url: str | None = None,
+    **settings: Any,
 ) -> ServerThread:
-    """Bind, build the app with its real URL, start serving; the caller must `stop()` it."""
+    """Bind (port 0: a free one), build the app with its real URL, start serving; the caller
+    must `stop()` it. `settings`: other ServerSettings fields (lease_s=..., ...)."""
     from calcx.server.app import create_app
 
     sock = bind_socket(host, port)
     try:
-        app = create_app(store_path, key, public_url or url_of(sock), **app_kwargs)
+        app = create_app(
+            ServerSettings(
+                key=key, store_path=store_path, host=host, port=sock.getsockname()[1],
+                public_url=public_url or url_of(sock), **settings,
+            )
+        )
         return ServerThread(app, sock).start()
     except BaseException:
         sock.close()
