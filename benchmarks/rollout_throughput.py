@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import statistics
@@ -28,18 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src" / "python"))
 
 from calcx.api.client import CalcxClient  # noqa: E402
-from calcx.controller.procutil import cpu_seconds, descendants, pss_bytes, rss_bytes  # noqa: E402
+from calcx.common.stats import percentile  # noqa: E402
 from calcx.data.generator import generate_split  # noqa: E402
 from calcx.data.io import write_jsonl  # noqa: E402
+from calcx.procs.procutil import cpu_seconds, descendants, pss_bytes, rss_bytes  # noqa: E402
 from calcx.rehearse.stack import Stack, StackConfig  # noqa: E402
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    k = min(len(values) - 1, max(0, round(q * (len(values) - 1))))
-    return values[k]
+from calcx.worker.protocol import WORKER_MODULE  # noqa: E402
 
 
 class MemorySampler(threading.Thread):
@@ -93,7 +88,7 @@ def zygote_stats(stack: Stack) -> dict[str, float]:
             argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
         except OSError:
             continue
-        if b"calcx.controller.zygote" in argv and b"--socket" in argv:
+        if WORKER_MODULE.encode() in argv and b"--socket" in argv:
             path = argv[argv.index(b"--socket") + 1].decode()
             with _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM) as sock:
                 sock.settimeout(5)
@@ -207,13 +202,13 @@ def run_mode(name: str, prefork: bool, n: int, warmup: int, concurrency: int, se
         "mean_reward": statistics.fmean(rewards) if rewards else None,
         "wall_s": wall,
         "rollouts_per_s": len(rollouts) / wall,
-        "latency_p50_s": pct(latencies, 0.5),
-        "latency_p95_s": pct(latencies, 0.95),
-        "queue_p50_s": pct(queue_s, 0.5),
-        "running_p50_s": pct(running_s, 0.5),
-        "agent_p50_s": pct(agent_s, 0.5),
-        "overhead_p50_ms": pct(overheads, 0.5) * 1000,
-        "overhead_p95_ms": pct(overheads, 0.95) * 1000,
+        "latency_p50_s": percentile(latencies, 0.5, math.nan),
+        "latency_p95_s": percentile(latencies, 0.95, math.nan),
+        "queue_p50_s": percentile(queue_s, 0.5, math.nan),
+        "running_p50_s": percentile(running_s, 0.5, math.nan),
+        "agent_p50_s": percentile(agent_s, 0.5, math.nan),
+        "overhead_p50_ms": percentile(overheads, 0.5, math.nan) * 1000,
+        "overhead_p95_ms": percentile(overheads, 0.95, math.nan) * 1000,
         "cpu_s": cpu,
         "cpu_s_total": total_cpu,
         "cpu_ms_per_rollout": 1000 * total_cpu / max(1, len(rollouts)),

@@ -9,7 +9,7 @@ import pytest
 from agent_harness import SCRIPTED, EventLog, event_receiver_app
 from calcx.stub_llm.app import create_app
 from calcx.stub_llm.script import Script
-from calcx.stub_llm.serve import ThreadedServer
+from calcx.common.serving import ThreadedServer
 
 
 @pytest.fixture(scope="session")

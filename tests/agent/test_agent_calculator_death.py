@@ -22,7 +22,7 @@ from calcx.agent.config import AgentConfig
 from calcx.agent.failures import CalculatorFailed
 from calcx.agent.rollout import make_workbench
 from calcx.stub_llm.app import create_app
-from calcx.stub_llm.serve import ThreadedServer
+from calcx.common.serving import ThreadedServer
 
 RUN_TIMEOUT_S = 60  # the whole-run deadline of these agents; every failure here must come well before it
 SLOW_S = 3.0

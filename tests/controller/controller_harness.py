@@ -10,10 +10,11 @@ from typing import Any, Iterable
 
 from calcx.api.client import CalcxClient
 from calcx.api.models import Rollout
-from calcx.controller.procutil import descendants, pid_alive, process_name
 from calcx.data.generator import generate_split
 from calcx.data.io import write_jsonl
-from calcx.rehearse.stack import ManagedProcess, Stack, StackConfig
+from calcx.procs.managed import ManagedProcess
+from calcx.procs.procutil import descendants, pid_alive, process_name
+from calcx.rehearse.stack import Stack, StackConfig
 
 KEY = "controller-test-key"
 

@@ -22,7 +22,7 @@ from controller_harness import (
     wait_terminal,
 )
 
-from calcx.controller.procutil import descendants, process_name
+from calcx.procs.procutil import descendants, process_name
 from calcx.rehearse.stack import Stack
 
 

@@ -16,7 +16,7 @@ from calcx.contract.failures import reason_from_agent_exit
 from calcx.controller.__main__ import main as controller_main
 from calcx.controller.base import RunResult
 from calcx.controller.local_runner import LocalRunner, parse_command
-from calcx.controller.procutil import pid_alive
+from calcx.procs.procutil import pid_alive
 
 
 def claim(env: dict[str, str] | None = None, deadline_s: float = 30.0, rid: str = "r1") -> Claim:

@@ -26,7 +26,7 @@ from calcx.k8s.render import JobSettings, RenderedAttempt
 from calcx.k8s.validate import validate_manifest
 from calcx.server.serve import ServerThread, start_server_thread
 from calcx.stub_llm.app import create_app as create_stub_app
-from calcx.stub_llm.serve import ThreadedServer
+from calcx.common.serving import ThreadedServer
 
 IMAGE = os.environ.get("CALCX_AGENT_IMAGE", "calcx/agent:latest")
 KEY = "docker-e2e-server-key-0123456789"

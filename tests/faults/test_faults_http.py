@@ -4,7 +4,6 @@ refused request changes nothing."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Iterator
 
 import httpx
@@ -12,12 +11,14 @@ import pytest
 
 from calcx.api.client import CalcxClient
 from calcx.api.tokens import attempt_token
+from calcx.faults.hostile import KEY, MAX_BODY_BYTES, live_cases, send, static_cases
+from calcx.faults.run import decoy_attempts
 from calcx.server.serve import start_server_thread
 
 
 @pytest.fixture()
-def server(tmp_path: Path, faults: ModuleType) -> Iterator[Any]:
-    srv = start_server_thread(str(tmp_path / "calcx.db"), faults.KEY, max_body_bytes=faults.MAX_BODY_BYTES)
+def server(tmp_path: Path) -> Iterator[Any]:
+    srv = start_server_thread(str(tmp_path / "calcx.db"), KEY, max_body_bytes=MAX_BODY_BYTES)
     try:
         yield srv
     finally:
@@ -35,44 +36,44 @@ def snapshot(client: CalcxClient) -> dict[str, Any]:
     return out
 
 
-def test_every_endpoint_refuses_hostile_requests_with_the_right_status(server: Any, faults: ModuleType) -> None:
-    with CalcxClient(server.url, faults.KEY) as client:
+def test_every_endpoint_refuses_hostile_requests_with_the_right_status(server: Any) -> None:
+    with CalcxClient(server.url, KEY) as client:
         client.put_models("calcx-stub", ["http://127.0.0.1:9/v1"])
-        decoy, finished = faults.decoy_attempts(client, "t")
-        cases = faults.static_cases(faults.KEY, decoy, finished)
+        decoy, finished = decoy_attempts(client, "t")
+        cases = static_cases(KEY, decoy, finished)
         refusals = [c for c in cases if c.expect >= 400]
         assert {c.expect for c in refusals} >= {400, 401, 403, 404, 405, 409, 413, 422}
         before = snapshot(client)
         with httpx.Client(base_url=server.url, timeout=30) as http:
-            outcomes = [faults.send(http, c) for c in refusals]
+            outcomes = [send(http, c) for c in refusals]
         wrong = [f"{o.case.name}: want {o.case.expect} {o.case.code}, got {o.status} {o.code}"
                  for o in outcomes if not o.ok]
         assert wrong == []
         assert snapshot(client) == before
 
 
-def test_error_answers_say_what_was_wrong(server: Any, faults: ModuleType) -> None:
-    with CalcxClient(server.url, faults.KEY) as client:
-        decoy, _ = faults.decoy_attempts(client, "t")
+def test_error_answers_say_what_was_wrong(server: Any) -> None:
+    with CalcxClient(server.url, KEY) as client:
+        decoy, _ = decoy_attempts(client, "t")
     rid, aid = decoy
-    token = {"Authorization": f"Bearer {attempt_token(faults.KEY, rid, aid)}"}
+    token = {"Authorization": f"Bearer {attempt_token(KEY, rid, aid)}"}
     with httpx.Client(base_url=server.url, timeout=30) as http:
         broken = http.post(f"/v1/rollouts/{rid}/attempts/{aid}/events", headers=token, content=b'{"event_type": ')
         big = http.post(f"/v1/rollouts/{rid}/attempts/{aid}/events", headers=token,
-                        content=b"x" * (faults.MAX_BODY_BYTES + 1))
+                        content=b"x" * (MAX_BODY_BYTES + 1))
         missing = http.get("/v1/rollouts")
     assert broken.status_code == 422 and "line 1 column" in broken.json()["error"]["message"]
-    assert big.status_code == 413 and str(faults.MAX_BODY_BYTES) in big.json()["error"]["message"]
+    assert big.status_code == 413 and str(MAX_BODY_BYTES) in big.json()["error"]["message"]
     assert missing.status_code == 401 and "Authorization: Bearer" in missing.json()["error"]["message"]
 
 
-def test_unknown_events_are_stored_as_data_and_do_not_touch_the_reward(server: Any, faults: ModuleType) -> None:
-    with CalcxClient(server.url, faults.KEY) as client:
-        decoy, _ = faults.decoy_attempts(client, "t")
+def test_unknown_events_are_stored_as_data_and_do_not_touch_the_reward(server: Any) -> None:
+    with CalcxClient(server.url, KEY) as client:
+        decoy, _ = decoy_attempts(client, "t")
         rid, aid = decoy
         client.post_reward(rid, aid, 1.0)
         with httpx.Client(base_url=server.url, timeout=30) as http:
-            headers = {"Authorization": f"Bearer {attempt_token(faults.KEY, rid, aid)}"}
+            headers = {"Authorization": f"Bearer {attempt_token(KEY, rid, aid)}"}
             resp = http.post(f"/v1/rollouts/{rid}/attempts/{aid}/events", headers=headers,
                              json={"event_type": "rew\u202eard", "data": {"value": 0.0, "nested": [{"a": None}]}})
         assert resp.status_code == 200
@@ -82,9 +83,9 @@ def test_unknown_events_are_stored_as_data_and_do_not_touch_the_reward(server: A
         assert rollout.events[-1].data == {"value": 0.0, "nested": [{"a": None}]}
 
 
-def test_cross_rollout_tokens_and_finished_rollouts_are_refused(server: Any, faults: ModuleType) -> None:
+def test_cross_rollout_tokens_and_finished_rollouts_are_refused(server: Any) -> None:
     row = {"question": "What is 2 + 2?", "result": "4"}
-    with CalcxClient(server.url, faults.KEY) as client:
+    with CalcxClient(server.url, KEY) as client:
         client.put_models("calcx-stub", ["http://127.0.0.1:9/v1"])
         client.create_rollouts([{"rollout_id": f"x{i}", "row": row} for i in range(3)])
         claims = client.claim("test-controller", max=3, timeout_s=0).claims
@@ -92,10 +93,10 @@ def test_cross_rollout_tokens_and_finished_rollouts_are_refused(server: Any, fau
         client.post_reward(*refs[2], 1.0)
         client.finish(*refs[2], "SUCCEEDED")
         before = snapshot(client)
-        cases = faults.live_cases(faults.KEY, refs[:2], [refs[2]])
+        cases = live_cases(KEY, refs[:2], [refs[2]])
         assert {c.expect for c in cases} == {403, 409}
         with httpx.Client(base_url=server.url, timeout=30) as http:
-            outcomes = [faults.send(http, c) for c in cases]
+            outcomes = [send(http, c) for c in cases]
         assert [o.case.name for o in outcomes if not o.ok] == []
         assert snapshot(client) == before
         assert client.get_rollout(refs[2][0]).reward == 1.0

@@ -31,8 +31,6 @@ import asyncio
 import copy
 import itertools
 import json
-import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -42,6 +40,8 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from calcx.common.serving import ThreadedServer
 
 
 def _now() -> str:
@@ -113,50 +113,28 @@ class FakeApiServer:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: ThreadedServer | None = None
         self.url = ""
         self.app = self._build_app()
 
     # -- life --
 
     def __enter__(self) -> "FakeApiServer":
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=1, lifespan="off")
-        self._server = uvicorn.Server(config)
-        started = threading.Event()
-
-        def serve() -> None:
-            async def main() -> None:
-                self._loop = asyncio.get_running_loop()
-                self._changed = asyncio.Event()
-                started.set()
-                await self._server.serve(sockets=[sock])
-                for task in self._tasks.values():
-                    task.cancel()
-
-            asyncio.run(main())
-
-        self._thread = threading.Thread(target=serve, name="fake-apiserver", daemon=True)
-        self._thread.start()
-        started.wait(10)
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("fake API server did not start within 10 s")
-            time.sleep(0.01)
-        self.url = f"http://127.0.0.1:{port}"
+        self._thread = ThreadedServer(self.app, name="fake-apiserver").start(10)
+        self._server = self._thread.server
+        self._loop = self._thread.loop
+        self._changed = asyncio.Event()
+        self.url = self._thread.url
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
+        """Stop serving; the watches still streaming are woken so that they end, and the tasks
+        still driving pods are cancelled when the loop closes."""
+        if self._thread is not None:
+            self._thread.server.should_exit = True
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._wake)
-        if self._thread is not None:
-            self._thread.join(15)
+            self._thread.stop(15)
 
     def kubeconfig(self, path: str, namespace: str = "calcx") -> str:
         """Write a kubeconfig that points the real client at this server; returns its path."""

@@ -21,7 +21,7 @@ from calcx.api.models import Rollout
 from calcx.api.tokens import attempt_token
 from calcx.contract.ready import CONTROLLER_READY
 from calcx.k8s.render import SECRET_KEY_NAME
-from calcx.rehearse.stack import ManagedProcess
+from calcx.procs.managed import ManagedProcess
 from calcx.server.serve import ServerThread, start_server_thread
 
 KEY = "k8s-controller-process-key"

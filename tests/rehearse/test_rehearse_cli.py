@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from calcx.controller.procutil import descendants
+from calcx.procs.procutil import descendants
 from calcx.data.generator import generate_split
 from calcx.data.io import write_jsonl
 from calcx.rehearse.__main__ import format_summary, summarize

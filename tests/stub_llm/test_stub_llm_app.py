@@ -12,7 +12,7 @@ import pytest
 
 from calcx.stub_llm.app import create_app
 from calcx.stub_llm.script import Script
-from calcx.stub_llm.serve import ThreadedServer
+from calcx.common.serving import ThreadedServer
 
 TOOLS = [{"type": "function", "function": {"name": "my_calculator", "description": "evaluates arithmetic",
                                            "parameters": {"type": "object",

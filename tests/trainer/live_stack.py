@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import pytest
 
 from calcx.contract.ready import STUB_LLM_READY
-from calcx.rehearse.stack import ManagedProcess
+from calcx.procs.managed import ManagedProcess
 from calcx.trainer.services import CALCX_SRC
 
 DEFAULT_SERVICES_PYTHON = "/opt/calcx-dev/bin/python"

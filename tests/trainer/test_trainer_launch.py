@@ -110,7 +110,7 @@ def _port_open(url: str) -> bool:
 def test_eval_only_starts_and_ends_its_own_services(tmp_path: Path) -> None:
     from calcx.contract.ready import STUB_LLM_READY
     from calcx.data.generator import generate_split
-    from calcx.rehearse.stack import ManagedProcess
+    from calcx.procs.managed import ManagedProcess
 
     rows = generate_split("test", 3, seed=5)
     rows[2] = {**rows[2], "question": "[stub:wrong] " + rows[2]["question"]}

@@ -25,7 +25,7 @@ import torch
 
 from calcx.api.client import AsyncCalcxClient
 from calcx.contract.ready import STUB_LLM_READY
-from calcx.rehearse.stack import ManagedProcess
+from calcx.procs.managed import ManagedProcess
 from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.report import count_incomplete
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig

@@ -7,15 +7,17 @@ so both sides share one definition of every field.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from calcx.contract.env import DEFAULT_ENV_MAP, env_problem, env_value
 from calcx.contract.failures import FAILURE_REASONS
 
 RolloutState = Literal["QUEUED", "RUNNING", "SUCCEEDED", "FAILED"]
 TerminalState = Literal["SUCCEEDED", "FAILED"]
 TERMINAL_STATES: frozenset[str] = frozenset({"SUCCEEDED", "FAILED"})
+ROLLOUT_STATES: tuple[RolloutState, ...] = get_args(RolloutState)
 
 # Rollout ids travel in URL paths and in attempt tokens, so they keep to a URL-safe alphabet.
 ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
@@ -40,6 +42,18 @@ class RolloutCreate(_StrictBody):
     max_attempts: int = Field(default=3, ge=1, le=100)
     policy_version: int | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _carriable_env(self) -> "RolloutCreate":
+        """Refuse a row that no runner could hand to an agent (calcx.contract.env's rule) now,
+        rather than let a runner find out at every attempt. A missing field is the server's
+        own check, with its own message."""
+        env_map = self.env_map if self.env_map is not None else DEFAULT_ENV_MAP
+        for var, column in env_map.items():
+            problem = env_problem(var, env_value(self.row[column]) if column in self.row else "")
+            if problem is not None:
+                raise ValueError(f"rollout {self.rollout_id!r}: row field {column!r} (as {var}): {problem}")
+        return self
 
 
 class CreateRolloutsRequest(_StrictBody):
@@ -90,10 +104,6 @@ class Rollout(_Model):
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
-
-
-class RolloutList(_Model):
-    rollouts: list[Rollout]
 
 
 class WaitRequest(_StrictBody):
@@ -166,10 +176,6 @@ class EventCreate(_StrictBody):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
-class EventCreated(_Model):
-    event_id: int
-
-
 def reward_value(data: dict[str, Any]) -> float:
     """The finite float in a reward event's `data.value`; ValueError says what is wrong."""
     if "value" not in data:
@@ -200,10 +206,6 @@ class RecordedCall(_Model):
     created_at: float
 
 
-class CallList(_Model):
-    calls: list[RecordedCall]
-
-
 class ModelRegistryUpdate(_StrictBody):
     model: str = Field(min_length=1, max_length=500)
     endpoints: list[str] = Field(min_length=1, max_length=1000)
@@ -225,8 +227,3 @@ class ModelRegistry(_Model):
     endpoints: list[str] = Field(default_factory=list)
     policy_version: int | None = None
     updated_at: float | None = None
-
-
-class Health(_Model):
-    status: str
-    version: str

@@ -4,13 +4,27 @@ and the rule for which values a process environment can carry.
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 # -- from the dataset row, through the rollout's env_map --------------------------------------
 QUESTION = "QUESTION"
 RESULT = "RESULT"
 #: Which row field each variable takes when a rollout names no env_map.
 DEFAULT_ENV_MAP: dict[str, str] = {QUESTION: "question", RESULT: "result"}
+
+
+
+def env_value(value: Any) -> str:
+    """The text a row field becomes in the agent's environment: strings as they are, numbers,
+    booleans and null as Python prints them, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float, bool)) or value is None:
+        return str(value)
+    return json.dumps(value, ensure_ascii=False)
+
 
 # -- from the server, per attempt ---------------------------------------------------------------
 AGL_PREFIX = "AGL_"

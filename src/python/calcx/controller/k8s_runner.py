@@ -4,14 +4,8 @@ For each claim it renders the Job and a per-attempt Secret (holding the attempt 
 the Job as `AGL_KEY` through `secretKeyRef`) from `src/k8s/templates`, creates the Secret, then
 the Job, then makes the Job the Secret's owner so Kubernetes deletes both together. Two
 background threads watch this controller's Jobs and Pods (list, then watch from that
-resourceVersion; re-list on 410 Gone) and hand each object to the event loop, which maps it:
-
-- Job `Complete` -> SUCCEEDED (exit 0);
-- Job `Failed`, reason `DeadlineExceeded` -> FAILED `timeout`;
-- Job `Failed` otherwise -> the agent container's exit code through the agent's exit-code map
-  (and its `calcx-agent: failure:` line, from the termination message or the log tail);
-- a Pod waiting on `ErrImagePull`/`ImagePullBackOff`/`InvalidImageName` -> FAILED `image_pull`,
-  `CreateContainerConfigError` -> FAILED `config_error`, at once (the Job is deleted).
+resourceVersion; re-list on 410 Gone) and hand each object to the event loop, which maps it to
+an outcome (`k8s_outcomes`: Complete, Failed, deadline, image pull, config error).
 
 Job creation is rate-limited by a token bucket. `close()` deletes every Job and Secret this
 runner created (propagationPolicy Background).
@@ -39,17 +33,20 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.rest import ApiException
 
 from calcx.contract.env import CALCX_AGENT_TIMEOUT_S, CALCX_ATTEMPT_ID, CALCX_ROLLOUT_ID
-from calcx.contract.failures import reason_from_agent_exit
 from calcx.controller.base import RunResult
+from calcx.controller.k8s_outcomes import (
+    AGENT_CONTAINER,
+    agent_container_status,
+    classify_finished_job,
+    classify_pod_waiting,
+    clip_detail,
+    job_is_finished,
+)
 from calcx.k8s.escaping import label_value
 from calcx.k8s.render import MANAGED_BY, JobSettings, RenderedAttempt, RenderError, render_attempt
 
 log = logging.getLogger("calcx.controller.k8s")
 
-IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
-CONFIG_REASONS = frozenset({"CreateContainerConfigError"})
-AGENT_CONTAINER = "agent"
-DETAIL_LIMIT = 4000
 
 
 @dataclass(frozen=True)
@@ -96,83 +93,6 @@ class TokenBucket:
                     self._tokens -= 1
                     return
                 await asyncio.sleep((1 - self._tokens) / self.rate)
-
-
-# --- mapping Kubernetes objects to outcomes (pure functions) ---------------------------------
-
-
-def _agent_status(pod: k8s.V1Pod | None) -> k8s.V1ContainerStatus | None:
-    if pod is None or pod.status is None:
-        return None
-    for status in pod.status.container_statuses or []:
-        if status.name == AGENT_CONTAINER:
-            return status
-    return None
-
-
-def _clip(text: str | None) -> str | None:
-    if not text:
-        return text
-    return text if len(text) <= DETAIL_LIMIT else "..." + text[-DETAIL_LIMIT:]
-
-
-def classify_pod_waiting(pod: k8s.V1Pod) -> RunResult | None:
-    """FAILED image_pull / config_error when the agent container cannot start, else None."""
-    status = _agent_status(pod)
-    waiting = status.state.waiting if status is not None and status.state is not None else None
-    if waiting is None:
-        return None
-    detail = _clip(f"pod {pod.metadata.name}: {waiting.reason}: {waiting.message or ''}".strip())
-    if waiting.reason in IMAGE_PULL_REASONS:
-        return RunResult.failed("image_pull", detail=detail)
-    if waiting.reason in CONFIG_REASONS:
-        return RunResult.failed("config_error", detail=detail)
-    return None
-
-
-def _seconds(start: datetime | None, end: datetime | None) -> float | None:
-    if start is None or end is None:
-        return None
-    return max(0.0, (end - start).total_seconds())
-
-
-def _condition(job: k8s.V1Job, kind: str) -> k8s.V1JobCondition | None:
-    for cond in (job.status.conditions if job.status else None) or []:
-        if cond.type == kind and cond.status == "True":
-            return cond
-    return None
-
-
-def job_is_finished(job: k8s.V1Job) -> bool:
-    return _condition(job, "Complete") is not None or _condition(job, "Failed") is not None
-
-
-def classify_finished_job(job: k8s.V1Job, pod: k8s.V1Pod | None, log_tail: str | None = None) -> RunResult:
-    """The outcome of a Job with a Complete or Failed condition, given its (last) Pod."""
-    status = _agent_status(pod)
-    terminated = status.state.terminated if status is not None and status.state is not None else None
-    seconds = _seconds(terminated.started_at, terminated.finished_at) if terminated else None
-    if _condition(job, "Complete") is not None:
-        return RunResult.succeeded(exit_code=0, agent_seconds=seconds)
-    failed = _condition(job, "Failed")
-    assert failed is not None, "classify_finished_job needs a finished Job"
-    job_detail = f"job {job.metadata.name}: {failed.reason}: {failed.message or ''}".strip()
-    if failed.reason == "DeadlineExceeded":
-        return RunResult.failed("timeout", exit_code=terminated.exit_code if terminated else None,
-                                agent_seconds=seconds, detail=_clip(job_detail))
-    if terminated is None:
-        waiting = classify_pod_waiting(pod) if pod is not None else None
-        if waiting is not None:
-            return waiting
-        pod_reason = pod.status.reason if pod is not None and pod.status is not None else None
-        return RunResult.failed("crash", detail=_clip(f"{job_detail}; pod reason {pod_reason or 'unknown'}"))
-    tail = terminated.message or log_tail or ""
-    if terminated.exit_code == 0:
-        # The container exited 0 but the Job failed (evicted after exit, policy): not the agent's doing.
-        return RunResult.failed("crash", exit_code=0, agent_seconds=seconds, detail=_clip(job_detail))
-    reason = reason_from_agent_exit(terminated.exit_code, tail)
-    detail = tail.strip() or f"{job_detail}; container {terminated.reason} exit {terminated.exit_code}"
-    return RunResult.failed(reason, exit_code=terminated.exit_code, agent_seconds=seconds, detail=_clip(detail))
 
 
 # --- the runner --------------------------------------------------------------------------------
@@ -305,7 +225,7 @@ class K8sRunner:
         try:
             rendered = self.render(claim)
         except RenderError as exc:
-            return RunResult.failed("bad_environment", detail=_clip(f"cannot render the Job: {exc}"))
+            return RunResult.failed("bad_environment", detail=clip_detail(f"cannot render the Job: {exc}"))
         started = time.monotonic()
         tracked = _Tracked(rendered, self._loop.create_future())
         self._tracked[rendered.job_name] = tracked
@@ -352,7 +272,7 @@ class K8sRunner:
             await self._call(self._core.create_namespaced_secret, ns, rendered.secret, _request_timeout=timeout)
         except ApiException as exc:
             if exc.status != 409:  # 409: a previous try of this attempt made it; its token is the same
-                return RunResult.failed("config_error", detail=_clip(f"cannot create Secret {rendered.secret_name}: {exc.status} {exc.reason}: {exc.body}"))
+                return RunResult.failed("config_error", detail=clip_detail(f"cannot create Secret {rendered.secret_name}: {exc.status} {exc.reason}: {exc.body}"))
         self._created_secrets.add(rendered.secret_name)
         try:
             job = await self._call(self._batch.create_namespaced_job, ns, rendered.job, _request_timeout=timeout)
@@ -362,7 +282,7 @@ class K8sRunner:
             else:
                 await self._delete_secret(rendered.secret_name)
                 reason = "config_error" if exc.status in (400, 403, 422) else "crash"
-                return RunResult.failed(reason, detail=_clip(f"cannot create Job {rendered.job_name}: {exc.status} {exc.reason}: {exc.body}"))
+                return RunResult.failed(reason, detail=clip_detail(f"cannot create Job {rendered.job_name}: {exc.status} {exc.reason}: {exc.body}"))
         self._created_jobs.add(rendered.job_name)
         owner = {
             "apiVersion": "batch/v1", "kind": "Job", "name": job.metadata.name, "uid": job.metadata.uid,
@@ -381,12 +301,12 @@ class K8sRunner:
     async def _finished(self, job: k8s.V1Job, tracked: _Tracked) -> RunResult:
         """Outcome of a finished Job, reading its Pod (and log tail) when the watch has not."""
         pod = tracked.pod
-        status = _agent_status(pod)
+        status = agent_container_status(pod)
         if status is None or status.state is None or status.state.terminated is None:
             pod = await self._latest_pod(tracked.rendered.job_name) or pod
         result = classify_finished_job(job, pod)
         if result.state == "FAILED" and result.exit_code not in (None, 0) and pod is not None:
-            status = _agent_status(pod)
+            status = agent_container_status(pod)
             terminated = status.state.terminated if status is not None and status.state is not None else None
             if not (terminated and terminated.message):
                 tail = await self._log_tail(pod.metadata.name)

@@ -2,7 +2,7 @@
 
 Two ways to get that process:
 
-- pre-forked (default): a zygote (:mod:`calcx.controller.zygote`) that already imported the
+- pre-forked (default): a zygote (:mod:`calcx.worker`) that already imported the
   agent forks a child per rollout, in its own process group, with the claim's environment and
   its output on a pipe; calculators come from the same zygote through a tiny launcher.
 - plain spawn (``prefork=False``, ``--no-prefork``): ``agent_cmd`` (default
@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 from calcx.contract.env import CALCX_CALCULATOR_CMD, env_problem
 from calcx.contract.failures import reason_from_agent_exit
 from calcx.controller.base import RunResult
-from calcx.controller.launcher import as_env_value, exec_command, handoff_command
-from calcx.controller.procutil import kill_group
-from calcx.controller.zygote_client import ChildExit, Zygote, ZygoteUnavailable, default_zygote_command
+from calcx.procs.procutil import kill_group
+from calcx.worker.client import ChildExit, Zygote, ZygoteUnavailable, default_zygote_command
+from calcx.worker.launcher import as_env_value, exec_command, handoff_command
 
 if TYPE_CHECKING:  # pragma: no cover
     from calcx.api.models import Claim

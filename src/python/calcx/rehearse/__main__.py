@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import signal
 import statistics
 import sys
@@ -18,6 +17,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from calcx.common.stats import percentile
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,13 +58,6 @@ def _load_rows(args: argparse.Namespace, workdir: Path) -> tuple[list[dict[str, 
     if args.limit is not None:
         rows = rows[: args.limit]
     return rows, script
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def summarize(rollouts: list[Any], wall_s: float, expected: int) -> dict[str, Any]:
@@ -115,7 +109,8 @@ def format_summary(s: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     from calcx.api.client import CalcxClient
     from calcx.data.schema import DataError
-    from calcx.rehearse.stack import Stack, StackConfig, StackError
+    from calcx.procs.managed import ProcessStartError
+    from calcx.rehearse.stack import Stack, StackConfig
 
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="calcx-rehearse-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -133,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"calcx rehearse: starting server, stub LLM and controller (logs in {workdir})", file=sys.stderr)
     try:
         stack.start()
-    except StackError as exc:
+    except ProcessStartError as exc:
         print(f"calcx rehearse: {exc}", file=sys.stderr)
         return 1
     try:

@@ -7,35 +7,48 @@ import logging
 import os
 import sys
 
+from calcx.common.serving import bind_socket
 from calcx.contract.ready import server_ready_line
-from calcx.server.serve import CalcxUvicornServer, bind_socket, uvicorn_config
+from calcx.server.serve import CalcxUvicornServer, uvicorn_config
+from calcx.server.settings import DEFAULTS, ServerSettings
+
+
+def _size(n: int) -> str:
+    return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n} bytes"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every default shown here comes from calcx.server.settings.DEFAULTS."""
+    d = DEFAULTS
     p = argparse.ArgumentParser(prog="calcx server", description=__doc__)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 picks a free one)")
-    p.add_argument("--db", default="calcx.db", help="SQLite file of the rollout store (default ./calcx.db)")
+    p.add_argument("--host", default=d.host, help=f"address to listen on (default {d.host})")
+    p.add_argument("--port", type=int, default=d.port,
+                   help=f"port to listen on (default {d.port}; 0 picks a free one)")
+    p.add_argument("--db", default=d.store_path,
+                   help=f"SQLite file of the rollout store (default {os.path.join('.', d.store_path)})")
     p.add_argument("--key", default=None, help="server key (default: $CALCX_KEY); required")
     p.add_argument(
         "--public-url",
-        default=None,
+        default=d.public_url,
         help="base URL agents use to reach this server (default http://HOST:PORT)",
     )
-    p.add_argument("--max-tokens-ceiling", type=int, default=4096,
-                   help="gateway max_tokens ceiling (clamped; default 4096)")
-    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
-                   help="largest request body accepted (default 8 MiB)")
-    p.add_argument("--lease-s", type=float, default=30.0,
-                   help="claim lease; controllers heartbeat within it (default 30)")
-    p.add_argument("--max-poll-s", type=float, default=300.0, help="longest long poll the server holds (default 300)")
-    p.add_argument("--upstream-timeout-s", type=float, default=300.0,
-                   help="read timeout of one upstream call (default 300)")
-    p.add_argument("--upstream-retries", type=int, default=3, help="retries of a failed upstream call (default 3)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                   help="(default info)")
-    p.add_argument("--access-log", action="store_true",
-                   help="log every request and every upstream call (costs throughput; default off)")
+    p.add_argument("--max-tokens-ceiling", type=int, default=d.max_tokens_ceiling,
+                   help=f"gateway max_tokens ceiling (clamped; default {d.max_tokens_ceiling})")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                   help=f"largest request body accepted (default {_size(d.max_body_bytes)})")
+    p.add_argument("--lease-s", type=float, default=d.lease_s,
+                   help=f"claim lease; controllers heartbeat within it (default {d.lease_s:g})")
+    p.add_argument("--max-poll-s", type=float, default=d.max_poll_s,
+                   help=f"longest long poll the server holds (default {d.max_poll_s:g})")
+    p.add_argument("--upstream-timeout-s", type=float, default=d.upstream_timeout_s,
+                   help=f"read timeout of one upstream call (default {d.upstream_timeout_s:g})")
+    p.add_argument("--upstream-retries", type=int, default=d.upstream_retries,
+                   help=f"retries of a failed upstream call (default {d.upstream_retries})")
+    p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"],
+                   help=f"(default {d.log_level})")
+    p.add_argument("--access-log", action="store_true", default=d.access_log,
+                   help="log every request and every upstream call (costs throughput; default "
+                   f"{'on' if d.access_log else 'off'})")
     return p
 
 
@@ -69,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sock = bind_socket(args.host, args.port)
     except OSError as exc:
-        print(f"calcx server: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        print(f"calcx server: {exc}", file=sys.stderr)  # names the address
         return 1
     host, port = sock.getsockname()[:2]
     shown_host = f"[{host}]" if ":" in host else host
@@ -77,18 +90,23 @@ def main(argv: list[str] | None = None) -> int:
 
     from calcx.server.app import create_app
 
-    app = create_app(
-        args.db,
-        key,
-        public_url,
-        max_tokens_ceiling=args.max_tokens_ceiling,
+    settings = ServerSettings(
+        key=key,
+        store_path=args.db,
+        host=args.host,
+        port=port,
+        public_url=public_url,
+        log_level=args.log_level,
+        access_log=args.access_log,
         max_body_bytes=args.max_body_bytes,
         lease_s=args.lease_s,
         max_poll_s=args.max_poll_s,
+        max_tokens_ceiling=args.max_tokens_ceiling,
         upstream_timeout_s=args.upstream_timeout_s,
         upstream_retries=args.upstream_retries,
     )
-    server = CalcxUvicornServer(uvicorn_config(app, log_level=args.log_level, access_log=args.access_log))
+    app = create_app(settings)
+    server = CalcxUvicornServer(uvicorn_config(app, log_level=settings.log_level, access_log=settings.access_log))
     # Printed once listening is certain, so a parent process can read the address from stdout.
     print(server_ready_line(f"http://{shown_host}:{port}", public_url, args.db), flush=True)
     try:

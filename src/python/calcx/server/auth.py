@@ -1,8 +1,12 @@
-"""Bearer auth: the server key opens everything, an attempt token only its own attempt's URLs."""
+"""Bearer auth: the server key opens everything, an attempt token only its own attempt's URLs.
+
+Each router declares its audience once (`server_key` or `own_attempt`, calcx.server.routing).
+"""
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 from fastapi import Request
 
@@ -69,3 +73,18 @@ class Authenticator:
                 f"this attempt token is for rollout {scope.rollout_id!r} attempt {scope.attempt_id}, not rollout "
                 f"{rollout_id!r} attempt {attempt_id}",
             )
+
+
+#: Who may call a router's routes: checked before each handler runs; raises 401 or 403.
+Audience = Callable[[Authenticator, Request], None]
+
+
+def server_key(auth: Authenticator, request: Request) -> None:
+    """Trainers, controllers, the rehearsal: the server key itself."""
+    auth.require_server_key(request)
+
+
+def own_attempt(auth: Authenticator, request: Request) -> None:
+    """An agent: the attempt token of the `{rid}` and `{aid}` in the path (or the server key)."""
+    params = request.path_params
+    auth.require_attempt(request, params["rid"], params["aid"])

@@ -1,4 +1,4 @@
-"""API errors as `{"error": {"code", "message"}}` and strict JSON body reading.
+"""API errors as `{"error": {"code", "message"}}`, strict JSON body reading and query parameters.
 
 Bodies over the size limit are refused (413) from Content-Length, or while streaming in,
 before anything is parsed; malformed JSON is a 422 that says where it broke.
@@ -114,3 +114,29 @@ async def read_model(request: Request, model: type[M], limit: int, *, allow_empt
         return model.model_validate(payload)
     except ValidationError as exc:
         raise APIError(422, "invalid_body", describe_validation_error(exc)) from None
+
+
+def query_int(name: str, raw: str | None, default: int, lo: int, hi: int) -> int:
+    """An integer query parameter in [lo, hi]; absent or empty gives `default`."""
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise APIError(422, "invalid_query", f"query parameter {name}={raw!r} must be an integer") from None
+    if not lo <= value <= hi:
+        raise APIError(422, "invalid_query", f"query parameter {name}={value} must be between {lo} and {hi}")
+    return value
+
+
+def query_float(name: str, raw: str | None, default: float) -> float:
+    """A finite number >= 0 from the query; absent or empty gives `default`."""
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise APIError(422, "invalid_query", f"query parameter {name}={raw!r} must be a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise APIError(422, "invalid_query", f"query parameter {name}={raw!r} must be a finite number >= 0")
+    return value

@@ -22,22 +22,13 @@ import httpx
 
 from calcx.server.errors import APIError
 from calcx.server.metrics import ServerMetrics
+from calcx.server.settings import ServerSettings
 from calcx.server.store import RolloutStore
 from calcx.server.upstream import LeanHTTPTransport
 
 log = logging.getLogger("calcx.server.gateway")
 
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-
-
-@dataclass
-class GatewaySettings:
-    max_tokens_ceiling: int = 4096
-    upstream_timeout_s: float = 300.0
-    connect_timeout_s: float = 5.0
-    max_retries: int = 3
-    backoff_s: float = 0.2
-    backoff_max_s: float = 2.0
 
 
 @dataclass
@@ -72,7 +63,7 @@ def extract_tokens(payload: dict[str, Any]) -> tuple[list[int], list[int], list[
 
 
 class Gateway:
-    def __init__(self, store: RolloutStore, metrics: ServerMetrics, settings: GatewaySettings) -> None:
+    def __init__(self, store: RolloutStore, metrics: ServerMetrics, settings: ServerSettings) -> None:
         self.store = store
         self.metrics = metrics
         self.settings = settings
@@ -82,7 +73,7 @@ class Gateway:
         s = self.settings
         # One shared client for every upstream call, on the keep-alive transport of upstream.py.
         self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(s.upstream_timeout_s, connect=s.connect_timeout_s),
+            timeout=httpx.Timeout(s.upstream_timeout_s, connect=s.upstream_connect_timeout_s),
             transport=LeanHTTPTransport(),
         )
 
@@ -163,7 +154,7 @@ class Gateway:
         started = time.perf_counter()
         order = self.pick_endpoints(rollout_id, registry["endpoints"])
         body = json.dumps(request, separators=(",", ":"), ensure_ascii=False).encode()
-        tries = 1 + max(0, s.max_retries)
+        tries = 1 + max(0, s.upstream_retries)
         last_error = "no try made"
         result: UpstreamResult | None = None
         endpoint = order[0]
@@ -185,7 +176,7 @@ class Gateway:
                 self.metrics.upstream_errors.labels(str(result.status)).inc()
                 last_error = f"HTTP {result.status} from {endpoint}: {result.content[:300].decode(errors='replace')}"
             if attempt + 1 < tries:
-                delay = min(s.backoff_max_s, s.backoff_s * (2**attempt))
+                delay = min(s.upstream_backoff_max_s, s.upstream_backoff_s * (2**attempt))
                 await asyncio.sleep(delay * (0.5 + random.random() / 2))
         latency = time.perf_counter() - started
         policy_version = registry.get("policy_version")
@@ -196,14 +187,14 @@ class Gateway:
             if result.status == 200 and payload is not None:
                 ids = extract_tokens(payload)
             try:
-                self.store.record_call(
+                self.store.calls.record(
                     rollout_id, attempt_id, body, result.content if payload is not None else None,
                     ids[0], ids[1], ids[2], latency, policy_version, result.endpoint, result.status,
                 )
             except (TypeError, OverflowError):
                 # token ids that are not int32 integers: keep the call, without them
                 log.warning("rollout %s: upstream token ids are not integers; recorded without them", rollout_id)
-                self.store.record_call(
+                self.store.calls.record(
                     rollout_id, attempt_id, body, result.content if payload is not None else None,
                     [], [], [], latency, policy_version, result.endpoint, result.status,
                 )
@@ -214,7 +205,7 @@ class Gateway:
         message = f"model endpoint failed after {tries} tries; last error: {last_error}"
         log.warning("rollout %s attempt %s: %s", rollout_id, attempt_id, message)
         error = json.dumps({"error": {"code": "upstream_unavailable", "message": message}}).encode()
-        self.store.record_call(rollout_id, attempt_id, body, error, [], [], [], latency, policy_version, endpoint, 502)
+        self.store.calls.record(rollout_id, attempt_id, body, error, [], [], [], latency, policy_version, endpoint, 502)
         self.metrics.gateway_calls.labels("502").inc()
         self.metrics.gateway_latency.observe(latency)
         return 502, error

@@ -8,9 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from calcx.api.models import RolloutState
-
-_STATES: tuple[RolloutState, ...] = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED")
+from calcx.api.models import ROLLOUT_STATES
 
 
 class _RolloutStateCollector(Collector):
@@ -26,7 +24,7 @@ class _RolloutStateCollector(Collector):
         except Exception:  # store not open (starting or stopped): report nothing rather than fail the scrape
             counts = None
         if counts is not None:
-            for state in _STATES:
+            for state in ROLLOUT_STATES:
                 family.add_metric([state], counts.get(state, 0))
         yield family
 

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from calcx.stub_llm.app import create_app
     from calcx.stub_llm.script import ScriptError, load_script
-    from calcx.stub_llm.serve import bind_socket, make_server
+    from calcx.common.serving import bind_socket, plain_server
 
     try:
         script = load_script(args.script)
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     host, port = sock.getsockname()[:2]
     print(stub_llm_ready_line(f"http://{host}:{port}/v1", args.mode, len(script)), flush=True)
-    server = make_server(app, log_level=args.log_level)
+    server = plain_server(app, log_level=args.log_level)
     try:
         asyncio.run(server.serve(sockets=[sock]))
     except KeyboardInterrupt:

@@ -20,7 +20,6 @@ from calcx.api.client import AsyncCalcxClient
 from calcx.trainer.session import run_session_from_config
 from calcx.trainer.translate import RolloutIncomplete
 
-VAL_PREFIX = "calcx-val-"
 _VAL_ID = re.compile(r"^calcx-val-s(\d+)-")
 
 

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from calcx.contract.ready import CONTROLLER_READY, SERVER_READY
-from calcx.controller.procutil import descendants, process_start_time
-from calcx.rehearse.stack import ManagedProcess, StackError
+from calcx.procs.managed import ManagedProcess, ProcessStartError, live_pids, stop_all
+from calcx.worker.protocol import WORKER_MODULE
 
 CALCX_SRC = Path(__file__).resolve().parents[2]  # .../src/python
 
@@ -132,7 +131,7 @@ class ServicesConfig:
 
         prefix = ["env", "PYTHONPATH=" + os.pathsep.join(self.agent_pythonpath), self.agent_python, "-m"]
         return ["--agent-cmd", json.dumps(prefix + ["calcx.agent"]),
-                "--worker-cmd", json.dumps(prefix + ["calcx.controller.zygote"])]
+                "--worker-cmd", json.dumps(prefix + [WORKER_MODULE])]
 
 
 def _env(pythonpath: Sequence[str], extra: dict[str, str]) -> dict[str, str]:
@@ -177,7 +176,7 @@ class LocalServices:
                               "--server", self.server_url, *controller_tail]
             self.controller = ManagedProcess("calcx controller", controller_cmd, self.workdir / "controller.log", env)
             self.controller.start(CONTROLLER_READY, c.start_timeout_s)
-        except StackError as exc:
+        except ProcessStartError as exc:
             self.stop()
             raise ServicesError(f"{exc} (interpreter {c.services_python})") from exc
         except BaseException:
@@ -187,26 +186,11 @@ class LocalServices:
 
     def pids(self) -> set[int]:
         """Every live process started here, their children included."""
-        found: set[int] = set()
-        for part in (self.server, self.controller):
-            if part is not None and part.alive():
-                found.add(part.pid)
-                found |= descendants(part.pid)
-        return found
+        return live_pids(p for p in (self.server, self.controller) if p is not None)
 
     def stop(self) -> None:
         """The controller first (it ends its agents), then the server; nothing started here outlives it."""
-        tree = {pid: process_start_time(pid) for pid in self.pids()}
-        if self.controller is not None:
-            self.controller.stop(grace_s=20.0)
-        if self.server is not None:
-            self.server.stop(grace_s=10.0)
-        for pid, started in tree.items():
-            if started is not None and process_start_time(pid) == started:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        stop_all([(self.controller, 20.0), (self.server, 10.0)])
 
     def __enter__(self) -> "LocalServices":
         return self.start()

@@ -1,4 +1,4 @@
-"""Controller side of the zygote: start it, keep it alive, ask it for agent processes."""
+"""Controller side of the pre-forked worker: start it, keep it alive, ask it for agent processes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import sys
 import tempfile
@@ -16,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from calcx.contract.ready import WORKER_READY_LINE
-from calcx.controller.procutil import kill_group
+from calcx.procs.procutil import kill_group, stop_group
+from calcx.worker.protocol import WORKER_MODULE
 
 log = logging.getLogger("calcx.controller.zygote")
 
@@ -26,7 +26,7 @@ class ZygoteUnavailable(RuntimeError):
 
 
 def default_zygote_command(python: str | None = None) -> list[str]:
-    return [python or sys.executable, "-m", "calcx.controller.zygote"]
+    return [python or sys.executable, "-m", WORKER_MODULE]
 
 
 @dataclass
@@ -238,15 +238,8 @@ class Zygote:
         self._closed = True
         proc = self.proc
         if proc is not None and proc.returncode is None:
-            try:
-                if proc.stdin is not None:
-                    proc.stdin.close()
-                proc.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                await asyncio.wait_for(proc.wait(), 5)
-            except asyncio.TimeoutError:
-                self._kill()
-                await proc.wait()
+            if proc.stdin is not None:
+                proc.stdin.close()
+            await asyncio.to_thread(stop_group, proc.pid, grace_s=5.0, running=lambda: proc.returncode is None)
+            await proc.wait()
         shutil.rmtree(self._dir, ignore_errors=True)

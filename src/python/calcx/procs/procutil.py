@@ -1,10 +1,12 @@
-"""Small process helpers: parent-death signals, process-group kills, /proc process trees."""
+"""Small process helpers: parent-death signals, process-group kills and stops, /proc process trees."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+import time
+from typing import Callable, Iterable
 
 PR_SET_PDEATHSIG = 1
 _libc = None
@@ -71,6 +73,54 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
             return False
     except PermissionError:
         return False
+
+
+def stop_group(pid: int, *, grace_s: float = 10.0, sig: int = signal.SIGTERM,
+               running: Callable[[], bool] | None = None) -> None:
+    """Stop a process that leads its own group: send it `sig`, give it `grace_s` to exit, then
+    SIGKILL its whole group. Whatever is left in the group is killed either way, so no helper
+    it started in its group outlives it.
+
+    `running` tells whether it still runs (a ``Popen.poll`` wrapper reaps it as a side effect);
+    without it, /proc is asked (a zombie counts as gone).
+    """
+    alive = running or (lambda: pid_alive(pid))
+    if alive():
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + grace_s
+        delay = 0.0005
+        while alive() and time.monotonic() < deadline:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    kill_group(pid)
+
+
+def process_tree(pids: Iterable[int]) -> dict[int, int | None]:
+    """Every live process below `pids`, with its start time: what `kill_survivors` may end later."""
+    tree: dict[int, int | None] = {}
+    for pid in pids:
+        tree.update({child: process_start_time(child) for child in descendants(pid)})
+    return tree
+
+
+def survivors(tree: dict[int, int | None]) -> list[int]:
+    """The processes of `tree` still alive as the same process (a reused pid has another start time)."""
+    return [pid for pid, started in tree.items() if started is not None and process_start_time(pid) == started]
+
+
+def kill_survivors(tree: dict[int, int | None]) -> list[int]:
+    """SIGKILL whatever of `tree` is still alive; returns their pids."""
+    killed = []
+    for pid in survivors(tree):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
+    return killed
 
 
 def pid_alive(pid: int) -> bool:

@@ -1,0 +1,2 @@
+"""Small helpers several parts share: a percentile (`stats`) and serving an ASGI app with
+uvicorn on a socket bound first, in the foreground or on a background thread (`serving`)."""

@@ -1,0 +1,17 @@
+"""One percentile for every figure calcx prints (rehearsal summary, benchmarks)."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, TypeVar
+
+T = TypeVar("T")
+
+
+def percentile(values: Iterable[float], q: float, default: T = None) -> float | T:  # type: ignore[assignment]
+    """The nearest-rank percentile: the smallest value with at least a fraction `q` of the values
+    at or below it (`default` when there are none). Always one of the values, never interpolated."""
+    ordered = sorted(values)
+    if not ordered:
+        return default
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]

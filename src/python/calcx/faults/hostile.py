@@ -1,0 +1,306 @@
+"""Hostile inputs and a hostile HTTP client.
+
+Question texts that break YAML, JSON, shells and templates (they must reach the agent byte
+for byte), texts no process environment can carry, final answers the reward must survive, and
+requests to every endpoint with wrong or missing keys, malformed, oversized and unknown bodies,
+each with the status and error code the server must answer."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from calcx.api.tokens import attempt_token
+
+KEY = "calcx-faults-key"  # the server key of the fault run and of the tests
+MAX_BODY_BYTES = 1024 * 1024  # the server runs with this --max-body-bytes (oversized = above it)
+
+
+#: Question texts built to break YAML, JSON, shells and templates. Each is appended (as its own
+#: paragraph) to a real question, so the stub still finds the arithmetic and the rollout should
+#: succeed; the agent must receive the whole text exactly.
+HOSTILE_QUESTION_SUFFIXES: dict[str, str] = {
+    "yaml-structure": 'key: value\n---\n- item\n? complex\n: mapping\n"quoted": \'single\'\n# comment\n...',
+    "yaml-tags": "!!python/object/apply:os.system ['touch /tmp/calcx-yaml-pwned'] &anchor *anchor !Ref x",
+    "json-breakers": '"}], "rollout_id": "evil", "x": {"\\u0000\\\\" \\n \u2028\u2029 {{"a":1}}',
+    "shell": "$(touch /tmp/calcx-shell-pwned) `id` ; rm -rf / && echo $HOME | cat /etc/passwd > /dev/null 2>&1 &",
+    "template": "{{ 7*7 }} {% if true %}x{% endif %} ${jndi:ldap://x} %(name)s {0} <script>alert(1)</script>",
+    "unicode": "Ω≈ç√∫ 😀 \u202eevil\u202c \ufeff zero\u200bwidth \U0001F4A9 e\u0301 ﷽ \t\r\n\x0b\x0c",
+    "long": ("The long way round. " * 6000).strip(),  # ~120 KB, under the 128 KiB env value limit
+}
+
+#: Texts no process environment can carry: the attempt must fail with a reason, not vanish.
+UNCARRIABLE_QUESTION_SUFFIXES: dict[str, str] = {
+    "nul-byte": "before\x00after",
+}
+
+CANARY_NAME = "hostile-answer-canary"
+
+
+def hostile_answers(canary: Path) -> dict[str, str]:
+    """Final answers a model could give that the reward must survive (never executed, never hang)."""
+    return {
+        "import": f"__import__('os').system('touch {canary}')",
+        "power": "9**9**9",
+        "huge": "9" * (10 * 1024 * 1024),
+        "eval": f"eval(\"open('{canary}', 'w').write('x')\")",
+    }
+
+
+@dataclass
+class Case:
+    """One hostile request and the status it must get (and, where it matters, the error code)."""
+
+    name: str
+    method: str
+    path: str
+    expect: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes | None = None
+    code: str | None = None
+
+
+@dataclass
+class Outcome:
+    case: Case
+    status: int  # 0: no answer (server down)
+    code: str | None
+    ok: bool
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", "content-type": "application/json"}
+
+
+def _j(value: Any) -> bytes:
+    return json.dumps(value).encode()
+
+
+def static_cases(key: str, decoy: tuple[str, str], finished: tuple[str, str]) -> list[Case]:
+    """Hostile requests that need no live rollout: every endpoint, wrong/missing keys, bad bodies.
+
+    ``decoy`` is a (rid, aid) RUNNING attempt the caller holds; ``finished`` a terminal one.
+    Nothing here may change state: no valid claim, no valid reward on a real attempt.
+    """
+    drid, daid = decoy
+    frid, faid = finished
+    server = _auth(key)
+    wrong = _auth("not-the-key")
+    none = {"content-type": "application/json"}
+    forged = _auth(f"calcx-at.{drid}.{daid}.{'0' * 64}")
+    decoy_token = _auth(attempt_token(key, drid, daid))
+    finished_token = _auth(attempt_token(key, frid, faid))
+    ev = f"/v1/rollouts/{drid}/attempts/{daid}/events"
+    gw = f"/v1/rollouts/{drid}/attempts/{daid}/v1/chat/completions"
+    chat = _j({"messages": [{"role": "user", "content": "hi"}]})
+    cases: list[Case] = []
+    server_key_endpoints = [
+        ("POST", "/v1/rollouts", _j({"rollouts": []})),
+        ("GET", "/v1/rollouts", None),
+        ("GET", f"/v1/rollouts/{drid}", None),
+        ("POST", f"/v1/rollouts/{drid}/wait", _j({"timeout_s": 0})),
+        ("POST", f"/v1/rollouts/{drid}/retry", None),
+        ("GET", f"/v1/rollouts/{drid}/calls", None),
+        ("GET", "/v1/terminal?timeout_s=0", None),
+        ("POST", "/v1/claims", _j({"controller_id": "hostile", "max": 1, "timeout_s": 0})),
+        ("POST", "/v1/claims/heartbeat", _j({"controller_id": "hostile", "attempts": None})),
+        ("POST", f"/v1/rollouts/{drid}/attempts/{daid}/finish", _j({"state": "FAILED", "reason": "crash"})),
+        ("PUT", "/v1/models", _j({"model": "evil", "endpoints": ["http://127.0.0.1:9/v1"]})),
+        ("GET", "/v1/models", None),
+    ]
+    for method, path, body in server_key_endpoints:
+        tag = f"{method} {path.split('?')[0]}"
+        cases.append(Case(f"no key: {tag}", method, path, 401, none, body, "unauthorized"))
+        cases.append(Case(f"wrong key: {tag}", method, path, 401, wrong, body, "unauthorized"))
+        cases.append(Case(f"attempt token on server-key endpoint: {tag}", method, path, 403, decoy_token, body,
+                          "forbidden"))
+    for path, body in ((ev, _j({"event_type": "log", "data": {}})), (gw, chat),
+                       (f"/v1/rollouts/{drid}/attempts/{daid}/v1/models", None)):
+        method = "GET" if body is None else "POST"
+        tag = f"{method} {path}"
+        cases.append(Case(f"no key: {tag}", method, path, 401, none, body, "unauthorized"))
+        cases.append(Case(f"wrong key: {tag}", method, path, 401, wrong, body, "unauthorized"))
+        cases.append(Case(f"forged attempt token: {tag}", method, path, 401, forged, body, "unauthorized"))
+        cases.append(Case(f"other attempt's token: {tag}", method, path, 403, finished_token, body, "forbidden"))
+    cases += [
+        # malformed, oversized and unknown events on a RUNNING attempt
+        Case("event: broken JSON", "POST", ev, 422, decoy_token, b'{"event_type": "reward", "data": {', "invalid_json"),
+        Case("event: empty body", "POST", ev, 422, decoy_token, b"", "invalid_json"),
+        Case("event: not UTF-8", "POST", ev, 422, decoy_token, b'{"event_type": "\xff\xfe"}', "invalid_json"),
+        Case("event: JSON array", "POST", ev, 422, decoy_token, b"[1, 2]", "invalid_body"),
+        Case("event: no event_type", "POST", ev, 422, decoy_token, _j({"data": {"value": 1}}), "invalid_body"),
+        Case("event: data not an object", "POST", ev, 422, decoy_token, _j({"event_type": "log", "data": [1]}),
+             "invalid_body"),
+        Case("reward: NaN", "POST", ev, 422, decoy_token, b'{"event_type": "reward", "data": {"value": NaN}}',
+             "invalid_json"),
+        Case("reward: Infinity", "POST", ev, 422, decoy_token,
+             b'{"event_type": "reward", "data": {"value": Infinity}}', "invalid_json"),
+        Case("reward: 1e999", "POST", ev, 422, decoy_token, b'{"event_type": "reward", "data": {"value": 1e999}}',
+             "invalid_reward"),
+        Case("reward: string", "POST", ev, 422, decoy_token, _j({"event_type": "reward", "data": {"value": "1.0"}}),
+             "invalid_reward"),
+        Case("reward: missing value", "POST", ev, 422, decoy_token, _j({"event_type": "reward", "data": {}}),
+             "invalid_reward"),
+        Case("event: oversized (Content-Length)", "POST", ev, 413, decoy_token,
+             _j({"event_type": "log", "data": {"x": "y" * (MAX_BODY_BYTES + 10)}}), "body_too_large"),
+        Case("event: unknown type is stored as data", "POST", ev, 200, decoy_token,
+             _j({"event_type": "definitely-unknown-\u202e", "data": {"nested": {"a": [1, 2, {"b": None}]}}})),
+        Case("event: unknown rollout", "POST", "/v1/rollouts/no-such-rollout/attempts/1/events", 404, server,
+             _j({"event_type": "log", "data": {}}), "not_found"),
+        Case("event: unknown attempt", "POST", f"/v1/rollouts/{drid}/attempts/99/events", 404, server,
+             _j({"event_type": "log", "data": {}}), "not_found"),
+        Case("event: finished attempt (its own token)", "POST", f"/v1/rollouts/{frid}/attempts/{faid}/events", 409,
+             finished_token, _j({"event_type": "reward", "data": {"value": 1.0}}), "conflict"),
+        # gateway
+        Case("gateway: stream=true", "POST", gw, 400, decoy_token, _j({"messages": [{"role": "user", "content": "x"}],
+                                                                       "stream": True}), "stream_unsupported"),
+        Case("gateway: n=3", "POST", gw, 400, decoy_token, _j({"messages": [{"role": "user", "content": "x"}], "n": 3}),
+             "invalid_request"),
+        Case("gateway: no messages", "POST", gw, 400, decoy_token, _j({"messages": []}), "invalid_request"),
+        Case("gateway: broken JSON", "POST", gw, 422, decoy_token, b'{"messages": [', "invalid_json"),
+        Case("gateway: finished attempt", "POST", f"/v1/rollouts/{frid}/attempts/{faid}/v1/chat/completions", 409,
+             finished_token, chat, "attempt_not_running"),
+        Case("gateway: oversized", "POST", gw, 413, decoy_token, b"[" + b"1," * (MAX_BODY_BYTES // 2 + 10) + b"1]",
+             "body_too_large"),
+        # controller and trainer endpoints with bad bodies or states
+        Case("claims: max=0", "POST", "/v1/claims", 422, server, _j({"controller_id": "hostile", "max": 0}),
+             "invalid_body"),
+        Case("claims: no controller_id", "POST", "/v1/claims", 422, server, _j({"max": 1}), "invalid_body"),
+        Case("claims: broken JSON", "POST", "/v1/claims", 422, server, b"{max: 1}", "invalid_json"),
+        Case("heartbeat: attempts not a list", "POST", "/v1/claims/heartbeat", 422, server,
+             _j({"controller_id": "hostile", "attempts": "all"}), "invalid_body"),
+        Case("finish: bad state", "POST", f"/v1/rollouts/{drid}/attempts/{daid}/finish", 422, server,
+             _j({"state": "DONE"}), "invalid_body"),
+        Case("finish: FAILED without reason", "POST", f"/v1/rollouts/{drid}/attempts/{daid}/finish", 422, server,
+             _j({"state": "FAILED"}), "invalid_body"),
+        Case("finish: SUCCEEDED with reason", "POST", f"/v1/rollouts/{drid}/attempts/{daid}/finish", 422, server,
+             _j({"state": "SUCCEEDED", "reason": "crash"}), "invalid_body"),
+        Case("finish: unknown rollout", "POST", "/v1/rollouts/no-such-rollout/attempts/1/finish", 404, server,
+             _j({"state": "FAILED", "reason": "crash"}), "not_found"),
+        Case("finish: finished attempt", "POST", f"/v1/rollouts/{frid}/attempts/{faid}/finish", 409, server,
+             _j({"state": "SUCCEEDED"}), "conflict"),
+        Case("retry: unknown rollout", "POST", "/v1/rollouts/no-such-rollout/retry", 404, server, None, "not_found"),
+        Case("retry: RUNNING rollout", "POST", f"/v1/rollouts/{drid}/retry", 409, server, None, "conflict"),
+        Case("wait: unknown rollout", "POST", "/v1/rollouts/no-such-rollout/wait", 404, server, _j({"timeout_s": 0}),
+             "not_found"),
+        Case("get: unknown rollout", "GET", "/v1/rollouts/no-such-rollout", 404, server, None, "not_found"),
+        Case("list: bad state", "GET", "/v1/rollouts?state=EXPLODED", 422, server, None, "invalid_query"),
+        Case("list: limit=-1", "GET", "/v1/rollouts?limit=-1", 422, server, None, "invalid_query"),
+        Case("terminal: after=abc", "GET", "/v1/terminal?after=abc", 422, server, None, "invalid_query"),
+        Case("terminal: timeout_s=nan", "GET", "/v1/terminal?timeout_s=nan", 422, server, None, "invalid_query"),
+        Case("create: bad rollout id", "POST", "/v1/rollouts", 422, server,
+             _j({"rollouts": [{"rollout_id": "../../etc/passwd", "row": {"question": "q", "result": "1"}}]}),
+             "invalid_body"),
+        Case("create: row lacks env_map field", "POST", "/v1/rollouts", 422, server,
+             _j({"rollouts": [{"rollout_id": "hostile-no-result", "row": {"question": "q"}}]}), "invalid_body"),
+        Case("create: same id, other body", "POST", "/v1/rollouts", 409, server,
+             _j({"rollouts": [{"rollout_id": frid, "row": {"question": "changed", "result": "0"}}]}), "conflict"),
+        Case("create: oversized", "POST", "/v1/rollouts", 413, server,
+             _j({"rollouts": [{"rollout_id": "big", "row": {"question": "q" * (MAX_BODY_BYTES + 1), "result": "1"}}]}),
+             "body_too_large"),
+        Case("models: no endpoints", "PUT", "/v1/models", 422, server, _j({"model": "x"}), "invalid_body"),
+        Case("unknown endpoint", "GET", "/v1/nothing-here", 404, server, None, "not_found"),
+        Case("wrong method", "DELETE", "/v1/rollouts", 405, server, None, "method_not_allowed"),
+        Case("healthz is open", "GET", "/healthz", 200, none, None),
+    ]
+    return cases
+
+
+def live_cases(key: str, running: list[tuple[str, str]], finished: list[tuple[str, str]]) -> list[Case]:
+    """Hostile requests against real rollouts of the run: another rollout's token on a RUNNING
+    attempt's gateway and events (403), and events/gateway calls on finished attempts (409)."""
+    cases: list[Case] = []
+    chat = _j({"messages": [{"role": "user", "content": "steal a turn"}]})
+    if len(running) >= 2:
+        (arid, aaid), (brid, baid) = random.sample(running, 2)
+        stolen = _auth(attempt_token(key, arid, aaid))
+        cases.append(Case("cross-rollout gateway call", "POST",
+                          f"/v1/rollouts/{brid}/attempts/{baid}/v1/chat/completions", 403, stolen, chat, "forbidden"))
+        cases.append(Case("cross-rollout reward", "POST", f"/v1/rollouts/{brid}/attempts/{baid}/events", 403, stolen,
+                          _j({"event_type": "reward", "data": {"value": 1.0}}), "forbidden"))
+    if finished:
+        frid, faid = random.choice(finished)
+        own = _auth(attempt_token(key, frid, faid))
+        cases.append(Case("reward for a finished rollout", "POST", f"/v1/rollouts/{frid}/attempts/{faid}/events", 409,
+                          own, _j({"event_type": "reward", "data": {"value": 0.5}}), "conflict"))
+        cases.append(Case("gateway call for a finished rollout", "POST",
+                          f"/v1/rollouts/{frid}/attempts/{faid}/v1/chat/completions", 409, own, chat,
+                          "attempt_not_running"))
+    return cases
+
+
+def send(http: httpx.Client, case: Case) -> Outcome:
+    try:
+        resp = http.request(case.method, case.path, headers=case.headers, content=case.body)
+    except httpx.HTTPError:
+        return Outcome(case, 0, None, False)
+    code = None
+    try:
+        payload = resp.json()
+        if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+            code = payload["error"].get("code")
+    except ValueError:
+        pass
+    ok = resp.status_code == case.expect and (case.code is None or code == case.code)
+    return Outcome(case, resp.status_code, code, ok)
+
+
+class HostileClient(threading.Thread):
+    """Sends hostile requests in a loop until stopped; answers from a server that is down or
+    starting (no answer, 503 ``starting``) are counted as skipped, not as right or wrong."""
+
+    def __init__(self, base_url: Callable[[], str], key: str, decoy: tuple[str, str], finished: tuple[str, str],
+                 live: Callable[[], tuple[list[tuple[str, str]], list[tuple[str, str]]]] | None = None,
+                 pause_s: float = 0.02) -> None:
+        super().__init__(name="hostile-client", daemon=True)
+        self.base_url = base_url
+        self.key = key
+        self.static = static_cases(key, decoy, finished)
+        self.live = live
+        self.pause_s = pause_s
+        self.outcomes: list[Outcome] = []
+        self.skipped = 0
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(30)
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            cases = list(self.static)
+            if self.live is not None:
+                try:
+                    cases += live_cases(self.key, *self.live())
+                except Exception:  # the live lists come from the server, which may be restarting
+                    pass
+            with httpx.Client(base_url=self.base_url(), timeout=30) as http:
+                for case in cases:
+                    if self._halt.is_set():
+                        break
+                    outcome = send(http, case)
+                    if outcome.status == 0 or (outcome.status == 503 and outcome.code == "starting"):
+                        self.skipped += 1
+                    else:
+                        self.outcomes.append(outcome)
+                    self._halt.wait(self.pause_s)
+
+    def summary(self) -> dict[str, Any]:
+        wrong = [o for o in self.outcomes if not o.ok]
+        by_expect = Counter(o.case.expect for o in self.outcomes)
+        return {
+            "requests": len(self.outcomes),
+            "right": len(self.outcomes) - len(wrong),
+            "wrong": [f"{o.case.name}: want {o.case.expect} {o.case.code or ''}, got {o.status} {o.code}"
+                      for o in wrong][:20],
+            "by_status": dict(sorted(by_expect.items())),
+            "kinds": len({o.case.name for o in self.outcomes}),
+            "skipped_server_down": self.skipped,
+        }

@@ -1,0 +1,56 @@
+"""The OpenAI-compatible gateway, for agents: each attempt's own `.../v1` base URL.
+
+Forwarding and recording are calcx.server.gateway's; this module checks that the attempt may
+call the model now.
+"""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from calcx.server.auth import own_attempt
+from calcx.server.errors import APIError, json_response, read_json
+from calcx.server.routing import Router
+from calcx.server.state import ServerState
+
+router = Router(audience=own_attempt)
+
+
+@router.post("/v1/rollouts/{rid}/attempts/{aid}/v1/chat/completions")
+async def chat_completions(request: Request, state: ServerState) -> Response:
+    rid, aid = request.path_params["rid"], request.path_params["aid"]
+    payload = await read_json(request, state.settings.max_body_bytes)
+    current = state.db.attempts.state(rid, aid)
+    if current != "RUNNING":
+        raise APIError(
+            409,
+            "attempt_not_running",
+            f"attempt {aid} of rollout {rid!r} is {current}; the gateway serves only RUNNING attempts",
+        )
+    registry = state.registry
+    if not registry.get("endpoints"):
+        raise APIError(
+            503,
+            "no_model",
+            "no model is registered; the trainer (or rehearsal) must PUT /v1/models with the inference "
+            "endpoints first",
+        )
+    gateway = state.gateway
+    if gateway is None:
+        raise APIError(503, "starting", "the server is starting or stopping; try again shortly")
+    upstream_request = gateway.prepare(payload, registry)
+    # Calls are stamped with the policy version their rollout was created for (the trainer
+    # step, as verl stamps its own samples); the registry's version is the fallback.
+    version = state.db.rollouts.policy_version(rid)
+    if version is not None:
+        registry = {**registry, "policy_version": version}
+    status, content = await gateway.forward(rid, aid, upstream_request, registry)
+    return Response(content=content, status_code=status, media_type="application/json")
+
+
+@router.get("/v1/rollouts/{rid}/attempts/{aid}/v1/models")
+async def openai_models(request: Request, state: ServerState) -> Response:
+    model = state.registry.get("model")
+    data = [] if not model else [{"id": model, "object": "model", "owned_by": "calcx"}]
+    return json_response({"object": "list", "data": data})

@@ -1,0 +1,47 @@
+"""Every setting of the server and its default, written once.
+
+`calcx server` builds its flags (and their `--help` defaults) from `DEFAULTS`; `create_app`,
+`start_server_thread` and the gateway read the settings object they are given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    key: str = ""  # the server key; required (create_app refuses an empty one)
+    store_path: str = "calcx.db"  # the SQLite file; relative to the working directory
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0 picks a free port
+    public_url: str | None = None  # the base URL agents use; None: http://HOST:PORT as bound
+    log_level: str = "info"
+    access_log: bool = False
+    # requests
+    max_body_bytes: int = 8 * 1024 * 1024
+    page_limit: int = 100  # GET /v1/rollouts and /v1/terminal without ?limit=
+    max_page_limit: int = 1000
+    # claims and long polls
+    lease_s: float = 30.0
+    max_poll_s: float = 300.0  # every long poll is cut to this
+    terminal_poll_s: float = 30.0  # GET /v1/terminal without ?timeout_s=
+    # gateway
+    max_tokens_ceiling: int = 4096
+    upstream_timeout_s: float = 300.0
+    upstream_connect_timeout_s: float = 5.0
+    upstream_retries: int = 3
+    upstream_backoff_s: float = 0.2  # doubled at each retry, with jitter
+    upstream_backoff_max_s: float = 2.0
+
+    def poll_timeout(self, requested: float) -> float:
+        """A client's long-poll timeout, cut to [0, max_poll_s]."""
+        return max(0.0, min(float(requested), self.max_poll_s))
+
+    @property
+    def lease_check_s(self) -> float:
+        """How often expired leases are looked for: a few times per lease, at most once a second."""
+        return max(0.05, min(1.0, self.lease_s / 4))
+
+
+DEFAULTS = ServerSettings()

@@ -1,0 +1,37 @@
+"""Rollout store on SQLite: rollouts, attempts, events, recorded calls, the model registry.
+
+One connection (`database`), one module per group of tables. Every method is synchronous,
+short and runs on the event loop's thread; the loop therefore serialises them and no
+transaction ever spans an `await`, which is what makes a claim atomic. (sqlite3's
+`check_same_thread` guards against use from another thread.)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from calcx.server.store.attempts import Attempts, ExpiredAttempt
+from calcx.server.store.calls import Calls
+from calcx.server.store.database import Conflict, Database, NotFound, StoreError
+from calcx.server.store.events import Events
+from calcx.server.store.registry import Registry
+from calcx.server.store.rollouts import Rollouts
+
+__all__ = ["Conflict", "ExpiredAttempt", "NotFound", "RolloutStore", "StoreError"]
+
+
+class RolloutStore:
+    """Persistent rollout state, one attribute per group of tables."""
+
+    def __init__(self, path: str, clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self._db = Database(path, clock)
+        self.rollouts = Rollouts(self._db)
+        self.attempts = Attempts(self._db)
+        self.events = Events(self._db, self.attempts)
+        self.calls = Calls(self._db)
+        self.registry = Registry(self._db)
+
+    def close(self) -> None:
+        self._db.close()

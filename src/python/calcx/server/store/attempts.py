@@ -1,0 +1,231 @@
+"""Attempts: claims and leases, finishing, retries, and the cursor over terminal attempts.
+
+A claim is atomic because it is one transaction on the event loop's thread (see the package
+docstring): two controllers never get the same attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from calcx.server.store.database import Conflict, Database, NotFound, parse_attempt_id
+
+
+@dataclass(frozen=True)
+class ExpiredAttempt:
+    rollout_id: str
+    attempt_id: str
+    controller_id: str | None
+
+
+class Attempts:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def state(self, rollout_id: str, attempt_id: str) -> str:
+        """The state of one attempt; NotFound names what is missing."""
+        attempt_no = parse_attempt_id(attempt_id)
+        row = None
+        if attempt_no is not None:
+            row = self._db.execute(
+                "SELECT state FROM attempts WHERE rollout_id = ? AND attempt_no = ?", (rollout_id, attempt_no)
+            ).fetchone()
+        if row is None:
+            self._db.require_rollout(rollout_id)
+            raise NotFound(f"rollout {rollout_id!r} has no attempt {attempt_id!r}")
+        return row[0]
+
+    def require_running(self, rollout_id: str, attempt_id: str, refusal: str) -> int:
+        """The attempt number of a RUNNING attempt; Conflict (ending in `refusal`) otherwise."""
+        current = self.state(rollout_id, attempt_id)
+        if current != "RUNNING":
+            raise Conflict(f"attempt {attempt_id} of rollout {rollout_id!r} is {current}{refusal}")
+        return int(attempt_id)
+
+    def claim(self, controller_id: str, max_count: int, lease_s: float) -> list[tuple[str, str]]:
+        """Move up to `max_count` QUEUED rollouts (oldest first) to RUNNING for `controller_id`."""
+        now = self._db.clock()
+        with self._db.tx() as db:
+            picked = db.execute(
+                "SELECT rollout_id, latest_attempt FROM rollouts WHERE state = 'QUEUED' ORDER BY seq LIMIT ?",
+                (max_count,),
+            ).fetchall()
+            if not picked:
+                return []
+            db.executemany(
+                "UPDATE attempts SET state = 'RUNNING', started_at = ?, controller_id = ?, lease_expires_at = ? "
+                "WHERE rollout_id = ? AND attempt_no = ?",
+                [(now, controller_id, now + lease_s, rid, no) for rid, no in picked],
+            )
+            db.executemany(
+                "UPDATE rollouts SET state = 'RUNNING' WHERE rollout_id = ?", [(rid,) for rid, _ in picked]
+            )
+        return [(rid, str(no)) for rid, no in picked]
+
+    def unclaim(self, controller_id: str, picked: Sequence[tuple[str, str]]) -> int:
+        """Put claimed attempts back to QUEUED (their claimer went away before the answer)."""
+        count = 0
+        with self._db.tx() as db:
+            for rid, aid in picked:
+                cur = db.execute(
+                    "UPDATE attempts SET state = 'QUEUED', started_at = NULL, controller_id = NULL, "
+                    "lease_expires_at = NULL WHERE rollout_id = ? AND attempt_no = ? AND controller_id = ? "
+                    "AND state = 'RUNNING'",
+                    (rid, int(aid), controller_id),
+                )
+                if cur.rowcount:
+                    db.execute("UPDATE rollouts SET state = 'QUEUED' WHERE rollout_id = ?", (rid,))
+                    count += 1
+        return count
+
+    def heartbeat(
+        self, controller_id: str, refs: Iterable[tuple[str, str]] | None, lease_s: float
+    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """Extend the leases a controller holds; returns (held, lost).
+
+        With `refs` None every RUNNING attempt of the controller is extended. Otherwise only the
+        listed ones, and those that are no longer RUNNING under this controller come back as lost.
+        """
+        now = self._db.clock()
+        expires = now + lease_s
+        with self._db.tx() as db:
+            if refs is None:
+                held = [
+                    (rid, str(no))
+                    for rid, no in db.execute(
+                        "SELECT rollout_id, attempt_no FROM attempts WHERE controller_id = ? AND state = 'RUNNING'",
+                        (controller_id,),
+                    )
+                ]
+                db.execute(
+                    "UPDATE attempts SET lease_expires_at = ? WHERE controller_id = ? AND state = 'RUNNING'",
+                    (expires, controller_id),
+                )
+                return held, []
+            held, lost = [], []
+            for rid, aid in refs:
+                no = parse_attempt_id(aid)
+                cur = None
+                if no is not None:
+                    cur = db.execute(
+                        "UPDATE attempts SET lease_expires_at = ? WHERE rollout_id = ? AND attempt_no = ? "
+                        "AND controller_id = ? AND state = 'RUNNING'",
+                        (expires, rid, no, controller_id),
+                    )
+                (held if cur is not None and cur.rowcount == 1 else lost).append((rid, aid))
+            return held, lost
+
+    def finish(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        state: str,
+        reason: str | None,
+        exit_code: int | None,
+        agent_seconds: float | None,
+        detail: str | None,
+    ) -> int:
+        """RUNNING -> SUCCEEDED | FAILED for one attempt; returns its terminal cursor."""
+        no = self.require_running(
+            rollout_id, attempt_id, ", not RUNNING; only a running attempt can be finished"
+        )
+        now = self._db.clock()
+        with self._db.tx() as db:
+            return _finish_locked(db, rollout_id, no, state, reason, exit_code, agent_seconds, detail, now)
+
+    def retry(self, rollout_id: str) -> str:
+        """Queue a new attempt after a FAILED one; returns the new attempt id."""
+        row = self._db.execute(
+            "SELECT state, latest_attempt, spec FROM rollouts WHERE rollout_id = ?", (rollout_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"no rollout {rollout_id!r}")
+        state, latest, spec = row
+        max_attempts = json.loads(spec)["max_attempts"]
+        if state != "FAILED":
+            raise Conflict(f"rollout {rollout_id!r} is {state}; only a FAILED rollout can be retried")
+        if latest >= max_attempts:
+            raise Conflict(
+                f"rollout {rollout_id!r} already used {latest} of max_attempts={max_attempts} attempts"
+            )
+        now = self._db.clock()
+        with self._db.tx() as db:
+            db.execute(
+                "INSERT INTO attempts (rollout_id, attempt_no, state, created_at) VALUES (?,?,?,?)",
+                (rollout_id, latest + 1, "QUEUED", now),
+            )
+            db.execute(
+                "UPDATE rollouts SET state = 'QUEUED', latest_attempt = ?, reward = NULL WHERE rollout_id = ?",
+                (latest + 1, rollout_id),
+            )
+        return str(latest + 1)
+
+    def expire_leases(self) -> list[ExpiredAttempt]:
+        """FAIL (reason controller_lost) every RUNNING attempt whose lease has passed."""
+        now = self._db.clock()
+        rows = self._db.execute(
+            "SELECT rollout_id, attempt_no, controller_id, lease_expires_at FROM attempts "
+            "WHERE state = 'RUNNING' AND lease_expires_at < ?",
+            (now,),
+        ).fetchall()
+        if not rows:
+            return []
+        with self._db.tx() as db:
+            for rid, no, controller, expired_at in rows:
+                detail = (
+                    f"controller {controller!r} sent no heartbeat for this attempt; its lease expired at "
+                    f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(expired_at))}"
+                )
+                _finish_locked(db, rid, no, "FAILED", "controller_lost", None, None, detail, now)
+        return [ExpiredAttempt(rid, str(no), controller) for rid, no, controller, _ in rows]
+
+    def renew_running_leases(self, lease_s: float) -> int:
+        """At startup: give every RUNNING attempt a fresh lease so live controllers can heartbeat."""
+        now = self._db.clock()
+        with self._db.tx() as db:
+            cur = db.execute(
+                "UPDATE attempts SET lease_expires_at = MAX(COALESCE(lease_expires_at, 0), ?) WHERE state = 'RUNNING'",
+                (now + lease_s,),
+            )
+            return cur.rowcount
+
+    def terminal_after(self, cursor: int, limit: int) -> list[tuple[int, str, str]]:
+        """(cursor, rollout id, attempt id) of attempts that became terminal after `cursor`."""
+        return [
+            (c, rid, str(no))
+            for c, rid, no in self._db.execute(
+                "SELECT cursor, rollout_id, attempt_no FROM terminal WHERE cursor > ? ORDER BY cursor LIMIT ?",
+                (cursor, limit),
+            )
+        ]
+
+
+def _finish_locked(
+    db: sqlite3.Connection,
+    rollout_id: str,
+    attempt_no: int,
+    state: str,
+    reason: str | None,
+    exit_code: int | None,
+    agent_seconds: float | None,
+    detail: str | None,
+    now: float,
+) -> int:
+    """Inside a transaction: the attempt's terminal state, the rollout's, and a terminal cursor."""
+    db.execute(
+        "UPDATE attempts SET state = ?, finished_at = ?, reason = ?, exit_code = ?, agent_seconds = ?, "
+        "detail = ?, lease_expires_at = NULL WHERE rollout_id = ? AND attempt_no = ?",
+        (state, now, reason, exit_code, agent_seconds, detail, rollout_id, attempt_no),
+    )
+    db.execute(
+        "UPDATE rollouts SET state = ? WHERE rollout_id = ? AND latest_attempt = ?",
+        (state, rollout_id, attempt_no),
+    )
+    cur = db.execute(
+        "INSERT INTO terminal (rollout_id, attempt_no, created_at) VALUES (?,?,?)", (rollout_id, attempt_no, now)
+    )
+    return int(cur.lastrowid or 0)

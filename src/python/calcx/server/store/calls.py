@@ -1,0 +1,112 @@
+"""Recorded gateway calls: the request and answer as JSON bytes, token ids and log-probs packed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from array import array
+from typing import Any
+
+from calcx.server.store.database import Database, NotFound, parse_attempt_id
+
+
+def _pack(typecode: str, values: list) -> bytes:
+    """Numbers packed little-endian ("i": int32 token ids, "d": float64 log-probs): far cheaper
+    than JSON for long prompts."""
+    packed = array(typecode, values)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _unpack(typecode: str, blob: bytes) -> list:
+    packed = array(typecode)
+    packed.frombytes(blob)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tolist()
+
+
+class Calls:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def record(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        request_json: bytes,
+        response_json: bytes | None,
+        prompt_token_ids: list[int],
+        response_token_ids: list[int],
+        response_logprobs: list[float],
+        latency_s: float,
+        policy_version: int | None,
+        endpoint: str | None,
+        status_code: int,
+    ) -> int:
+        """Store one gateway call; request and response are the JSON bytes as sent and received."""
+        now = self._db.clock()
+        no = int(attempt_id)
+        with self._db.tx() as db:
+            seq_row = db.execute(
+                "SELECT COALESCE(MAX(seq) + 1, 0) FROM calls WHERE rollout_id = ? AND attempt_no = ?",
+                (rollout_id, no),
+            ).fetchone()
+            cur = db.execute(
+                "INSERT INTO calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
+                "response_token_ids, response_logprobs, latency_s, policy_version, endpoint, status_code, "
+                "created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    rollout_id,
+                    no,
+                    seq_row[0],
+                    request_json,
+                    response_json,
+                    _pack("i", prompt_token_ids),
+                    _pack("i", response_token_ids),
+                    _pack("d", response_logprobs),
+                    latency_s,
+                    policy_version,
+                    endpoint,
+                    status_code,
+                    now,
+                ),
+            )
+        return int(cur.lastrowid or 0)
+
+    def query(self, rollout_id: str, attempt_id: str | None = None) -> list[dict[str, Any]]:
+        """A rollout's calls (or one attempt's), ordered by attempt, then `seq`."""
+        self._db.require_rollout(rollout_id)
+        sql = (
+            "SELECT call_id, attempt_no, seq, request, response, prompt_token_ids, response_token_ids, "
+            "response_logprobs, latency_s, policy_version, endpoint, status_code, created_at FROM calls "
+            "WHERE rollout_id = ?"
+        )
+        args: list[Any] = [rollout_id]
+        if attempt_id is not None:
+            no = parse_attempt_id(attempt_id)
+            if no is None:
+                raise NotFound(f"rollout {rollout_id!r} has no attempt {attempt_id!r}")
+            sql += " AND attempt_no = ?"
+            args.append(no)
+        sql += " ORDER BY attempt_no, seq"
+        return [
+            {
+                "call_id": r[0],
+                "rollout_id": rollout_id,
+                "attempt_id": str(r[1]),
+                "seq": r[2],
+                "request": json.loads(r[3]),
+                "response": None if r[4] is None else json.loads(r[4]),
+                "prompt_token_ids": _unpack("i", r[5]),
+                "response_token_ids": _unpack("i", r[6]),
+                "response_logprobs": _unpack("d", r[7]),
+                "latency_s": r[8],
+                "policy_version": r[9],
+                "endpoint": r[10],
+                "status_code": r[11],
+                "created_at": r[12],
+            }
+            for r in self._db.execute(sql, args)
+        ]

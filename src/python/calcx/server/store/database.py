@@ -1,0 +1,82 @@
+"""The store's one SQLite connection, its transactions, and the errors every table refuses with."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from calcx.server.store.schema import SCHEMA
+
+
+class StoreError(Exception):
+    """A request the store refuses; `code` is the API error code."""
+
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class NotFound(StoreError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(StoreError):
+    status = 409
+    code = "conflict"
+
+
+class Database:
+    """WAL journal, `synchronous=NORMAL`: a committed transaction survives a crash of the server
+    process (only an OS crash or power loss can undo the last commits)."""
+
+    def __init__(self, path: str, clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self.clock = clock
+        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.conn.execute("PRAGMA foreign_keys=OFF")
+        self.conn.execute("PRAGMA busy_timeout=5000")
+        self.conn.execute("PRAGMA cache_size=-32000")
+        self.conn.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def execute(self, sql: str, args: Any = ()) -> sqlite3.Cursor:
+        """A statement outside a transaction (reads, and single-statement writes)."""
+        return self.conn.execute(sql, args)
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        db = self.conn
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def require_rollout(self, rollout_id: str) -> None:
+        if self.execute("SELECT 1 FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone() is None:
+            raise NotFound(f"no rollout {rollout_id!r}")
+
+
+def parse_attempt_id(attempt_id: str) -> int | None:
+    """Attempt ids are "1", "2", ... in the API and integers in the tables."""
+    if not attempt_id.isdigit() or len(attempt_id) > 9:
+        return None
+    return int(attempt_id)
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,55 @@
+"""POST /v1/rollouts refuses a row that no runner could hand to an agent (calcx.contract.env's
+rule), with a 422 naming the rollout, the row field and the reason; the batch creates nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from calcx.api.client import CalcxAPIError, CalcxClient
+from calcx.contract.env import MAX_ENV_BYTES
+from calcx.server.serve import ServerThread
+
+
+def row(question: Any = "What is 1 + 1?", **extra: Any) -> dict[str, Any]:
+    return {"id": "q", "question": question, "chain": "", "result": "2", "source": "t", **extra}
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "reason"),
+    [
+        ({"row": row("2+3\x00")}, "'question' (as QUESTION)", "NUL character"),
+        ({"row": row("x" * MAX_ENV_BYTES)}, "'question' (as QUESTION)", "Linux limits one variable"),
+        ({"row": row(notes={"a": "\ud800"}), "env_map": {"QUESTION": "question", "NOTES": "notes"}},
+         "'notes' (as NOTES)", "not valid Unicode"),
+        ({"row": row(), "env_map": {"QUESTION": "question", "MY VAR": "result"}},
+         "'result' (as MY VAR)", "not a valid C identifier-like name"),
+    ],
+)
+def test_row_no_runner_can_carry_is_refused_at_creation(
+    server: ServerThread, server_key: str, client: CalcxClient, spec: dict[str, Any], field: str, reason: str
+) -> None:
+    body = {"rollouts": [{"rollout_id": "fine", "row": row()}, {"rollout_id": "bad", **spec}]}
+    # sent as ASCII JSON: a lone surrogate has no UTF-8 form, but JSON can escape it
+    answer = httpx.post(f"{server.url}/v1/rollouts", content=json.dumps(body),
+                        headers={"Authorization": f"Bearer {server_key}", "Content-Type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_body"
+    message = error["message"]
+    assert "rollouts.1" in message and "rollout 'bad'" in message, message
+    assert f"row field {field}" in message and reason in message, message
+    with pytest.raises(CalcxAPIError) as missing:  # the whole batch was refused
+        client.get_rollout("fine")
+    assert missing.value.status == 404
+
+
+def test_hostile_text_a_runner_can_carry_is_accepted(client: CalcxClient) -> None:
+    text = 'key: "v"\n--- {{ 7*7 }} $(id) \u2028 😀 \t\r\n' + "x" * 100_000
+    created = client.create_rollout({"rollout_id": "hostile", "row": row(text)})
+    assert created.state == "QUEUED"
+    claim = client.claim("c", 1, timeout_s=1).claims[0]
+    assert claim.env["QUESTION"] == text
