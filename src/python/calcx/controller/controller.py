@@ -27,6 +27,8 @@ DETAIL_LIMIT = 60_000
 #: How often the heartbeat loop re-reads the lease; bounds the delay after a shorter lease arrives.
 HEARTBEAT_TICK_S = 0.2
 MIN_HEARTBEAT_SLEEP_S = 0.01
+#: A cancelled rollout ends in well under a second; one still running after this is named in the log.
+CANCEL_WARN_S = 10.0
 
 
 def default_controller_id() -> str:
@@ -83,10 +85,14 @@ class Controller:
         self._slot_freed = asyncio.Event()
         self._stop = asyncio.Event()
         self._claim_task: asyncio.Task[Any] | None = None
+        self._stopped_at: float | None = None
 
     # -- public --------------------------------------------------------------------------
     def stop(self) -> None:
         """Stop claiming; :meth:`run` then ends what is running and returns."""
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
+            log.info("stopping: no more claims; %d rollouts running", len(self._running))
         self._stop.set()
         self._slot_freed.set()
         if self._claim_task is not None and not self._claim_task.done():
@@ -110,6 +116,8 @@ class Controller:
             await asyncio.gather(heartbeat, return_exceptions=True)
             await self.runner.close()
             await self._client.aclose()
+            if self._stopped_at is not None:
+                log.info("stopped %.2fs after the stop request", time.monotonic() - self._stopped_at)
 
     # -- claiming ------------------------------------------------------------------------
     async def _claim_loop(self) -> None:
@@ -274,4 +282,8 @@ class Controller:
             await asyncio.wait(tasks, timeout=self.shutdown_grace_s)
         for task in tasks:
             task.cancel()
+        _, pending = await asyncio.wait(tasks, timeout=CANCEL_WARN_S)
+        if pending:  # a runner that lost the cancel: the agent runs on to its end or deadline
+            log.warning("%d cancelled rollouts still running after %.0fs: %s", len(pending), CANCEL_WARN_S,
+                        ", ".join(sorted(t.get_name() for t in pending)))
         await asyncio.gather(*tasks, return_exceptions=True)
