@@ -1,12 +1,13 @@
-"""The anchor for the GPU run: verl's own single-turn GRPO loop on the same rows, model, batch
-and lengths as calcx's agent run, with the same reward, so calcx's step time can be reported as a
-ratio to it.
+"""The first anchor (the SmolLM2-135M run, docs/gpu-run/smollm2-135m): verl's own single-turn GRPO
+loop on the same rows, model, batch and lengths as calcx's agent run, with the same reward. The
+anchor now is `calcx anchor train` (verl's ToolAgentLoop with the calculator, docs/anchor.md);
+this script keeps the single-turn variant, with the same prompt and reward function.
 
     python3 src/gpu/anchor.py data --src data/calcx/train.parquet --out runs/anchor/train.parquet
     # verl: reward.custom_reward_function.path=src/gpu/anchor.py reward.custom_reward_function.name=compute_score
 
-The prompt is what the agent's user turn holds (system message + question + answer format), with
-no tools: one model call per sample, scored by calcx's reward.
+The prompt is what the agent's first model call holds (system message, then the question with the
+answer format), with no tools: one model call per sample, scored by calcx's reward.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from calcx.agent.answer import SYSTEM_MESSAGE, build_task, extract_answer  # noqa: E402
-from calcx.agent.reward import reward  # noqa: E402
+from calcx.anchor.data import prompt_messages  # noqa: E402
+from calcx.anchor.reward import compute_score  # noqa: E402,F401  (verl loads it from this file by name)
+from calcx.trainer.data import verl_record  # noqa: E402
 
-
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **_: object) -> float:
-    """verl's custom reward hook: calcx's Calc-X reward on the extracted answer."""
-    return float(reward(extract_answer(solution_str), str(ground_truth)))
+# verl 0.9.1's registered single-turn agent loop (its default)
+SINGLE_TURN_AGENT = "single_turn_agent"
 
 
 def write_data(src: Path, out: Path) -> int:
@@ -32,18 +32,8 @@ def write_data(src: Path, out: Path) -> int:
 
     from calcx.data.io import read_rows
 
-    records = []
-    for index, row in enumerate(read_rows(src)):
-        records.append({
-            "data_source": str(row.get("source") or "calcx"),
-            "prompt": [
-                {"role": "system", "content": SYSTEM_MESSAGE},
-                {"role": "user", "content": build_task(str(row["question"]))},
-            ],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(row["result"])},
-            "extra_info": {"index": index, "id": str(row["id"])},
-        })
+    records = [verl_record(row, index, prompt=prompt_messages(str(row["question"])), agent_name=SINGLE_TURN_AGENT)
+               for index, row in enumerate(read_rows(src))]
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(records), out)
     return len(records)

@@ -7,10 +7,12 @@
 #   src/gpu/h200_run.sh setup                  # join + verify the PEX and the GGUF, convert the model
 #   src/gpu/h200_run.sh pex                    # the PEX's half of setup (join, verify, build its venv),
 #                                                # to run while the model's pieces are still coming
-#   src/gpu/h200_run.sh campaign STEPS MODE... # setup, then one run per MODE (sync|async) to its end,
-#                                                # one after another; start it with setsid nohup
+#   src/gpu/h200_run.sh campaign STEPS MODE... # setup, then one run per MODE (sync|async|anchor) to
+#                                                # its end, one after another; start it with setsid nohup
 #   src/gpu/h200_run.sh start NAME STEPS [KEY=VALUE...]  # `calcx train` in the background; the
-#                                                # overrides win over RUN_ARGS; FLAGS="--async" adds flags
+#                                                # overrides win over RUN_ARGS; FLAGS="--async" adds flags;
+#                                                # NAME anchor runs `calcx anchor train` (verl's
+#                                                # ToolAgentLoop, run name toolagentloop) instead
 #   src/gpu/h200_run.sh launch STEPS MODE...   # the campaign in the background (setsid nohup)
 #   src/gpu/h200_run.sh watch SECONDS [OUT]    # the campaign's runs after it ends or SECONDS pass
 #   src/gpu/h200_run.sh status NAME [OUT]      # progress and step tables; OUT gets NAME.tar.gz
@@ -50,6 +52,10 @@ RUN_ARGS=(
   trainer.val_before_train=true trainer.test_freq=10 trainer.save_freq=-1 trainer.total_epochs=1
 )
 
+# The runs a campaign knows; `anchor` is verl's own ToolAgentLoop on the same settings (docs/anchor.md).
+MODES=(sync async anchor)
+ANCHOR_RUN_NAME=toolagentloop
+
 stage="${1:?stage: receive|setup|start|status|wait|stop}"; shift
 case "$stage" in
   receive)
@@ -86,9 +92,11 @@ case "$stage" in
     ;;
   campaign)
     steps="${1:?STEPS}"; shift
+    for mode in "$@"; do  # before setup's minutes
+      [[ " ${MODES[*]} " == *" $mode "* ]] || { echo "campaign: mode $mode is not one of: ${MODES[*]}" >&2; exit 2; }
+    done
     "$0" setup
     for mode in "$@"; do
-      [[ "$mode" == sync || "$mode" == async ]] || { echo "campaign: mode $mode is not sync or async" >&2; exit 2; }
       FLAGS="$([[ "$mode" == async ]] && echo --async || true)" "$0" start "$mode" "$steps"
       while kill -0 "$(cat "$RESULTS/$mode/pid")" 2>/dev/null; do sleep 5; done
       echo "$(date +%s)" > "$RESULTS/$mode/ended"
@@ -103,9 +111,11 @@ case "$stage" in
     mkdir -p "$dir"
     torch="$(torch_site)"
     echo "$(date +%s)" > "$dir/started"
-    setsid nohup env PEX_EXTRA_SYS_PATH="$torch" "$PYTHON" "$PEX" train \
+    cmd=(train); run="$name"
+    [[ "$name" == anchor ]] && { cmd=(anchor train); run="$ANCHOR_RUN_NAME"; }
+    setsid nohup env PEX_EXTRA_SYS_PATH="$torch" "$PYTHON" "$PEX" "${cmd[@]}" \
       --model "$MODEL" --train-file "$IN/gsm8k/train.parquet" --val-file "$IN/gsm8k/test.parquet" \
-      --run-name "$name" ${FLAGS:-} "calcx.report_dir=$dir" trainer.total_training_steps="$steps" "${RUN_ARGS[@]}" "$@" \
+      --run-name "$run" ${FLAGS:-} "calcx.report_dir=$dir" trainer.total_training_steps="$steps" "${RUN_ARGS[@]}" "$@" \
       >"$dir/train.log" 2>&1 </dev/null &
     echo $! > "$dir/pid"
     echo "started $name (pid $(cat "$dir/pid")): $dir/train.log"
@@ -123,8 +133,8 @@ case "$stage" in
     while kill -0 "$(cat "$RESULTS/campaign.pid")" 2>/dev/null && (( $(date +%s) < deadline )); do sleep 10; done
     kill -0 "$(cat "$RESULTS/campaign.pid")" 2>/dev/null && echo "campaign: running" || echo "campaign: ended"
     tail -n 5 "$RESULTS/campaign.log" | cut -c1-300
-    for mode in sync async; do
-      [[ -f "$RESULTS/$mode/pid" ]] && "$0" status "$mode" ${out:+"$out"}
+    for mode in "${MODES[@]}"; do
+      if [[ -f "$RESULTS/$mode/pid" ]]; then "$0" status "$mode" ${out:+"$out"}; fi
     done
     ;;
   status|wait)
@@ -138,8 +148,8 @@ case "$stage" in
     alive=no; kill -0 "$(cat "$dir/pid")" 2>/dev/null && alive=yes
     echo "run $name: running=$alive, $(( $(date +%s) - $(cat "$dir/started") )) s since start"
     [[ -f "$dir/metrics.jsonl" ]] && echo "steps logged: $(grep -c '"timing_s/step"' "$dir/metrics.jsonl" || true)"
-    grep -E "step:[0-9]+ |Traceback|Error|calcx train:" "$dir/train.log" | tail -n 6 | cut -c1-400 || true
-    db="$dir/services/calcx.db"
+    grep -E "step:[0-9]+ |Traceback|Error|calcx (anchor )?train:" "$dir/train.log" | tail -n 6 | cut -c1-400 || true
+    db="$dir/services/calcx.db"  # calcx's runs only: the anchor starts no calcx server
     if [[ -f "$dir/metrics.jsonl" ]]; then
       "$PYTHON" "$here/step_table.py" "$dir/metrics.jsonl" $([[ -f "$db" ]] && echo --calls "$db") \
         > "$dir/steps.md" 2>&1 || true
@@ -159,7 +169,7 @@ case "$stage" in
     name="${1:?NAME}"
     if [[ "$name" == campaign ]]; then  # the campaign first (so it starts nothing more), then its runs
       kill -TERM -- "-$(cat "$RESULTS/campaign.pid")" 2>/dev/null || true
-      for mode in sync async; do [[ -f "$RESULTS/$mode/pid" ]] && "$0" stop "$mode"; done
+      for mode in "${MODES[@]}"; do [[ -f "$RESULTS/$mode/pid" ]] && "$0" stop "$mode"; done
       exit 0
     fi
     pid="$(cat "$RESULTS/$name/pid")"

@@ -57,6 +57,9 @@ class ComposeRequest:
     async_mode: bool = False
     chat_template: str | None = None
     dotlist: list[str] = field(default_factory=list)
+    # files in calcx.yaml's format applied after it (and async.yaml), under the flags and dotlist:
+    # another run built on calcx's defaults (`calcx anchor train`)
+    overlays: list[Path] = field(default_factory=list)
 
 
 def _leaves(node: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
@@ -120,7 +123,7 @@ def _group_names(config_dir: Path) -> set[str]:
 
 
 def compose(request: ComposeRequest) -> DictConfig:
-    """verl defaults < calcx.yaml < (async.yaml) < flags < command-line dotlist."""
+    """verl defaults < calcx.yaml < (async.yaml) < overlays < flags < command-line dotlist."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -142,6 +145,8 @@ def compose(request: ComposeRequest) -> DictConfig:
          must_exist=True, origin="calcx")
     if request.async_mode:
         _apply_file(cfg, ASYNC_OVERRIDES)
+    for overlay in request.overlays:
+        _apply_file(cfg, Path(overlay))
 
     flags = {
         "actor_rollout_ref.model.path": request.model,

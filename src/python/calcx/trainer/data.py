@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 DEFAULT_DATA_DIR = Path("data/calcx")
 DEFAULT_TRAIN = DEFAULT_DATA_DIR / "train.parquet"
@@ -30,22 +30,33 @@ def ensure_generated(path: Path) -> None:
         raise FileNotFoundError(f"'calcx data generate --out {path.parent}' did not produce {path} (exit {code})")
 
 
+def verl_record(row: dict[str, Any], index: int, *, prompt: list[dict[str, str]], agent_name: str) -> dict[str, Any]:
+    """The columns verl reads from one Calc-X row: `prompt`, the agent loop that runs it, the
+    `data_source` its validation metrics are grouped by, and the ground truth."""
+    return {
+        "prompt": prompt,
+        "data_source": str(row.get("source") or "calcx"),
+        "agent_name": agent_name,
+        "reward_model": {"style": "rule", "ground_truth": str(row["result"])},
+        "extra_info": {"index": index, "id": str(row["id"])},
+    }
+
+
 def verl_records(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     records = []
     for index, row in enumerate(rows):
         records.append({
-            "prompt": [{"role": "user", "content": str(row["question"])}],
-            "data_source": str(row.get("source") or "calcx"),
-            "agent_name": AGENT_NAME,
-            "reward_model": {"style": "rule", "ground_truth": str(row["result"])},
-            "extra_info": {"index": index, "id": str(row["id"])},
+            **verl_record(row, index, prompt=[{"role": "user", "content": str(row["question"])}],
+                          agent_name=AGENT_NAME),
             "calcx_row": json.dumps(row, ensure_ascii=False, sort_keys=True),
         })
     return records
 
 
-def to_verl_parquet(src: str | Path, dst: str | Path) -> Path:
-    """Read (and validate) a Calc-X parquet/jsonl file and write verl's layout to `dst`."""
+def to_verl_parquet(src: str | Path, dst: str | Path,
+                    records: Callable[[Sequence[dict[str, Any]]], list[dict[str, Any]]] = verl_records) -> Path:
+    """Read (and validate) a Calc-X parquet/jsonl file and write `records(rows)` to `dst` (verl's
+    layout for calcx's agent loop unless another is given)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -56,5 +67,5 @@ def to_verl_parquet(src: str | Path, dst: str | Path) -> Path:
         raise ValueError(f"{src} has no rows; nothing to train on")
     out = Path(dst)
     out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(verl_records(rows)), out)
+    pq.write_table(pa.Table.from_pylist(records(rows)), out)
     return out

@@ -15,11 +15,11 @@ import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from calcx.trainer.data import to_verl_parquet
+from calcx.trainer.data import to_verl_parquet, verl_records
 from calcx.trainer.report import count_incomplete, write_report
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
 
@@ -83,15 +83,17 @@ def set_worker_env(cfg: DictConfig, env: dict[str, str]) -> None:
                 env_vars[name] = value
 
 
-def prepare_files(cfg: DictConfig, report_dir: Path, *, train_src: Path, val_src: Path) -> Path:
-    """verl-layout data files and the file logger; returns the metrics JSONL path."""
+def prepare_files(cfg: DictConfig, report_dir: Path, *, train_src: Path, val_src: Path,
+                  records: Callable[[Sequence[dict[str, Any]]], list[dict[str, Any]]] = verl_records) -> Path:
+    """verl-layout data files (`records` of the Calc-X rows) and the file logger; returns the
+    metrics JSONL path."""
     from calcx.trainer.config import resolve_model_path
 
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = resolve_model_path(str(cfg.actor_rollout_ref.model.path))
         cfg.calcx.report_dir = str(report_dir)
-        cfg.data.train_files = str(to_verl_parquet(train_src, report_dir / "verl_train.parquet"))
-        cfg.data.val_files = str(to_verl_parquet(val_src, report_dir / "verl_val.parquet"))
+        cfg.data.train_files = str(to_verl_parquet(train_src, report_dir / "verl_train.parquet", records))
+        cfg.data.val_files = str(to_verl_parquet(val_src, report_dir / "verl_val.parquet", records))
         loggers = list(cfg.trainer.logger)
         if "file" not in loggers:
             loggers.append("file")  # the report's metrics JSONL

@@ -1,0 +1,113 @@
+"""`calcx anchor train`: the step-time anchor, verl's ToolAgentLoop on calcx train's config.
+
+`--help` needs nothing but the standard library; `--print-config` needs hydra-core and verl's YAML
+files (verl is located, not imported); training needs the GPU stack and fails fast without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from calcx.trainer.cli import DEFAULT_MODEL, DEFAULT_TRAIN, DEFAULT_VAL, cuda_problem
+
+NO_GPU_MESSAGE = ("calcx anchor train: no CUDA GPU was found on this machine ({why}). The anchor trains "
+                  "like calcx train: an NVIDIA GPU with torch, vLLM and verl installed.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="calcx anchor",
+        description="The step-time anchor: verl 0.9.1's own ToolAgentLoop with the MCP calculator in-process, "
+                    "on calcx train's model, problems, batch and limits, scored by calcx's reward.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="train")
+    train = commands.add_parser(
+        "train", help="GRPO training with verl's ToolAgentLoop (needs a CUDA GPU)",
+        description="Train with verl's ToolAgentLoop. The config is calcx train's (verl's ppo_trainer defaults, "
+                    "then calcx/trainer/config/calcx.yaml), then calcx/anchor/config/anchor.yaml, then these "
+                    "flags, then any KEY=VALUE overrides. No calcx server, controller or agent process is started.",
+        epilog="overrides: the same Hydra-style dotlist as calcx train's (e.g. data.train_batch_size=32 "
+               "calcx.report_dir=results/anchor); metrics go to calcx.report_dir/metrics.jsonl.",
+    )
+    train.add_argument("--train-file", default=DEFAULT_TRAIN, help=f"Calc-X training rows (default {DEFAULT_TRAIN})")
+    train.add_argument("--val-file", default=DEFAULT_VAL, help=f"validation rows (default {DEFAULT_VAL})")
+    train.add_argument("--model", default=DEFAULT_MODEL,
+                       help=f"policy model: a local Hugging Face model directory or a hub id (default {DEFAULT_MODEL})")
+    train.add_argument("--run-name", default=None,
+                       help="experiment name: checkpoint and report directory name (default calcx-anchor)")
+    train.add_argument("--chat-template", default=None, metavar="PATH|hermes",
+                       help="Jinja chat template for vLLM and verl's tokenizer, as calcx train's (default: the model's own)")
+    train.add_argument("--print-config", action="store_true",
+                       help="print the composed config and exit; needs no GPU")
+    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, applied last")
+    return parser
+
+
+def compose_from_args(args: argparse.Namespace):
+    from calcx.anchor.config import compose_anchor
+    from calcx.trainer.config import ComposeRequest
+
+    return compose_anchor(ComposeRequest(
+        model=args.model, train_files=args.train_file, val_files=args.val_file, run_name=args.run_name,
+        chat_template=args.chat_template, dotlist=list(args.overrides),
+    ))
+
+
+def _raise_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _train(args: argparse.Namespace) -> int:
+    problem = cuda_problem()
+    if problem is not None:
+        print(NO_GPU_MESSAGE.format(why=problem), file=sys.stderr)
+        return 3
+    from calcx.trainer.native_libs import expose_native_libraries
+
+    expose_native_libraries()  # before Ray and vLLM start: their processes inherit the environment
+    from calcx.anchor.launch import run_anchor
+    from calcx.trainer import data as data_mod
+    from calcx.trainer.config import ConfigError
+
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM unwinds like Ctrl-C
+    try:
+        train_src, val_src = Path(args.train_file), Path(args.val_file)
+        data_mod.ensure_generated(train_src)
+        data_mod.ensure_generated(val_src)
+        return run_anchor(compose_from_args(args), train_src=train_src, val_src=val_src)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:  # bad data rows are ValueErrors
+        print(f"calcx anchor train: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("calcx anchor train: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    bad = [item for item in args.overrides if "=" not in item]
+    if bad:
+        print(f"calcx anchor train: {bad[0]!r} is not an override of the form KEY=VALUE "
+              "(flags go before the overrides)", file=sys.stderr)
+        return 2
+    if args.print_config:
+        from calcx.trainer.config import ConfigError, redacted_yaml
+
+        try:
+            cfg = compose_from_args(args)
+        except ConfigError as exc:
+            print(f"calcx anchor train: {exc}", file=sys.stderr)
+            return 2
+        sys.stdout.write(redacted_yaml(cfg))
+        return 0
+    return _train(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,28 @@
+"""Calc-X rows -> the rows verl's ToolAgentLoop reads.
+
+verl's loop opens the chat itself from `prompt`, so `prompt` holds what calcx's agent opens its
+chat with: AutoGen's system message, then the user turn `build_task(question)` (the question and
+the answer-format instruction). The other columns are calcx train's (calcx.trainer.data): one
+`data_source`, ground truth and row index for both runs. No `tools_kwargs`: the calculator keeps
+no per-trajectory state, so verl's default (nothing to pass to `create`) is all it needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from calcx.agent.answer import SYSTEM_MESSAGE, build_task
+from calcx.trainer.data import verl_record
+
+# verl 0.9.1 registers its ToolAgentLoop under this name
+TOOL_AGENT = "tool_agent"
+
+
+def prompt_messages(question: str) -> list[dict[str, str]]:
+    """The system and user messages the calcx agent's first model call starts with."""
+    return [{"role": "system", "content": SYSTEM_MESSAGE}, {"role": "user", "content": build_task(question)}]
+
+
+def anchor_records(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [verl_record(row, index, prompt=prompt_messages(str(row["question"])), agent_name=TOOL_AGENT)
+            for index, row in enumerate(rows)]

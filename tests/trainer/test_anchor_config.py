@@ -1,0 +1,235 @@
+"""`calcx anchor train`: calcx train's config with verl's ToolAgentLoop in place of calcx's agent
+loop, checked by verl itself; the GPU run's command lines (src/gpu/h200_run.sh) compose to the same
+batch, samples, lengths and step-efficiency defaults for both runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from calcx.anchor import cli as anchor_cli
+from calcx.anchor.config import TOOLS_FILE, compose_anchor
+from calcx.anchor.data import TOOL_AGENT
+from calcx.trainer import cli as trainer_cli
+from calcx.trainer.config import ComposeRequest, compose
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(REPO / "src" / "python")}
+RUN_SCRIPT = REPO / "src" / "gpu" / "h200_run.sh"
+PROBE = (
+    "import sys; from calcx.cli import main\n"
+    "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
+    "heavy = sorted(m for m in ('torch', 'verl', 'ray', 'vllm') if m in sys.modules)\n"
+    "print('HEAVY=' + ','.join(heavy), file=sys.stderr); raise SystemExit(code)\n"
+)
+
+# what the two runs must share, key by key: batch and samples, learning rate, lengths, packing and
+# token-budgeted micro-batches, attention, memory settings, engine, algorithm, trainer mode
+SHARED = [
+    "data.train_batch_size", "data.val_batch_size", "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.rollout.val_kwargs.n", "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.optim.lr",
+    "data.max_prompt_length", "data.max_response_length", "actor_rollout_ref.rollout.prompt_length",
+    "actor_rollout_ref.rollout.response_length", "actor_rollout_ref.rollout.max_model_len",
+    "data.filter_overlong_prompts", "data.truncation",
+    "actor_rollout_ref.model.use_remove_padding", "actor_rollout_ref.actor.use_dynamic_bsz",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
+    "actor_rollout_ref.model.override_config.attn_implementation",
+    "actor_rollout_ref.model.enable_gradient_checkpointing", "actor_rollout_ref.actor.fsdp_config.param_offload",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload", "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode", "actor_rollout_ref.rollout.temperature",
+    "actor_rollout_ref.rollout.val_kwargs.temperature", "actor_rollout_ref.rollout.calculate_log_probs",
+    "actor_rollout_ref.rollout.engine_kwargs", "actor_rollout_ref.model.path",
+    "actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_high",
+    "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.entropy_coeff",
+    "algorithm.adv_estimator", "algorithm.use_kl_in_reward", "trainer.use_v1", "trainer.v1.trainer_mode",
+    "trainer.v1.sampler.sync_refill_failed_groups", "trainer.n_gpus_per_node", "trainer.total_epochs",
+    "trainer.total_training_steps", "trainer.val_before_train", "trainer.test_freq", "trainer.save_freq",
+]
+# all that the anchor changes (besides the run's name and report directory)
+ANCHOR_SETTINGS = {
+    "actor_rollout_ref.rollout.multi_turn.enable": True,
+    "actor_rollout_ref.rollout.multi_turn.tool_config_path": str(TOOLS_FILE),
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 2,
+    "actor_rollout_ref.rollout.multi_turn.max_user_turns": 1,
+    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": 8,
+    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": 8192,
+    "actor_rollout_ref.rollout.agent.default_agent_loop": TOOL_AGENT,
+    "actor_rollout_ref.rollout.agent.agent_loop_config_path": None,
+    "actor_rollout_ref.rollout.agent.agent_loop_manager_class": None,
+    "reward.custom_reward_function.path": "pkg://calcx.anchor.reward",
+}
+
+
+def leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=False)
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: node}
+
+
+def differing(a: DictConfig, b: DictConfig) -> set[str]:
+    la, lb = leaves(a), leaves(b)
+    return {k for k in la.keys() | lb.keys() if la.get(k, "<absent>") != lb.get(k, "<absent>")}
+
+
+def assert_shared(calcx_cfg: DictConfig, anchor_cfg: DictConfig) -> None:
+    for key in SHARED:
+        ours, theirs = OmegaConf.select(anchor_cfg, key), OmegaConf.select(calcx_cfg, key)
+        assert ours == theirs, f"{key}: anchor {ours!r} != calcx train {theirs!r}"
+
+
+def test_the_anchor_is_calcx_trains_config_with_verls_tool_loop() -> None:
+    calcx_cfg, anchor_cfg = compose(ComposeRequest()), compose_anchor(ComposeRequest())
+    assert_shared(calcx_cfg, anchor_cfg)
+    assert differing(calcx_cfg, anchor_cfg) == set(ANCHOR_SETTINGS) | {"trainer.experiment_name"}
+    for key, value in ANCHOR_SETTINGS.items():
+        assert OmegaConf.select(anchor_cfg, key) == value, key
+    assert anchor_cfg.trainer.experiment_name == "calcx-anchor"
+    multi_turn = anchor_cfg.actor_rollout_ref.rollout.multi_turn
+    assert multi_turn.format == "hermes" and TOOLS_FILE.is_file()
+    assert OmegaConf.select(anchor_cfg, "data.tool_config_path") == str(TOOLS_FILE)  # verl's length filter sees the tool
+
+
+def test_verl_checks_the_anchor_config_and_loads_its_parts() -> None:
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import RolloutConfig
+
+    from calcx.trainer.launch import validate_with_verl
+
+    cfg = compose_anchor(ComposeRequest(dotlist=["data.max_prompt_length=2048", "data.max_response_length=1024"]))
+    validate_with_verl(cfg)
+    rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    assert isinstance(rollout, RolloutConfig) and rollout.multi_turn.enable and rollout.multi_turn.format == "hermes"
+    assert rollout.agent.default_agent_loop == TOOL_AGENT and rollout.agent.agent_loop_manager_class is None
+    import verl.experimental.agent_loop.tool_agent_loop  # noqa: F401  (registers verl's loops)
+
+    assert _agent_loop_registry[TOOL_AGENT]["_target_"] == (
+        "verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop")
+    score = get_custom_reward_fn(cfg)  # as verl's reward workers load it
+    assert score(data_source="gsm8k", solution_str="### ANSWER: 12 ###", ground_truth="12", extra_info={}) == 1.0
+    assert score(data_source="gsm8k", solution_str="### ANSWER: 13 ###", ground_truth="12", extra_info={}) == 0.0
+
+
+def test_command_line_wins_over_the_anchor_settings() -> None:
+    cfg = compose_anchor(ComposeRequest(run_name="mine", dotlist=[
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3", "actor_rollout_ref.rollout.multi_turn."
+        "tool_config_path=/elsewhere/tools.yaml"]))
+    assert cfg.trainer.experiment_name == "mine"
+    assert cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 3
+    assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path == "/elsewhere/tools.yaml"
+
+
+def _calcx(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120,
+                          env=env or ENV, cwd=REPO)
+
+
+def test_print_config_through_the_calcx_command_stays_light() -> None:
+    done = _calcx("anchor", "train", "--print-config", "--run-name", "toolagentloop", "trainer.total_epochs=1")
+    assert done.returncode == 0, done.stderr
+    assert "HEAVY=\n" in done.stderr + "\n"
+    shown = yaml.safe_load(done.stdout)
+    arr = shown["actor_rollout_ref"]["rollout"]
+    assert arr["agent"]["default_agent_loop"] == TOOL_AGENT and arr["multi_turn"]["enable"] is True
+    assert arr["multi_turn"]["tool_config_path"] == str(TOOLS_FILE)
+    assert shown["reward"]["custom_reward_function"]["path"] == "pkg://calcx.anchor.reward"
+    assert shown["trainer"]["experiment_name"] == "toolagentloop" and shown["trainer"]["total_epochs"] == 1
+    bad = _calcx("anchor", "train", "--print-config", "trainer.totl_epochs=1")
+    assert bad.returncode == 2 and "trainer.totl_epochs" in bad.stderr
+
+
+def test_help_lists_the_command_and_training_without_a_gpu_fails_fast(tmp_path: Path) -> None:
+    listed = _calcx("--help")
+    assert listed.returncode == 0 and "anchor" in listed.stdout
+    helped = _calcx("anchor", "train", "--help")
+    assert helped.returncode == 0
+    for flag in ("--train-file", "--val-file", "--model", "--run-name", "--print-config", "KEY=VALUE"):
+        assert flag in helped.stdout
+    done = subprocess.run([sys.executable, "-m", "calcx.anchor.cli", "train", "--train-file",
+                           str(tmp_path / "x.parquet")], capture_output=True, text=True, timeout=120,
+                          env={**ENV, "CUDA_VISIBLE_DEVICES": ""}, cwd=tmp_path)
+    assert done.returncode == 3 and "no CUDA GPU" in done.stderr
+    assert not (tmp_path / "data").exists()
+
+
+# -- the GPU run's command lines -----------------------------------------------------------------------
+FAKE_PYTHON = """#!/bin/bash
+# the machine's python3, as h200_run.sh calls it: its torch directory, the step table, or the PEX
+case "$1" in
+  -c) echo /machine/torch/site-packages ;;
+  *step_table.py) exec "$REAL_PYTHON" "$@" ;;
+  *) shift; printf '%s\\n' "$@" > "$ARGV_DIR/run.argv.tmp" && mv "$ARGV_DIR/run.argv.tmp" "$ARGV_DIR/run.argv" ;;
+esac
+"""
+
+
+def _script(work: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WORK": str(work), "PYTHON": str(work / "python3"), "REAL_PYTHON": sys.executable,
+           "ARGV_DIR": str(work)}
+    return subprocess.run(["bash", str(RUN_SCRIPT), *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def _started(work: Path, name: str) -> list[str]:
+    """The arguments `h200_run.sh start NAME` hands the PEX (after the PEX's own path)."""
+    (work / "run.argv").unlink(missing_ok=True)
+    done = _script(work, "start", name, "20")
+    assert done.returncode == 0, done.stderr
+    deadline = time.monotonic() + 30
+    while not (work / "run.argv").exists():
+        assert time.monotonic() < deadline, f"h200_run.sh start {name} ran nothing"
+        time.sleep(0.1)
+    return (work / "run.argv").read_text().splitlines()
+
+
+def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path) -> None:
+    fake = tmp_path / "python3"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    calcx_argv, anchor_argv = _started(tmp_path, "sync"), _started(tmp_path, "anchor")
+    assert calcx_argv[0] == "train" and anchor_argv[:2] == ["anchor", "train"]
+    calcx_cfg = trainer_cli.compose_from_args(trainer_cli.build_parser().parse_args(calcx_argv[1:]))
+    anchor_cfg = anchor_cli.compose_from_args(anchor_cli.build_parser().parse_args(anchor_argv[1:]))
+    assert_shared(calcx_cfg, anchor_cfg)
+    assert differing(calcx_cfg, anchor_cfg) == set(ANCHOR_SETTINGS) | {"trainer.experiment_name", "calcx.report_dir"}
+    assert (anchor_cfg.data.train_batch_size, anchor_cfg.actor_rollout_ref.rollout.n) == (32, 4)
+    assert (anchor_cfg.data.max_prompt_length, anchor_cfg.data.max_response_length) == (2048, 1024)
+    assert anchor_cfg.trainer.total_training_steps == 20 and anchor_cfg.trainer.v1.trainer_mode == "sync"
+    assert anchor_cfg.trainer.experiment_name == "toolagentloop"
+    assert anchor_cfg.calcx.report_dir == str(tmp_path / "results" / "anchor")
+    from calcx.trainer.launch import validate_with_verl
+
+    validate_with_verl(anchor_cfg)
+
+    # status and watch read the anchor's metrics like the others' (no calcx server store: no --calls)
+    run = tmp_path / "results" / "anchor"
+    steps = [{"step": s, "data": {"timing_s/step": 20.0 + s, "timing_s/gen": 5.0, "critic/score/mean": 0.5}}
+             for s in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in steps))
+    status = _script(tmp_path, "status", "anchor")
+    assert status.returncode == 0, status.stderr
+    assert "run anchor:" in status.stdout and "steps logged: 2" in status.stdout
+    rows = [line for line in status.stdout.splitlines() if line.startswith("| 2 |")]
+    assert rows and rows[0].split("|")[2].strip() == "22.00" and "n/a" in rows[0]
+    (tmp_path / "results" / "campaign.pid").write_text("999999999\n")
+    (tmp_path / "results" / "campaign.log").write_text("")
+    watched = _script(tmp_path, "watch", "1")
+    assert "run sync:" in watched.stdout and "run anchor:" in watched.stdout, watched.stdout + watched.stderr
+    bogus = _script(tmp_path, "campaign", "20", "sync", "bogus")
+    assert bogus.returncode == 2 and "mode bogus is not one of: sync async anchor" in bogus.stderr
+    assert not (tmp_path / "results" / "machine.txt").exists()  # refused before setup
