@@ -10,9 +10,11 @@ import sys
 import time
 
 import pytest
+from controller_harness import wait_gone
 
 from calcx.api.models import Claim, Rollout
 from calcx.contract.failures import reason_from_agent_exit
+from calcx.contract.ready import WORKER_READY_LINE
 from calcx.controller.__main__ import main as controller_main
 from calcx.controller.base import RunResult
 from calcx.controller.local_runner import LocalRunner, parse_command
@@ -100,6 +102,54 @@ def test_a_dead_worker_is_restarted_and_the_agent_runs_in_it() -> None:
     assert (result.state, result.reason, result.exit_code) == ("FAILED", "bad_environment", 2)
     assert "QUESTION" in (result.detail or "")
     assert restarts == 1 and second != first
+
+
+FAKE_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_worker.py")
+#: Loop passes between the worker's answer reaching the socket and the cancel: 0 is before the
+#: runner reads the answer, the last ones are after it has the agent's pid; Python 3.11's
+#: asyncio.wait_for lost a cancel that landed 1 or 2 passes after the answer.
+CANCEL_PASSES = range(12)
+#: A lost cancel leaves the run waiting for the agent to end by itself (never, here); a kept one
+#: ends it at once (the whole scan of 12 starts took ~0.5 s on 2 busy cores).
+CANCEL_CEILING_S = 30.0
+
+
+def test_shutdown_a_cancel_at_any_moment_of_an_agent_start_ends_the_run(tmp_path) -> None:
+    """What the controller's shutdown relies on: it cancels each running rollout once and waits
+    for it, so a cancel the runner loses keeps the controller alive until that agent's deadline."""
+    async def go() -> list[str]:
+        runner = LocalRunner(zygote_cmd=[sys.executable, FAKE_WORKER, "--ready-line", WORKER_READY_LINE,
+                                         "--dir", str(tmp_path)], fallback_to_spawn=False)
+        await runner.start()
+        lost: list[str] = []
+        try:
+            for n, passes in enumerate(CANCEL_PASSES, start=1):
+                task = asyncio.create_task(runner.run(claim(rid=f"r{n}", deadline_s=600)))
+                request = tmp_path / f"request-{n}"
+                while not request.exists():
+                    await asyncio.sleep(0.002)
+                agent = int(request.read_text())
+                (tmp_path / f"go-{n}").write_text("")
+                # The loop stands still until the worker's answer is in the runner's socket.
+                answered = time.monotonic() + 10
+                while not (tmp_path / f"replied-{n}").exists():
+                    assert time.monotonic() < answered, "the fake worker did not answer"
+                    time.sleep(0.001)
+                for _ in range(passes):
+                    await asyncio.sleep(0)
+                task.cancel()
+                done, _ = await asyncio.wait({task}, timeout=CANCEL_CEILING_S)
+                if not done or not task.cancelled():
+                    lost.append(f"a cancel {passes} loop passes after the worker answered was lost")
+                    break
+                if wait_gone([agent], timeout_s=10) != []:
+                    lost.append(f"the agent of a run cancelled {passes} loop passes after the answer is alive")
+        finally:
+            await runner.close()
+        return lost
+
+    lost = asyncio.run(go())
+    assert lost == [], "\n".join(lost)
 
 
 def test_reason_parsing_and_result_validation() -> None:

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 import torch
 
+from calcx.api.client import AsyncCalcxClient
 from calcx.contract.ready import STUB_LLM_READY
 from calcx.procs.managed import ManagedProcess
 from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.report import count_incomplete
-from calcx.trainer.server_api import TrainerServerClient
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
 from calcx.trainer.translate import RolloutIncomplete
 
@@ -118,7 +118,7 @@ async def _group(cfg, row: dict, uid: str, step: int) -> list[Any]:
 
 
 async def _register(stack: dict, model: str) -> None:
-    client = TrainerServerClient(stack["services"].server_url, stack["services"].key)
+    client = AsyncCalcxClient(stack["services"].server_url, stack["services"].key)
     try:
         await client.put_models(model, [stack["stub_url"]], 0)
     finally:
@@ -126,9 +126,9 @@ async def _register(stack: dict, model: str) -> None:
 
 
 async def _rollouts(stack: dict) -> dict[str, dict]:
-    client = TrainerServerClient(stack["services"].server_url, stack["services"].key)
+    client = AsyncCalcxClient(stack["services"].server_url, stack["services"].key)
     try:
-        return {r["rollout_id"]: r for r in await client.all_rollouts()}
+        return {r.rollout_id: r.model_dump(mode="json") for r in await client.all_rollouts()}
     finally:
         await client.aclose()
 

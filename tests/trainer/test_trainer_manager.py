@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.replicas import register_replicas_async
-from calcx.trainer.server_api import ServerError, TrainerServerClient
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
 from calcx.trainer.translate import rollout_create_body
 from live_stack import SERVICES_PYTHON, alive, needs_services, start_stub
@@ -101,15 +101,15 @@ def _free_port() -> int:
 
 async def _one_rollout(stack: dict, rid: str) -> tuple[dict, list[dict]]:
     services = stack["services"]
-    client = TrainerServerClient(services.server_url, services.key)
+    client = AsyncCalcxClient(services.server_url, services.key)
     try:
         await client.create_rollouts([rollout_create_body(
             rollout_id=rid, group_id=rid, row=stack["rows"][0], policy_version=0,
             env_map={"QUESTION": "question", "RESULT": "result"}, deadline_s=90, max_attempts=1, labels={})])
         for _ in range(12):
-            rollout = await client.wait(rid, timeout_s=10)
+            rollout = (await client.wait(rid, timeout_s=10)).model_dump(mode="json")
             if rollout["state"] in ("SUCCEEDED", "FAILED"):
-                return rollout, await client.calls(rid)
+                return rollout, [c.model_dump(mode="json") for c in await client.calls(rid)]
         raise AssertionError(f"{rid} did not finish: {rollout}")
     finally:
         await client.aclose()
@@ -140,7 +140,7 @@ def test_create_fails_clearly_when_the_server_is_down(stack: dict, tmp_path: Pat
 
     url = f"http://127.0.0.1:{_free_port()}"
     cfg = _config(url, stack["services"].key, tmp_path, workers=1)
-    with pytest.raises(ServerError) as err:
+    with pytest.raises(CalcxAPIError) as err:
         _create(cfg, _llm_client(cfg, ["127.0.0.1:9"]))
     assert err.value.status == 0 and err.value.code == "unreachable"
     assert f"PUT {url}/v1/models" in str(err.value) and "ConnectError" in str(err.value)
@@ -153,7 +153,7 @@ def test_create_fails_clearly_when_the_server_is_down(stack: dict, tmp_path: Pat
 def test_create_fails_clearly_with_a_wrong_or_missing_key(stack: dict, tmp_path: Path, key: str) -> None:
     before = _registry(stack)
     cfg = _config(stack["services"].server_url, key, tmp_path)
-    with pytest.raises(ServerError) as err:
+    with pytest.raises(CalcxAPIError) as err:
         _create(cfg, _llm_client(cfg, ["127.0.0.1:9"]))
     assert err.value.status == 401 and err.value.code == "unauthorized", err.value
     assert str(err.value).startswith("calcx server: 401 unauthorized: ")

@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
+from calcx.api.client import AsyncCalcxClient
 from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.data import verl_records
-from calcx.trainer.server_api import TrainerServerClient
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
 from live_stack import SERVICES_PYTHON, alive, needs_services, start_stub
 from verl_v1_cpu import load_v1
@@ -132,7 +132,7 @@ def _sync_replay_buffer(v1, cfg, refill):
 
 
 async def _register(stack: dict) -> None:
-    client = TrainerServerClient(stack["services"].server_url, stack["services"].key)
+    client = AsyncCalcxClient(stack["services"].server_url, stack["services"].key)
     try:
         await client.put_models("calcx-stub", [stack["stub_url"]], 0)
     finally:
@@ -140,9 +140,9 @@ async def _register(stack: dict) -> None:
 
 
 async def _rollouts(stack: dict) -> dict[str, dict]:
-    client = TrainerServerClient(stack["services"].server_url, stack["services"].key)
+    client = AsyncCalcxClient(stack["services"].server_url, stack["services"].key)
     try:
-        return {r["rollout_id"]: r for r in await client.all_rollouts()}
+        return {r.rollout_id: r.model_dump(mode="json") for r in await client.all_rollouts()}
     finally:
         await client.aclose()
 

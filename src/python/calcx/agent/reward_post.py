@@ -1,13 +1,12 @@
-"""Posting the reward event (Agent Lightning v1: ``POST $AGL_EVENT_URL``)."""
+"""Posting the reward event (Agent Lightning v1: ``POST $AGL_EVENT_URL``) through the calcx client."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 
-import httpx
-
 from calcx.agent.failures import RewardPostFailed
+from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 
 POST_ATTEMPTS = 4
 FIRST_BACKOFF_S = 0.25
@@ -21,30 +20,30 @@ def reward_event(value: float) -> dict:
     return {"event_type": "reward", "data": {"value": float(value)}}
 
 
+def _retriable(exc: CalcxAPIError) -> bool:
+    """No answer, a server error, or 408/429: the reward may be stored on a later try."""
+    return exc.unreachable or exc.status >= 500 or exc.status in (408, 429)
+
+
 async def post_reward(event_url: str, key: str, value: float, *, attempts: int = POST_ATTEMPTS) -> dict:
     """POST the reward with the bearer key; retry connection errors and 5xx, fail on 4xx.
 
-    Returns the server's JSON answer; raises RewardPostFailed when the reward was not stored.
+    Returns the server's answer (`{"event_id": ...}`); raises RewardPostFailed when the reward
+    was not stored.
     """
-    body = reward_event(value)
-    headers = {"Authorization": f"Bearer {key}"}
+    event = reward_event(value)
     backoff = FIRST_BACKOFF_S
     last_problem = "no attempt made"
-    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
+    async with AsyncCalcxClient(event_url, key, timeout=REQUEST_TIMEOUT_S) as client:
         for attempt in range(1, attempts + 1):
             try:
-                response = await client.post(event_url, json=body, headers=headers)
-            except httpx.TransportError as exc:
-                last_problem = f"{type(exc).__name__}: {exc}"
-            else:
-                if response.status_code < 300:
-                    try:
-                        return response.json()
-                    except ValueError:
-                        return {}
-                last_problem = f"HTTP {response.status_code}: {response.text[:300]}"
-                if response.status_code < 500 and response.status_code not in (408, 429):
-                    raise RewardPostFailed(f"event endpoint {event_url} refused the reward ({last_problem})")
+                return {"event_id": await client.post_event_to(event_url, event["event_type"], event["data"])}
+            except CalcxAPIError as exc:
+                if 200 <= exc.status < 300:
+                    return {}  # stored; only the answer was not the usual {"event_id": ...}
+                last_problem = exc.message if exc.unreachable else f"HTTP {exc.status} {exc.code}: {exc.message}"
+                if not _retriable(exc):
+                    raise RewardPostFailed(f"event endpoint {event_url} refused the reward ({last_problem})") from None
             if attempt < attempts:
                 await asyncio.sleep(backoff)
                 backoff *= 2

@@ -1,1 +1,1 @@
-"""calcx HTTP API: pydantic models, sync/async clients, attempt tokens."""
+"""calcx HTTP API: pydantic models, the endpoint table, the one client and its error, attempt tokens."""

@@ -1,23 +1,29 @@
-"""Typed clients of the calcx server: `CalcxClient` (sync) and `AsyncCalcxClient` (asyncio).
+"""The one client of the calcx server: `AsyncCalcxClient`, and `CalcxClient`, its blocking face.
 
-Every method maps to one endpoint of docs/architecture.md. Error answers raise
-`CalcxAPIError(status, code, message)`; a server that cannot be reached raises
-`CalcxConnectionError` (a `CalcxAPIError` with status 0). Long polls get a read timeout a little
-longer than the poll itself.
+Every method builds a `Call` from one row of `calcx.api.endpoints` (path, answer model, long-poll
+or gateway timeout) and hands it to the transport: `AsyncCalcxClient` awaits it on an
+`httpx.AsyncClient`, `CalcxClient` sends the very same call through an `httpx.Client`, so each
+request is written once. Error answers and unreachable servers raise `CalcxAPIError`
+(`calcx.api.errors`). Neither retries: the controller, agent and trainer each keep their own
+retry policy, on top of `CalcxAPIError.status`.
 """
 
 from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterable, Mapping
-from typing import Any
-from urllib.parse import quote
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, Union
 
 import httpx
 
+from calcx.api import endpoints as api
+from calcx.api.endpoints import POLL_MARGIN_S, Endpoint
+from calcx.api.errors import BAD_RESPONSE, CalcxAPIError
 from calcx.api.models import (
     ClaimsResponse,
+    Health,
     HeartbeatResponse,
     ModelRegistry,
     RecordedCall,
@@ -26,93 +32,246 @@ from calcx.api.models import (
     TerminalPage,
 )
 
-_POLL_MARGIN_S = 15.0
+T = TypeVar("T")
+#: What a method returns: the value (`CalcxClient`) or an awaitable of it (`AsyncCalcxClient`).
+Reply = Union[T, Awaitable[T]]
+
 # Requests go out as header and body writes; without TCP_NODELAY, Nagle's algorithm holds the
 # body until the server's delayed ACK (~40 ms per request).
 _SOCKET_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-_CHAT_TIMEOUT_S = 600.0
 
 
-class CalcxAPIError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
+@dataclass(frozen=True)
+class Call:
+    """One request to one endpoint, and what the method returns from the answer (`pick`)."""
 
+    endpoint: Endpoint
+    path_params: Mapping[str, str] = field(default_factory=dict)
+    body: Any = None
+    query: Mapping[str, Any] | None = None
+    #: long polls: how long the server may hold the answer
+    poll_s: float | None = None
+    #: an absolute URL the server handed out ($AGL_EVENT_URL) instead of the endpoint's path
+    url: str | None = None
+    pick: Callable[[Any], Any] | None = None
 
-class CalcxConnectionError(CalcxAPIError):
-    def __init__(self, message: str) -> None:
-        super().__init__(0, "unreachable", message)
+    def target(self) -> str:
+        return self.url or self.endpoint.path_for(**self.path_params)
 
+    def timeout(self, default: float) -> float:
+        if self.endpoint.long_poll:
+            return (self.poll_s or 0.0) + POLL_MARGIN_S
+        return default if self.endpoint.timeout_s is None else self.endpoint.timeout_s
 
-def _error_from(resp: httpx.Response) -> CalcxAPIError:
-    code, message = "http_error", resp.text[:500] or resp.reason_phrase
-    try:
-        body = resp.json()
-        err = body.get("error") if isinstance(body, dict) else None
-        if isinstance(err, dict):
-            code = str(err.get("code", code))
-            message = str(err.get("message", message))
-    except ValueError:
-        pass
-    return CalcxAPIError(resp.status_code, code, message)
+    def read(self, response: httpx.Response, request: str) -> Any:
+        """The answer as the endpoint's model (then `pick`), or `CalcxAPIError`."""
+        if not 200 <= response.status_code < 300:
+            raise CalcxAPIError.from_response(response, request)
+        model = self.endpoint.response
+        try:
+            if model is not None:
+                answer: Any = model.model_validate_json(response.content)
+            elif response.headers.get("content-type", "").startswith("application/json"):
+                answer = response.json()
+            else:
+                answer = response.text
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            what = model.__name__ if model is not None else "JSON"
+            raise CalcxAPIError(response.status_code, BAD_RESPONSE, f"the answer is not {what}: {exc}"[:500],
+                                request) from exc
+        return self.pick(answer) if self.pick is not None else answer
 
 
 def _create_body(rollouts: Iterable[RolloutCreate | Mapping[str, Any]]) -> dict[str, Any]:
-    items = []
-    for r in rollouts:
-        items.append(r.model_dump(mode="json") if isinstance(r, RolloutCreate) else dict(r))
-    return {"rollouts": items}
+    return {"rollouts": [r.model_dump(mode="json") if isinstance(r, RolloutCreate) else dict(r) for r in rollouts]}
 
 
-def _q(part: str) -> str:
-    return quote(str(part), safe="")
+def _rollouts(page: Any) -> list[Rollout]:
+    return page.rollouts
+
+
+def _list_call(state: str | None, group_id: str | None, controller_id: str | None, limit: int,
+               offset: int) -> Call:
+    query: dict[str, Any] = {"limit": limit, "offset": offset}
+    for name, value in (("state", state), ("group_id", group_id), ("controller_id", controller_id)):
+        if value is not None:
+            query[name] = value
+    return Call(api.LIST_ROLLOUTS, query=query, pick=_rollouts)
+
+
+def _every_rollout(page: int) -> Generator[Call, list[Rollout], list[Rollout]]:
+    out: list[Rollout] = []
+    while True:
+        batch = yield _list_call(None, None, None, page, len(out))
+        out.extend(batch)
+        if len(batch) < page:
+            return out
 
 
 def _headers(key: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    headers = {"content-type": "application/json"}
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    return headers
 
 
-class _Requests:
-    """Paths and bodies shared by both clients; each returns (method, path, params, body, timeout)."""
+class _Endpoints:
+    """One method per endpoint, written once: `_send` runs a `Call`, `_drive` a sequence of them."""
 
-    @staticmethod
-    def finish_body(
-        state: str, reason: str | None, exit_code: int | None, agent_seconds: float | None, detail: str | None
-    ) -> dict[str, Any]:
-        return {
-            "state": state,
-            "reason": reason,
-            "exit_code": exit_code,
-            "agent_seconds": agent_seconds,
-            "detail": detail,
-        }
+    base_url: str
+    _timeout: float
 
-    @staticmethod
-    def list_params(
-        state: str | None, group_id: str | None, controller_id: str | None, limit: int, offset: int
-    ) -> dict[str, Any]:
-        params: dict[str, Any] = {"limit": limit, "offset": offset}
-        if state is not None:
-            params["state"] = state
-        if group_id is not None:
-            params["group_id"] = group_id
-        if controller_id is not None:
-            params["controller_id"] = controller_id
-        return params
+    def _send(self, call: Call) -> Any:
+        raise NotImplementedError
+
+    def _drive(self, plan: Generator[Call, Any, Any]) -> Any:
+        raise NotImplementedError
+
+    def _prepare(self, call: Call) -> tuple[str, dict[str, Any]]:
+        """("METHOD url" for errors, keyword arguments of httpx's `request`)."""
+        target = call.target()
+        method = call.endpoint.method
+        content = None if call.body is None else json.dumps(call.body).encode()
+        request = {"method": method, "url": target, "content": content, "params": call.query,
+                   "timeout": call.timeout(self._timeout)}
+        return f"{method} {target if call.url else self.base_url + target}", request
+
+    # -- open ------------------------------------------------------------------------------
+    def health(self) -> Reply[Health]:
+        return self._send(Call(api.HEALTH))
+
+    def metrics_text(self) -> Reply[str]:
+        return self._send(Call(api.METRICS))
+
+    # -- rollouts (server key) -------------------------------------------------------------
+    def create_rollouts(self, rollouts: Iterable[RolloutCreate | Mapping[str, Any]]) -> Reply[list[Rollout]]:
+        return self._send(Call(api.CREATE_ROLLOUTS, body=_create_body(rollouts), pick=_rollouts))
+
+    def create_rollout(self, rollout: RolloutCreate | Mapping[str, Any]) -> Reply[Rollout]:
+        return self._send(Call(api.CREATE_ROLLOUTS, body=_create_body([rollout]), pick=lambda p: p.rollouts[0]))
+
+    def get_rollout(self, rollout_id: str) -> Reply[Rollout]:
+        return self._send(Call(api.GET_ROLLOUT, {"rid": rollout_id}))
+
+    def list_rollouts(self, state: str | None = None, group_id: str | None = None, controller_id: str | None = None,
+                      limit: int = 100, offset: int = 0) -> Reply[list[Rollout]]:
+        return self._send(_list_call(state, group_id, controller_id, limit, offset))
+
+    def all_rollouts(self, page: int = 1000) -> Reply[list[Rollout]]:
+        """Every rollout on the server, in creation order (`page` per request)."""
+        return self._drive(_every_rollout(page))
+
+    def wait(self, rollout_id: str, timeout_s: float = 30.0) -> Reply[Rollout]:
+        """Long poll: the rollout once terminal, or as it is after `timeout_s`."""
+        return self._send(Call(api.WAIT, {"rid": rollout_id}, body={"timeout_s": timeout_s}, poll_s=timeout_s))
+
+    def retry(self, rollout_id: str) -> Reply[Rollout]:
+        return self._send(Call(api.RETRY, {"rid": rollout_id}))
+
+    def calls(self, rollout_id: str, attempt_id: str | None = None) -> Reply[list[RecordedCall]]:
+        query = None if attempt_id is None else {"attempt_id": attempt_id}
+        return self._send(Call(api.CALLS, {"rid": rollout_id}, query=query, pick=lambda page: page.calls))
+
+    def terminal(self, after: int = 0, limit: int = 100, timeout_s: float = 30.0) -> Reply[TerminalPage]:
+        query = {"after": after, "limit": limit, "timeout_s": timeout_s}
+        return self._send(Call(api.TERMINAL, query=query, poll_s=timeout_s))
+
+    # -- controllers (server key) ----------------------------------------------------------
+    def claim(self, controller_id: str, max: int = 1, timeout_s: float = 10.0) -> Reply[ClaimsResponse]:
+        body = {"controller_id": controller_id, "max": max, "timeout_s": timeout_s}
+        return self._send(Call(api.CLAIM, body=body, poll_s=timeout_s))
+
+    def heartbeat(self, controller_id: str,
+                  attempts: Iterable[tuple[str, str]] | None = None) -> Reply[HeartbeatResponse]:
+        body: dict[str, Any] = {"controller_id": controller_id}
+        if attempts is not None:
+            body["attempts"] = [{"rollout_id": r, "attempt_id": a} for r, a in attempts]
+        return self._send(Call(api.HEARTBEAT, body=body))
+
+    def finish(self, rollout_id: str, attempt_id: str, state: str, reason: str | None = None,
+               exit_code: int | None = None, agent_seconds: float | None = None,
+               detail: str | None = None) -> Reply[Rollout]:
+        body = {"state": state, "reason": reason, "exit_code": exit_code, "agent_seconds": agent_seconds,
+                "detail": detail}
+        return self._send(Call(api.FINISH, {"rid": rollout_id, "aid": attempt_id}, body=body))
+
+    # -- agents (attempt token or server key) ----------------------------------------------
+    def post_event(self, rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]) -> Reply[int]:
+        body = {"event_type": event_type, "data": dict(data)}
+        return self._send(Call(api.POST_EVENT, {"rid": rollout_id, "aid": attempt_id}, body=body,
+                               pick=lambda created: created.event_id))
+
+    def post_event_to(self, event_url: str, event_type: str, data: Mapping[str, Any]) -> Reply[int]:
+        """`post_event` at the URL the server handed the agent ($AGL_EVENT_URL)."""
+        body = {"event_type": event_type, "data": dict(data)}
+        return self._send(Call(api.POST_EVENT, body=body, url=event_url, pick=lambda created: created.event_id))
+
+    def post_reward(self, rollout_id: str, attempt_id: str, value: float) -> Reply[int]:
+        return self.post_event(rollout_id, attempt_id, "reward", {"value": value})
+
+    def chat_completions(self, rollout_id: str, attempt_id: str, request: Mapping[str, Any]) -> Reply[dict[str, Any]]:
+        return self._send(Call(api.CHAT_COMPLETIONS, {"rid": rollout_id, "aid": attempt_id}, body=dict(request)))
+
+    def openai_models(self, rollout_id: str, attempt_id: str) -> Reply[dict[str, Any]]:
+        return self._send(Call(api.OPENAI_MODELS, {"rid": rollout_id, "aid": attempt_id}))
+
+    # -- model registry (server key) -------------------------------------------------------
+    def put_models(self, model: str, endpoints: list[str], policy_version: int = 0) -> Reply[ModelRegistry]:
+        body = {"model": model, "endpoints": endpoints, "policy_version": int(policy_version)}
+        return self._send(Call(api.PUT_MODELS, body=body))
+
+    def get_models(self) -> Reply[ModelRegistry]:
+        return self._send(Call(api.GET_MODELS))
 
 
-class CalcxClient:
-    """Synchronous client; one keep-alive connection pool per instance. Close it (or use `with`)."""
+class AsyncCalcxClient(_Endpoints):
+    """The client: `await client.<endpoint>(...)`; one connection pool, `await client.aclose()` when done."""
 
-    def __init__(self, base_url: str, key: str, timeout: float = 30.0, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(self, base_url: str, key: str, timeout: float = 30.0, max_connections: int = 256,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._timeout = timeout
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=_headers(key), timeout=timeout,
+            transport=transport or httpx.AsyncHTTPTransport(socket_options=_SOCKET_OPTIONS, limits=limits),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncCalcxClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _send(self, call: Call) -> Any:
+        request, kwargs = self._prepare(call)
+        try:
+            response = await self._http.request(**kwargs)
+        except httpx.HTTPError as exc:
+            raise CalcxAPIError.from_transport(exc, request) from exc
+        return call.read(response, request)
+
+    async def _drive(self, plan: Generator[Call, Any, Any]) -> Any:
+        answer = None
+        try:
+            while True:
+                answer = await self._send(plan.send(answer))
+        except StopIteration as done:
+            return done.value
+
+
+class CalcxClient(_Endpoints):
+    """The same methods, blocking, through an `httpx.Client`; close it (or use `with`)."""
+
+    def __init__(self, base_url: str, key: str, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self._timeout = timeout
         self._http = httpx.Client(
-            base_url=self.base_url,
-            headers=_headers(key),
-            timeout=timeout,
+            base_url=self.base_url, headers=_headers(key), timeout=timeout,
             transport=transport or httpx.HTTPTransport(socket_options=_SOCKET_OPTIONS),
         )
 
@@ -125,286 +284,21 @@ class CalcxClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        params: dict[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> Any:
-        content = None if body is None else json.dumps(body).encode()
+    def _send(self, call: Call) -> Any:
+        request, kwargs = self._prepare(call)
         try:
-            resp = self._http.request(
-                method, path, content=content, params=params, timeout=timeout if timeout is not None else self._timeout
-            )
-        except httpx.TransportError as exc:
-            raise CalcxConnectionError(f"cannot reach calcx server at {self.base_url}: {type(exc).__name__}: {exc}") from exc
-        if resp.status_code >= 400:
-            raise _error_from(resp)
-        if resp.headers.get("content-type", "").startswith("application/json"):
-            return resp.json()
-        return resp.text
+            response = self._http.request(**kwargs)
+        except httpx.HTTPError as exc:
+            raise CalcxAPIError.from_transport(exc, request) from exc
+        return call.read(response, request)
 
-    def health(self) -> dict[str, Any]:
-        return self._call("GET", "/healthz")
-
-    def metrics_text(self) -> str:
-        return self._call("GET", "/metrics")
-
-    def create_rollouts(self, rollouts: Iterable[RolloutCreate | Mapping[str, Any]]) -> list[Rollout]:
-        data = self._call("POST", "/v1/rollouts", _create_body(rollouts))
-        return [Rollout.model_validate(r) for r in data["rollouts"]]
-
-    def create_rollout(self, rollout: RolloutCreate | Mapping[str, Any]) -> Rollout:
-        return self.create_rollouts([rollout])[0]
-
-    def get_rollout(self, rollout_id: str) -> Rollout:
-        return Rollout.model_validate(self._call("GET", f"/v1/rollouts/{_q(rollout_id)}"))
-
-    def list_rollouts(
-        self,
-        state: str | None = None,
-        group_id: str | None = None,
-        controller_id: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
-    ) -> list[Rollout]:
-        params = _Requests.list_params(state, group_id, controller_id, limit, offset)
-        data = self._call("GET", "/v1/rollouts", params=params)
-        return [Rollout.model_validate(r) for r in data["rollouts"]]
-
-    def wait(self, rollout_id: str, timeout_s: float = 30.0) -> Rollout:
-        data = self._call(
-            "POST", f"/v1/rollouts/{_q(rollout_id)}/wait", {"timeout_s": timeout_s}, timeout=timeout_s + _POLL_MARGIN_S
-        )
-        return Rollout.model_validate(data)
-
-    def terminal(self, after: int = 0, limit: int = 100, timeout_s: float = 30.0) -> TerminalPage:
-        data = self._call(
-            "GET",
-            "/v1/terminal",
-            params={"after": after, "limit": limit, "timeout_s": timeout_s},
-            timeout=timeout_s + _POLL_MARGIN_S,
-        )
-        return TerminalPage.model_validate(data)
-
-    def claim(self, controller_id: str, max: int = 1, timeout_s: float = 10.0) -> ClaimsResponse:
-        data = self._call(
-            "POST",
-            "/v1/claims",
-            {"controller_id": controller_id, "max": max, "timeout_s": timeout_s},
-            timeout=timeout_s + _POLL_MARGIN_S,
-        )
-        return ClaimsResponse.model_validate(data)
-
-    def heartbeat(self, controller_id: str, attempts: Iterable[tuple[str, str]] | None = None) -> HeartbeatResponse:
-        body: dict[str, Any] = {"controller_id": controller_id}
-        if attempts is not None:
-            body["attempts"] = [{"rollout_id": r, "attempt_id": a} for r, a in attempts]
-        return HeartbeatResponse.model_validate(self._call("POST", "/v1/claims/heartbeat", body))
-
-    def finish(
-        self,
-        rollout_id: str,
-        attempt_id: str,
-        state: str,
-        reason: str | None = None,
-        exit_code: int | None = None,
-        agent_seconds: float | None = None,
-        detail: str | None = None,
-    ) -> Rollout:
-        body = _Requests.finish_body(state, reason, exit_code, agent_seconds, detail)
-        return Rollout.model_validate(self._call("POST", f"/v1/rollouts/{_q(rollout_id)}/attempts/{_q(attempt_id)}/finish", body))
-
-    def retry(self, rollout_id: str) -> Rollout:
-        return Rollout.model_validate(self._call("POST", f"/v1/rollouts/{_q(rollout_id)}/retry"))
-
-    def post_event(self, rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]) -> int:
-        body = {"event_type": event_type, "data": dict(data)}
-        return int(self._call("POST", f"/v1/rollouts/{_q(rollout_id)}/attempts/{_q(attempt_id)}/events", body)["event_id"])
-
-    def post_reward(self, rollout_id: str, attempt_id: str, value: float) -> int:
-        return self.post_event(rollout_id, attempt_id, "reward", {"value": value})
-
-    def calls(self, rollout_id: str, attempt_id: str | None = None) -> list[RecordedCall]:
-        params = None if attempt_id is None else {"attempt_id": attempt_id}
-        data = self._call("GET", f"/v1/rollouts/{_q(rollout_id)}/calls", params=params)
-        return [RecordedCall.model_validate(c) for c in data["calls"]]
-
-    def chat_completions(self, rollout_id: str, attempt_id: str, request: Mapping[str, Any]) -> dict[str, Any]:
-        return self._call(
-            "POST", f"/v1/rollouts/{_q(rollout_id)}/attempts/{_q(attempt_id)}/v1/chat/completions", dict(request), timeout=_CHAT_TIMEOUT_S
-        )
-
-    def put_models(self, model: str, endpoints: list[str], policy_version: int = 0) -> ModelRegistry:
-        body = {"model": model, "endpoints": endpoints, "policy_version": policy_version}
-        return ModelRegistry.model_validate(self._call("PUT", "/v1/models", body))
-
-    def get_models(self) -> ModelRegistry:
-        return ModelRegistry.model_validate(self._call("GET", "/v1/models"))
-
-
-class AsyncCalcxClient:
-    """Asyncio client with the same methods as `CalcxClient`; `await client.aclose()` when done."""
-
-    def __init__(
-        self,
-        base_url: str,
-        key: str,
-        timeout: float = 30.0,
-        max_connections: int = 256,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self._timeout = timeout
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=_headers(key),
-            timeout=timeout,
-            transport=transport
-            or httpx.AsyncHTTPTransport(
-                socket_options=_SOCKET_OPTIONS,
-                limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            ),
-        )
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def __aenter__(self) -> AsyncCalcxClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        params: dict[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> Any:
-        content = None if body is None else json.dumps(body).encode()
+    def _drive(self, plan: Generator[Call, Any, Any]) -> Any:
+        answer = None
         try:
-            resp = await self._http.request(
-                method, path, content=content, params=params, timeout=timeout if timeout is not None else self._timeout
-            )
-        except httpx.TransportError as exc:
-            raise CalcxConnectionError(f"cannot reach calcx server at {self.base_url}: {type(exc).__name__}: {exc}") from exc
-        if resp.status_code >= 400:
-            raise _error_from(resp)
-        if resp.headers.get("content-type", "").startswith("application/json"):
-            return resp.json()
-        return resp.text
-
-    async def health(self) -> dict[str, Any]:
-        return await self._call("GET", "/healthz")
-
-    async def metrics_text(self) -> str:
-        return await self._call("GET", "/metrics")
-
-    async def create_rollouts(self, rollouts: Iterable[RolloutCreate | Mapping[str, Any]]) -> list[Rollout]:
-        data = await self._call("POST", "/v1/rollouts", _create_body(rollouts))
-        return [Rollout.model_validate(r) for r in data["rollouts"]]
-
-    async def create_rollout(self, rollout: RolloutCreate | Mapping[str, Any]) -> Rollout:
-        return (await self.create_rollouts([rollout]))[0]
-
-    async def get_rollout(self, rollout_id: str) -> Rollout:
-        return Rollout.model_validate(await self._call("GET", f"/v1/rollouts/{_q(rollout_id)}"))
-
-    async def list_rollouts(
-        self,
-        state: str | None = None,
-        group_id: str | None = None,
-        controller_id: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
-    ) -> list[Rollout]:
-        params = _Requests.list_params(state, group_id, controller_id, limit, offset)
-        data = await self._call("GET", "/v1/rollouts", params=params)
-        return [Rollout.model_validate(r) for r in data["rollouts"]]
-
-    async def wait(self, rollout_id: str, timeout_s: float = 30.0) -> Rollout:
-        data = await self._call(
-            "POST", f"/v1/rollouts/{_q(rollout_id)}/wait", {"timeout_s": timeout_s}, timeout=timeout_s + _POLL_MARGIN_S
-        )
-        return Rollout.model_validate(data)
-
-    async def terminal(self, after: int = 0, limit: int = 100, timeout_s: float = 30.0) -> TerminalPage:
-        data = await self._call(
-            "GET",
-            "/v1/terminal",
-            params={"after": after, "limit": limit, "timeout_s": timeout_s},
-            timeout=timeout_s + _POLL_MARGIN_S,
-        )
-        return TerminalPage.model_validate(data)
-
-    async def claim(self, controller_id: str, max: int = 1, timeout_s: float = 10.0) -> ClaimsResponse:
-        data = await self._call(
-            "POST",
-            "/v1/claims",
-            {"controller_id": controller_id, "max": max, "timeout_s": timeout_s},
-            timeout=timeout_s + _POLL_MARGIN_S,
-        )
-        return ClaimsResponse.model_validate(data)
-
-    async def heartbeat(
-        self, controller_id: str, attempts: Iterable[tuple[str, str]] | None = None
-    ) -> HeartbeatResponse:
-        body: dict[str, Any] = {"controller_id": controller_id}
-        if attempts is not None:
-            body["attempts"] = [{"rollout_id": r, "attempt_id": a} for r, a in attempts]
-        return HeartbeatResponse.model_validate(await self._call("POST", "/v1/claims/heartbeat", body))
-
-    async def finish(
-        self,
-        rollout_id: str,
-        attempt_id: str,
-        state: str,
-        reason: str | None = None,
-        exit_code: int | None = None,
-        agent_seconds: float | None = None,
-        detail: str | None = None,
-    ) -> Rollout:
-        body = _Requests.finish_body(state, reason, exit_code, agent_seconds, detail)
-        data = await self._call("POST", f"/v1/rollouts/{_q(rollout_id)}/attempts/{_q(attempt_id)}/finish", body)
-        return Rollout.model_validate(data)
-
-    async def retry(self, rollout_id: str) -> Rollout:
-        return Rollout.model_validate(await self._call("POST", f"/v1/rollouts/{_q(rollout_id)}/retry"))
-
-    async def post_event(self, rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]) -> int:
-        body = {"event_type": event_type, "data": dict(data)}
-        answer = await self._call("POST", f"/v1/rollouts/{_q(rollout_id)}/attempts/{_q(attempt_id)}/events", body)
-        return int(answer["event_id"])
-
-    async def post_reward(self, rollout_id: str, attempt_id: str, value: float) -> int:
-        return await self.post_event(rollout_id, attempt_id, "reward", {"value": value})
-
-    async def calls(self, rollout_id: str, attempt_id: str | None = None) -> list[RecordedCall]:
-        params = None if attempt_id is None else {"attempt_id": attempt_id}
-        data = await self._call("GET", f"/v1/rollouts/{_q(rollout_id)}/calls", params=params)
-        return [RecordedCall.model_validate(c) for c in data["calls"]]
-
-    async def chat_completions(self, rollout_id: str, attempt_id: str, request: Mapping[str, Any]) -> dict[str, Any]:
-        return await self._call(
-            "POST", f"/v1/rollouts/{_q(rollout_id)}/attempts/{_q(attempt_id)}/v1/chat/completions", dict(request), timeout=_CHAT_TIMEOUT_S
-        )
-
-    async def put_models(self, model: str, endpoints: list[str], policy_version: int = 0) -> ModelRegistry:
-        body = {"model": model, "endpoints": endpoints, "policy_version": policy_version}
-        return ModelRegistry.model_validate(await self._call("PUT", "/v1/models", body))
-
-    async def get_models(self) -> ModelRegistry:
-        return ModelRegistry.model_validate(await self._call("GET", "/v1/models"))
+            while True:
+                answer = self._send(plan.send(answer))
+        except StopIteration as done:
+            return done.value
 
 
-__all__ = [
-    "AsyncCalcxClient",
-    "CalcxAPIError",
-    "CalcxClient",
-    "CalcxConnectionError",
-]
+__all__ = ["AsyncCalcxClient", "CalcxAPIError", "CalcxClient", "Call"]

@@ -106,6 +106,10 @@ class Rollout(_Model):
         return self.state in TERMINAL_STATES
 
 
+class RolloutList(_Model):
+    rollouts: list[Rollout]
+
+
 class WaitRequest(_StrictBody):
     timeout_s: float = Field(default=30.0, ge=0)
 
@@ -176,6 +180,10 @@ class EventCreate(_StrictBody):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+class EventCreated(_Model):
+    event_id: int
+
+
 def reward_value(data: dict[str, Any]) -> float:
     """The finite float in a reward event's `data.value`; ValueError says what is wrong."""
     if "value" not in data:
@@ -206,6 +214,10 @@ class RecordedCall(_Model):
     created_at: float
 
 
+class CallList(_Model):
+    calls: list[RecordedCall]
+
+
 class ModelRegistryUpdate(_StrictBody):
     model: str = Field(min_length=1, max_length=500)
     endpoints: list[str] = Field(min_length=1, max_length=1000)
@@ -227,3 +239,8 @@ class ModelRegistry(_Model):
     endpoints: list[str] = Field(default_factory=list)
     policy_version: int | None = None
     updated_at: float | None = None
+
+
+class Health(_Model):
+    status: str
+    version: str

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from calcx.api.client import AsyncCalcxClient, CalcxAPIError, CalcxConnectionError
+from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.api.models import AttemptRef, Claim
 from calcx.controller.base import RunResult, Runner
 
@@ -27,6 +27,8 @@ DETAIL_LIMIT = 60_000
 #: How often the heartbeat loop re-reads the lease; bounds the delay after a shorter lease arrives.
 HEARTBEAT_TICK_S = 0.2
 MIN_HEARTBEAT_SLEEP_S = 0.01
+#: A cancelled rollout ends in well under a second; one still running after this is named in the log.
+CANCEL_WARN_S = 10.0
 
 
 def default_controller_id() -> str:
@@ -83,10 +85,14 @@ class Controller:
         self._slot_freed = asyncio.Event()
         self._stop = asyncio.Event()
         self._claim_task: asyncio.Task[Any] | None = None
+        self._stopped_at: float | None = None
 
     # -- public --------------------------------------------------------------------------
     def stop(self) -> None:
         """Stop claiming; :meth:`run` then ends what is running and returns."""
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
+            log.info("stopping: no more claims; %d rollouts running", len(self._running))
         self._stop.set()
         self._slot_freed.set()
         if self._claim_task is not None and not self._claim_task.done():
@@ -110,6 +116,8 @@ class Controller:
             await asyncio.gather(heartbeat, return_exceptions=True)
             await self.runner.close()
             await self._client.aclose()
+            if self._stopped_at is not None:
+                log.info("stopped %.2fs after the stop request", time.monotonic() - self._stopped_at)
 
     # -- claiming ------------------------------------------------------------------------
     async def _claim_loop(self) -> None:
@@ -135,7 +143,7 @@ class Controller:
                     break
                 raise
             except CalcxAPIError as exc:
-                if isinstance(exc, CalcxConnectionError) or exc.status >= 500:
+                if exc.unreachable or exc.status >= 500:
                     log.warning("claim failed (%s); retrying in %.2fs", exc, backoff)
                 else:
                     log.error("the server refused the claim request: %s", exc)
@@ -198,7 +206,7 @@ class Controller:
                 log.info("finished %s/%s %s%s", rid, aid, result.state, f" ({result.reason})" if result.reason else "")
                 return
             except CalcxAPIError as exc:
-                retriable = isinstance(exc, CalcxConnectionError) or exc.status >= 500
+                retriable = exc.unreachable or exc.status >= 500
                 if not retriable:
                     # 409: no longer RUNNING (lease expired, already finished); 404: gone.
                     log.warning("server did not take the result of %s/%s: %s", rid, aid, exc)
@@ -274,4 +282,8 @@ class Controller:
             await asyncio.wait(tasks, timeout=self.shutdown_grace_s)
         for task in tasks:
             task.cancel()
+        _, pending = await asyncio.wait(tasks, timeout=CANCEL_WARN_S)
+        if pending:  # a runner that lost the cancel: the agent runs on to its end or deadline
+            log.warning("%d cancelled rollouts still running after %.0fs: %s", len(pending), CANCEL_WARN_S,
+                        ", ".join(sorted(t.get_name() for t in pending)))
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from calcx.trainer.server_api import TrainerServerClient
+from calcx.api.client import AsyncCalcxClient
 from calcx.trainer.session import run_session_from_config
 from calcx.trainer.translate import RolloutIncomplete
 
@@ -70,9 +70,9 @@ def eval_collection(rollouts: Sequence[Mapping[str, Any]], *, step: int | None =
 
 
 async def collect_eval_async(server_url: str, key: str, *, step: int | None = None) -> EvalCollection:
-    client = TrainerServerClient(server_url, key)
+    client = AsyncCalcxClient(server_url, key)
     try:
-        return eval_collection(await client.all_rollouts(), step=step)
+        return eval_collection([r.model_dump(mode="json") for r in await client.all_rollouts()], step=step)
     finally:
         await client.aclose()
 

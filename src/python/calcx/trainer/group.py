@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from calcx.trainer.server_api import ServerError, TrainerServerClient
+from calcx.api.client import AsyncCalcxClient, CalcxAPIError
+from calcx.api.models import Rollout
 from calcx.trainer.translate import RolloutIncomplete, rollout_create_body, rollout_id_for
 
 
@@ -49,45 +50,42 @@ class GroupSpec:
         ]
 
 
-async def settle_rollout(client: TrainerServerClient, rollout_id: str, *, max_attempts: int,
-                         wait_timeout_s: float, deadline: float) -> dict[str, Any]:
+async def settle_rollout(client: AsyncCalcxClient, rollout_id: str, *, wait_timeout_s: float,
+                         deadline: float) -> Rollout:
     """Wait until the rollout is SUCCEEDED or FAILED with no attempt left; retry FAILED ones."""
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise RolloutIncomplete(rollout_id, "group_timeout", "the group did not settle in time")
         rollout = await client.wait(rollout_id, timeout_s=max(1.0, min(wait_timeout_s, remaining)))
-        state = rollout.get("state")
-        if state == "SUCCEEDED":
+        if rollout.state == "SUCCEEDED":
             return rollout
-        if state == "FAILED":
-            attempts = rollout.get("attempts") or []
-            if len(attempts) >= int(rollout.get("max_attempts", max_attempts)):
+        if rollout.state == "FAILED":
+            if len(rollout.attempts) >= rollout.max_attempts:
                 return rollout
             try:
                 await client.retry(rollout_id)
-            except ServerError as exc:
+            except CalcxAPIError as exc:
                 if exc.status != 409:  # 409: a sibling session retried it first
                     raise
 
 
-async def settle_group(client: TrainerServerClient, spec: GroupSpec) -> dict[str, Any]:
+async def settle_group(client: AsyncCalcxClient, spec: GroupSpec) -> Rollout:
     """Settle the whole group; return this session's own SUCCEEDED rollout or raise RolloutIncomplete."""
     await client.create_rollouts(spec.bodies())
     deadline = time.monotonic() + spec.group_timeout_s
     own_id = spec.own_rollout_id()
     order = [own_id] + [rid for rid in spec.rollout_ids() if rid != own_id]
-    settled: dict[str, dict[str, Any]] = {}
+    settled: dict[str, Rollout] = {}
     for rid in order:
-        rollout = await settle_rollout(client, rid, max_attempts=spec.max_attempts,
-                                       wait_timeout_s=spec.wait_timeout_s, deadline=deadline)
-        if rollout.get("state") != "SUCCEEDED" or rollout.get("reward") is None:
-            attempts = rollout.get("attempts") or []
-            reason = attempts[-1].get("reason") if attempts else None
+        rollout = await settle_rollout(client, rid, wait_timeout_s=spec.wait_timeout_s, deadline=deadline)
+        if rollout.state != "SUCCEEDED" or rollout.reward is None:
+            attempts = rollout.attempts
+            reason = attempts[-1].reason if attempts else None
             raise RolloutIncomplete(
                 own_id, "group_incomplete",
-                f"member {rid} ended {rollout.get('state')} after {len(attempts)} attempt(s), last reason {reason}"
-                if rollout.get("state") != "SUCCEEDED" else f"member {rid} SUCCEEDED without a reward",
+                f"member {rid} ended {rollout.state} after {len(attempts)} attempt(s), last reason {reason}"
+                if rollout.state != "SUCCEEDED" else f"member {rid} SUCCEEDED without a reward",
             )
         settled[rid] = rollout
     return settled[own_id]

@@ -104,10 +104,10 @@ def prepare_files(cfg: DictConfig, report_dir: Path, *, train_src: Path, val_src
 
 def preflight(server_url: str, key: str) -> None:
     """An external calcx server must answer, and accept the key, before Ray and vLLM start."""
-    from calcx.trainer.server_api import ServerError, TrainerServerClient
+    from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 
     async def probe() -> None:
-        client = TrainerServerClient(server_url, key, timeout_s=10.0)
+        client = AsyncCalcxClient(server_url, key, timeout=10.0)
         try:
             await client.list_rollouts(limit=1)
         finally:
@@ -115,7 +115,7 @@ def preflight(server_url: str, key: str) -> None:
 
     try:
         asyncio.run(probe())
-    except ServerError as exc:
+    except CalcxAPIError as exc:
         hint = ("check --agl-key / $CALCX_KEY (the key the server was started with)" if exc.status in (401, 403)
                 else "check --agl-base-url, or leave it out to let calcx train start a server")
         raise LaunchError(f"calcx server at {server_url} is not usable: {exc}; {hint}") from exc

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Iterable
 
-from calcx.trainer.server_api import TrainerServerClient
+from calcx.api.client import AsyncCalcxClient
 
 
 def openai_endpoints(addresses: Iterable[str]) -> list[str]:
@@ -29,9 +29,10 @@ def openai_endpoints(addresses: Iterable[str]) -> list[str]:
 
 async def register_replicas_async(server_url: str, key: str, model: str, addresses: Iterable[str],
                                   policy_version: int = 0) -> dict:
-    client = TrainerServerClient(server_url, key)
+    client = AsyncCalcxClient(server_url, key)
     try:
-        return await client.put_models(model, openai_endpoints(addresses), policy_version)
+        registry = await client.put_models(model, openai_endpoints(addresses), policy_version)
+        return registry.model_dump(mode="json")
     finally:
         await client.aclose()
 

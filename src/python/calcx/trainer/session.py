@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from calcx.trainer.group import GroupSpec, settle_group
-from calcx.trainer.server_api import TrainerServerClient
+from calcx.api.client import AsyncCalcxClient
 from calcx.trainer.translate import RolloutIncomplete, RolloutSamples, translate_rollout
 
 logger = logging.getLogger(__name__)
@@ -77,11 +77,13 @@ def record_incomplete(report_dir: str | os.PathLike[str], exc: RolloutIncomplete
 async def run_session(spec: GroupSpec, *, server_url: str, key: str, report_dir: str | os.PathLike[str],
                       max_prompt_length: int, max_response_length: int) -> RolloutSamples:
     """Create the group, settle it, translate this session's rollout; `RolloutIncomplete` leaves it out."""
-    client = TrainerServerClient(server_url, key)
+    client = AsyncCalcxClient(server_url, key)
     try:
         own = await settle_group(client, spec)
-        calls = await client.calls(own["rollout_id"])
-        return translate_rollout(own, calls, max_prompt_length=max_prompt_length,
+        calls = await client.calls(own.rollout_id)
+        # translate reads the server's JSON (plain data, tested without a server)
+        return translate_rollout(own.model_dump(mode="json"), [c.model_dump(mode="json") for c in calls],
+                                 max_prompt_length=max_prompt_length,
                                  max_response_length=max_response_length, expected_group_id=spec.uid)
     except RolloutIncomplete as exc:
         record_incomplete(report_dir, exc, uid=spec.uid, step=spec.step)

@@ -29,6 +29,18 @@ def default_zygote_command(python: str | None = None) -> list[str]:
     return [python or sys.executable, "-m", WORKER_MODULE]
 
 
+async def _read_line(reader: asyncio.StreamReader, timeout_s: float) -> bytes:
+    """One line from the worker, or TimeoutError after `timeout_s`.
+
+    Not ``asyncio.wait_for``: on Python 3.11 it returns the line when a cancel arrives in the
+    same loop pass as the line, and the cancel is lost. A rollout cancelled while its agent was
+    being forked then went on to wait for that agent to end by itself, and a controller's
+    shutdown waited with it (up to the rollout's deadline).
+    """
+    async with asyncio.timeout(timeout_s):
+        return await reader.readline()
+
+
 @dataclass
 class ChildExit:
     """How a forked agent ended, as the zygote saw it when reaping it."""
@@ -144,7 +156,7 @@ class Zygote:
         assert self.proc.stdout is not None
         try:
             while True:
-                line = await asyncio.wait_for(self.proc.stdout.readline(), self.start_timeout_s)
+                line = await _read_line(self.proc.stdout, self.start_timeout_s)
                 if not line:
                     raise ZygoteUnavailable(
                         f"the agent worker {self.command} exited with {await self.proc.wait()} before it was ready; "
@@ -182,7 +194,7 @@ class Zygote:
         sock, reader, writer = await self._connect()
         try:
             writer.write((json.dumps(msg) + "\n").encode())
-            line = await asyncio.wait_for(reader.readline(), 10)
+            line = await _read_line(reader, 10)
             return json.loads(line) if line else {}
         finally:
             writer.close()
@@ -213,12 +225,15 @@ class Zygote:
                 payload = (json.dumps({"op": "agent", "env": dict(env)}) + "\n").encode()
                 try:
                     socket.send_fds(sock, [payload], [out_fd])
-                    line = await asyncio.wait_for(reader.readline(), 30)
+                    line = await _read_line(reader, 30)
                 except (OSError, asyncio.TimeoutError) as exc:
                     writer.close()
                     if attempt == 0:
                         continue
                     raise ZygoteUnavailable(f"the agent worker did not answer: {exc!r}") from exc
+                except asyncio.CancelledError:
+                    writer.close()  # the worker kills an agent it forked for this request
+                    raise
                 msg = json.loads(line) if line else {"error": "the agent worker closed the connection"}
                 if "pid" not in msg:
                     writer.close()
