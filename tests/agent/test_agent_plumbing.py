@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import anyio
-import httpx
+import httpx2
 import openai
 import pytest
 from mcp.shared.exceptions import McpError
@@ -44,8 +44,9 @@ def test_reward_event_rejects_non_finite():
 
 
 def _status_error(status: int) -> openai.APIStatusError:
-    request = httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions")
-    response = httpx.Response(status, request=request, json={"error": {"message": "nope"}})
+    # openai 3 speaks httpx2 (its fork of httpx): its errors carry httpx2 requests and responses
+    request = httpx2.Request("POST", "http://127.0.0.1:9/v1/chat/completions")
+    response = httpx2.Response(status, request=request, json={"error": {"message": "nope"}})
     return openai.APIStatusError("nope", response=response, body=None)
 
 
@@ -53,12 +54,14 @@ def _status_error(status: int) -> openai.APIStatusError:
                                             (404, "model_unreachable"), (401, "bad_environment"),
                                             (403, "bad_environment")])
 def test_model_status_errors_are_infrastructure(status, reason):
-    assert classify_model_error(_status_error(status), CONFIG).reason == reason
+    failure = classify_model_error(_status_error(status), CONFIG)
+    assert failure is not None and failure.reason == reason
 
 
 def test_connection_error_is_model_unreachable():
-    error = openai.APIConnectionError(request=httpx.Request("POST", "http://127.0.0.1:9/v1"))
-    assert classify_model_error(error, CONFIG).reason == "model_unreachable"
+    error = openai.APIConnectionError(request=httpx2.Request("POST", "http://127.0.0.1:9/v1"))
+    failure = classify_model_error(error, CONFIG)
+    assert failure is not None and failure.reason == "model_unreachable"
 
 
 def test_other_errors_are_not_model_failures():

@@ -67,7 +67,9 @@ def main() -> int:
             if key.data == "control":
                 running = bool(os.read(sys.stdin.fileno(), 4096))
                 continue
-            sock = key.fileobj
+            conn = key.fileobj
+            assert isinstance(conn, socket.socket)  # registered as "conn": an accepted socket
+            sock = conn
             try:
                 data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 4)
             except OSError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,7 +18,7 @@ ROW = {"id": "r1", "question": "What is 2 + 2?", "chain": '<gadget id="calculato
 
 @pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
 def test_round_trip_keeps_rows_and_extra_columns(tmp_path, suffix):
-    rows = [ROW, {**ROW, "id": "r2", "result_float": 4.0}]
+    rows: list[dict[str, Any]] = [ROW, {**ROW, "id": "r2", "result_float": 4.0}]
     path = write_rows(rows, tmp_path / f"rows{suffix}")
     back = read_rows(path)
     assert back[0]["question"] == ROW["question"] and back[1]["result_float"] == 4.0

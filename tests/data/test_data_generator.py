@@ -42,7 +42,9 @@ def test_every_chain_step_is_right_and_the_last_step_gives_the_result():
             value = evaluate(expression)
             expected = evaluate(output.split(" = around ")[0])
             assert math.isclose(value, expected, rel_tol=1e-9), row
-        final = evaluate(chain_expression(row["chain"]))
+        last = chain_expression(row["chain"])
+        assert last is not None, row
+        final = evaluate(last)
         answer = option_letter(row["question"], final) if row["source"] == "aqua_rat" else format_number(final)
         assert answer is not None and reward(answer, row["result"]) == 1.0, row
         assert f"<result>{row['result']}</result>" in row["chain"]

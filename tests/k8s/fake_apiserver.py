@@ -154,6 +154,7 @@ class FakeApiServer:
         async def run() -> Any:
             return fn(*args)
 
+        assert self._loop is not None, "the server is not running"
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
 
     def names(self, kind: str, namespace: str = "calcx") -> list[str]:
@@ -285,7 +286,8 @@ class FakeApiServer:
             self._finish_job(job, "Failed", "DeadlineExceeded", "Job was active longer than specified deadline")
 
     def _finish_job(self, job: dict[str, Any], kind: str, reason: str | None, message: str | None) -> None:
-        cond = {"type": kind, "status": "True", "lastProbeTime": _now(), "lastTransitionTime": _now()}
+        cond: dict[str, str | None] = {"type": kind, "status": "True", "lastProbeTime": _now(),
+                                       "lastTransitionTime": _now()}
         if reason:
             cond.update(reason=reason, message=message)
         job["status"] = {"conditions": [cond], "startTime": job.get("status", {}).get("startTime", _now()),
@@ -380,6 +382,7 @@ class FakeApiServer:
             # DELETE
             if kind == "job":
                 deleted = self._delete_job(ns, name)
+                assert deleted is not None  # the Job exists: looked up above
             else:
                 deleted = self._store(kind, "DELETED", obj)
             return public(deleted)
@@ -417,6 +420,7 @@ class FakeApiServer:
         index = 0
         while True:
             changed = self._changed
+            assert changed is not None  # set when the server starts
             while index < len(self.history):
                 rv, obj_kind, event, obj = self.history[index]
                 index += 1

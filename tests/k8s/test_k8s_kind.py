@@ -29,8 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from calcx.api.models import Claim, Rollout
+from calcx.api.models import Attempt, Claim, Rollout
 from calcx.api.tokens import attempt_token
+from calcx.controller.base import RunResult
 from calcx.controller.k8s_runner import K8sRunner, K8sRunnerConfig
 from calcx.k8s.build import build
 from calcx.k8s.render import JobSettings, StaticSettings
@@ -106,7 +107,7 @@ def kind_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def _claim(rid: str, deadline_s: float = 120) -> Claim:
     rollout = Rollout(rollout_id=rid, row={"question": "What is 2 + 3?", "result": "5"}, state="RUNNING",
-                      attempts=[{"attempt_id": "1", "state": "RUNNING", "created_at": 0.0}], created_at=0.0)
+                      attempts=[Attempt(attempt_id="1", state="RUNNING", created_at=0.0)], created_at=0.0)
     base = f"http://127.0.0.1:9/v1/rollouts/{rid}/attempts/1"  # nothing listens there inside the pod
     token = attempt_token("kind-test-key", rid, "1")
     env = {"QUESTION": "What is 2 + 3?", "RESULT": "5", "AGL_OPENAI_BASE_URL": f"{base}/v1",
@@ -121,7 +122,7 @@ def _runner(kubeconfig: Path, image: str) -> K8sRunner:
 
 
 def test_real_job_of_the_real_image_maps_the_agent_exit(kind_cluster: Path) -> None:
-    async def main() -> object:
+    async def main() -> RunResult:
         runner = _runner(kind_cluster, AGENT_IMAGE)
         await runner.start()
         try:
@@ -134,7 +135,7 @@ def test_real_job_of_the_real_image_maps_the_agent_exit(kind_cluster: Path) -> N
 
 
 def test_missing_image_fails_fast_as_image_pull(kind_cluster: Path) -> None:
-    async def main() -> tuple[object, float]:
+    async def main() -> tuple[RunResult, float]:
         runner = _runner(kind_cluster, "calcx/agent:does-not-exist-" + uuid.uuid4().hex[:6])
         await runner.start()
         try:

@@ -105,7 +105,7 @@ def test_hostile_question_reaches_the_container_env_exactly_and_keeps_structure(
     assert list(yaml.load_all(rendered.secret_yaml, Loader=loader)) == list(yaml.load_all(reference.secret_yaml, Loader=loader))
 
     # Values: the container env carries the exact text, byte for byte.
-    values = {e["name"]: e.get("value") for e in env}
+    values: dict[str, Any] = {e["name"]: e.get("value") for e in env}
     for name in ("QUESTION", "RESULT"):
         assert type(values[name]) is str, (name, values[name])
         assert values[name].encode("utf-8") == question.encode("utf-8"), name

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fake_apiserver import FakeApiServer, Scenario, Step
 
-from calcx.api.models import Claim, Rollout
+from calcx.api.models import Attempt, Claim, Rollout
 from calcx.api.tokens import attempt_token
 from calcx.controller.base import RunResult
 from calcx.controller.k8s_runner import K8sRunner, K8sRunnerConfig, TokenBucket
@@ -34,7 +34,7 @@ def api() -> Iterator[FakeApiServer]:
 
 def make_claim(rid: str, aid: str = "1", *, question: str = "What is 2+3?", deadline_s: float = 30) -> Claim:
     rollout = Rollout(rollout_id=rid, group_id="g-1", row={"question": question, "result": "5"},
-                      state="RUNNING", attempts=[{"attempt_id": aid, "state": "RUNNING", "created_at": 0.0}],
+                      state="RUNNING", attempts=[Attempt(attempt_id=aid, state="RUNNING", created_at=0.0)],
                       created_at=0.0, deadline_s=deadline_s)
     base = f"http://127.0.0.1:9/v1/rollouts/{rid}/attempts/{aid}"
     token = attempt_token(KEY, rid, aid)
@@ -45,7 +45,7 @@ def make_claim(rid: str, aid: str = "1", *, question: str = "What is 2+3?", dead
 
 def make_runner(api: FakeApiServer, tmp_path: Path, image: str, **overrides: Any) -> K8sRunner:
     kubeconfig = api.kubeconfig(str(tmp_path / "kubeconfig"))
-    settings = {"max_jobs_per_s": 50.0, "burst": 10, "deadline_grace_s": 5.0, "watch_timeout_s": 5}
+    settings: dict[str, Any] = {"max_jobs_per_s": 50.0, "burst": 10, "deadline_grace_s": 5.0, "watch_timeout_s": 5}
     settings.update(overrides)
     return K8sRunner(K8sRunnerConfig(job=JobSettings(namespace="calcx", image=image, controller_id="ctl-test"),
                                      kubeconfig=kubeconfig, **settings))

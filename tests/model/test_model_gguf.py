@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -167,7 +168,7 @@ def test_weights_are_bf16_on_disk_and_equal_the_gguf_tensors(converted):
     arch, source, tensors, out = converted
     files = sorted(out.glob("*.safetensors"))
     assert files, f"no safetensors in {sorted(p.name for p in out.iterdir())}"
-    on_disk = {}
+    on_disk: dict[str, Any] = {}  # name -> torch tensor
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
             on_disk |= {name: handle.get_tensor(name) for name in handle.keys()}

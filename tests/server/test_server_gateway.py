@@ -8,12 +8,14 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionUserMessageParam
 
 from calcx.api.client import CalcxAPIError, CalcxClient
 from calcx.api.models import Claim
 from calcx.server.serve import bind_socket
 
-MESSAGES = [{"role": "user", "content": "What is 2 + 2 ?"}]
+QUESTION = "What is 2 + 2 ?"
+MESSAGES: list[ChatCompletionUserMessageParam] = [{"role": "user", "content": QUESTION}]
 
 
 def running_claims(client: CalcxClient, n: int = 1, prefix: str = "g") -> list[Claim]:
@@ -41,7 +43,7 @@ def test_openai_client_through_gateway_records_tokens(client: CalcxClient, upstr
     calls = client.calls(claim.rollout.rollout_id)
     assert [c.seq for c in calls] == [0, 1] and all(c.attempt_id == "1" for c in calls)
     call = calls[0]
-    words = len(MESSAGES[0]["content"].split())
+    words = len(QUESTION.split())
     assert call.prompt_token_ids == list(range(100, 100 + words))
     assert call.response_token_ids == [7, 8, 9]
     assert call.response_logprobs == pytest.approx([-0.7, -0.8, -0.9])

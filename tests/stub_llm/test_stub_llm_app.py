@@ -9,14 +9,16 @@ from typing import Iterator
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageFunctionToolCall
 
 from calcx.stub_llm.app import create_app
 from calcx.stub_llm.script import Script
 from calcx.common.serving import ThreadedServer
 
-TOOLS = [{"type": "function", "function": {"name": "my_calculator", "description": "evaluates arithmetic",
-                                           "parameters": {"type": "object",
-                                                          "properties": {"expression": {"type": "string"}}}}}]
+TOOLS: list[ChatCompletionFunctionToolParam] = [
+    {"type": "function", "function": {"name": "my_calculator", "description": "evaluates arithmetic",
+                                      "parameters": {"type": "object",
+                                                     "properties": {"expression": {"type": "string"}}}}}]
 WORD = "Lea buys 4 packs of 6 eggs and breaks 3. How many eggs are whole?"
 
 
@@ -191,6 +193,8 @@ def test_openai_client_reads_the_stub(stub):
             model="m", messages=[{"role": "user", "content": "What is 5 + 5?"}], tools=TOOLS,
             extra_body={"return_token_ids": True},
         )
-    call = completion.choices[0].message.tool_calls[0]
+    call = (completion.choices[0].message.tool_calls or [])[0]
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall)
     assert call.function.name == "my_calculator"
+    assert completion.model_extra is not None
     assert completion.model_extra["prompt_token_ids"]

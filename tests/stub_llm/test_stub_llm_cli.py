@@ -25,6 +25,7 @@ def test_cli_serves_on_a_free_port_with_a_script(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "calcx.stub_llm", "--port", "0", "--script", str(script)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
+    assert proc.stdout is not None and proc.stderr is not None
     try:
         line = proc.stdout.readline()
         assert line.startswith("calcx stub-llm: serving on http://127.0.0.1:"), proc.stderr.read()

@@ -35,6 +35,7 @@ def test_ray_workers_get_calcx_on_their_path_and_the_metrics_file(tmp_path: Path
     cfg = compose(ComposeRequest(dotlist=["+ray_kwargs.ray_init.runtime_env.env_vars.KEEP=1"]))
     metrics = prepare_files(cfg, tmp_path, train_src=data, val_src=data)
     env = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env.env_vars)
+    assert isinstance(env, dict)  # the container of a DictConfig
     assert env["PYTHONPATH"].split(os.pathsep) == [str(CALCX_SRC), "/site/trainer"]
     assert env["VERL_FILE_LOGGER_PATH"] == str(metrics) and env["KEEP"] == 1
     assert "file" in cfg.trainer.logger and Path(cfg.data.val_files).exists()

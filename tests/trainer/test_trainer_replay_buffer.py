@@ -92,10 +92,12 @@ def _worker(v1, cfg):
     sets that `_run_prompt` reads: the config, the agent loop registry from the config's
     `agent_loop_config_path` (calcx_agent), and no tokenizer or processor (CalcxAgentLoop
     tokenizes nothing; rows are text-only)."""
-    from omegaconf import OmegaConf
+    from omegaconf import ListConfig, OmegaConf
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
-    for entry in OmegaConf.load(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path):
+    entries = OmegaConf.load(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+    assert isinstance(entries, ListConfig)  # agent_loop_config_path holds a list of agent loops
+    for entry in entries:
         _agent_loop_registry[entry.name] = entry
     worker = object.__new__(v1.agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__)
     worker.config = cfg

@@ -111,7 +111,7 @@ class MemoryKV:
     def module(self) -> types.ModuleType:
         mod = types.ModuleType("transfer_queue")
         mod.__doc__ = "In-memory stand-in for TransferQueue's KV interface (tests only)."
-        mod.KVBatchMeta = KVBatchMeta
+        setattr(mod, "KVBatchMeta", KVBatchMeta)
         for name in ("init", "kv_put", "kv_batch_put", "async_kv_put", "async_kv_batch_put", "kv_list", "kv_clear"):
             setattr(mod, name, getattr(self, name))
         return mod
@@ -136,6 +136,6 @@ def load_v1() -> types.SimpleNamespace:
         sys.modules[name] = package
     replay_buffer = importlib.import_module(f"{name}.replay_buffer")
     agent_loop_tq = importlib.import_module(f"{name}.agent_loop_tq")
-    package.AgentLoopManagerTQ = agent_loop_tq.AgentLoopManagerTQ
-    package.AgentLoopWorkerTQ = agent_loop_tq.AgentLoopWorkerTQ
+    for attr in ("AgentLoopManagerTQ", "AgentLoopWorkerTQ"):
+        setattr(package, attr, getattr(agent_loop_tq, attr))
     return types.SimpleNamespace(replay_buffer=replay_buffer, agent_loop_tq=agent_loop_tq, kv=KV)

@@ -64,13 +64,15 @@ def find_session_child() -> int | None:
 
 def _alive_child(pid: int) -> bool:
     fields = _stat_fields(pid)
-    return bool(fields) and fields[0] not in ("Z", "X") and fields[1] == str(os.getpid())
+    if not fields:
+        return False
+    return fields[0] not in ("Z", "X") and fields[1] == str(os.getpid())
 
 
 class ProcessWatch:
     """Calls ``on_exit(description)`` once, from the event loop, when process ``pid`` exits."""
 
-    def __init__(self, pid: int, on_exit: Callable[[str], None]) -> None:
+    def __init__(self, pid: int, on_exit: Callable[[str], object]) -> None:
         self.pid = pid
         self._on_exit = on_exit
         self._loop = asyncio.get_running_loop()

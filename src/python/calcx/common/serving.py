@@ -10,7 +10,7 @@ import asyncio
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Self
 
 import uvicorn
 
@@ -82,7 +82,7 @@ class ThreadedServer:
         except BaseException as exc:  # noqa: BLE001 - reported by start()
             self.error = exc
 
-    def start(self, timeout_s: float = 20.0) -> "ThreadedServer":
+    def start(self, timeout_s: float = 20.0) -> Self:
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
@@ -105,7 +105,7 @@ class ThreadedServer:
         except OSError:
             pass
 
-    def __enter__(self) -> "ThreadedServer":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -32,6 +32,13 @@ def agent_container_status(pod: k8s.V1Pod | None) -> k8s.V1ContainerStatus | Non
     return None
 
 
+def object_name(obj: k8s.V1Pod | k8s.V1Job) -> str:
+    """The name of a Pod or Job read from the API server, which always sends one (the client's
+    models type every field as optional)."""
+    assert obj.metadata is not None and obj.metadata.name is not None
+    return obj.metadata.name
+
+
 def clip_detail(text: str | None) -> str | None:
     """A detail for the server, its end kept (a log tail's last lines say most)."""
     if not text:
@@ -45,7 +52,7 @@ def classify_pod_waiting(pod: k8s.V1Pod) -> RunResult | None:
     waiting = status.state.waiting if status is not None and status.state is not None else None
     if waiting is None:
         return None
-    detail = clip_detail(f"pod {pod.metadata.name}: {waiting.reason}: {waiting.message or ''}".strip())
+    detail = clip_detail(f"pod {object_name(pod)}: {waiting.reason}: {waiting.message or ''}".strip())
     if waiting.reason in IMAGE_PULL_REASONS:
         return RunResult.failed("image_pull", detail=detail)
     if waiting.reason in CONFIG_REASONS:
@@ -79,7 +86,7 @@ def classify_finished_job(job: k8s.V1Job, pod: k8s.V1Pod | None, log_tail: str |
         return RunResult.succeeded(exit_code=0, agent_seconds=seconds)
     failed = _condition(job, "Failed")
     assert failed is not None, "classify_finished_job needs a finished Job"
-    job_detail = f"job {job.metadata.name}: {failed.reason}: {failed.message or ''}".strip()
+    job_detail = f"job {object_name(job)}: {failed.reason}: {failed.message or ''}".strip()
     if failed.reason == "DeadlineExceeded":
         return RunResult.failed("timeout", exit_code=terminated.exit_code if terminated else None,
                                 agent_seconds=seconds, detail=clip_detail(job_detail))

@@ -41,6 +41,7 @@ from calcx.controller.k8s_outcomes import (
     classify_pod_waiting,
     clip_detail,
     job_is_finished,
+    object_name,
 )
 from calcx.k8s.escaping import label_value
 from calcx.k8s.render import MANAGED_BY, JobSettings, RenderedAttempt, RenderError, render_attempt
@@ -151,6 +152,16 @@ class K8sRunner:
         configuration.connection_pool_maxsize = self.config.api_threads + 4
         self._api_client = k8s.ApiClient(configuration)
         return self._api_client
+
+    @property
+    def _core_v1(self) -> k8s.CoreV1Api:
+        assert self._core is not None, "start() makes the API objects"
+        return self._core
+
+    @property
+    def _batch_v1(self) -> k8s.BatchV1Api:
+        assert self._batch is not None, "start() makes the API objects"
+        return self._batch
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -269,16 +280,16 @@ class K8sRunner:
         ns = self.config.job.namespace
         timeout = self.config.request_timeout_s
         try:
-            await self._call(self._core.create_namespaced_secret, ns, rendered.secret, _request_timeout=timeout)
+            await self._call(self._core_v1.create_namespaced_secret, ns, rendered.secret, _request_timeout=timeout)
         except ApiException as exc:
             if exc.status != 409:  # 409: a previous try of this attempt made it; its token is the same
                 return RunResult.failed("config_error", detail=clip_detail(f"cannot create Secret {rendered.secret_name}: {exc.status} {exc.reason}: {exc.body}"))
         self._created_secrets.add(rendered.secret_name)
         try:
-            job = await self._call(self._batch.create_namespaced_job, ns, rendered.job, _request_timeout=timeout)
+            job = await self._call(self._batch_v1.create_namespaced_job, ns, rendered.job, _request_timeout=timeout)
         except ApiException as exc:
             if exc.status == 409:  # the attempt is already running (controller restart): follow it
-                job = await self._call(self._batch.read_namespaced_job, rendered.job_name, ns, _request_timeout=timeout)
+                job = await self._call(self._batch_v1.read_namespaced_job, rendered.job_name, ns, _request_timeout=timeout)
             else:
                 await self._delete_secret(rendered.secret_name)
                 reason = "config_error" if exc.status in (400, 403, 422) else "crash"
@@ -289,7 +300,7 @@ class K8sRunner:
             "blockOwnerDeletion": False, "controller": False,
         }
         try:
-            await self._call(self._core.patch_namespaced_secret, rendered.secret_name, ns,
+            await self._call(self._core_v1.patch_namespaced_secret, rendered.secret_name, ns,
                              {"metadata": {"ownerReferences": [owner]}}, _request_timeout=timeout)
         except ApiException as exc:  # not fatal: close() deletes the Secret anyway
             log.warning("k8s runner: cannot make Job %s own Secret %s: %s %s", rendered.job_name,
@@ -309,14 +320,14 @@ class K8sRunner:
             status = agent_container_status(pod)
             terminated = status.state.terminated if status is not None and status.state is not None else None
             if not (terminated and terminated.message):
-                tail = await self._log_tail(pod.metadata.name)
+                tail = await self._log_tail(object_name(pod))
                 if tail:
                     result = classify_finished_job(job, pod, tail)
         return result
 
     async def _latest_pod(self, job_name: str) -> k8s.V1Pod | None:
         try:
-            pods = await self._call(self._core.list_namespaced_pod, self.config.job.namespace,
+            pods = await self._call(self._core_v1.list_namespaced_pod, self.config.job.namespace,
                                     label_selector=f"job-name={job_name}", _request_timeout=self.config.request_timeout_s)
         except ApiException:
             return None
@@ -325,14 +336,14 @@ class K8sRunner:
 
     async def _log_tail(self, pod_name: str) -> str | None:
         try:
-            return await self._call(self._core.read_namespaced_pod_log, pod_name, self.config.job.namespace,
+            return await self._call(self._core_v1.read_namespaced_pod_log, pod_name, self.config.job.namespace,
                                     container=AGENT_CONTAINER, tail_lines=20, _request_timeout=self.config.request_timeout_s)
         except ApiException:
             return None
 
     async def _delete_job(self, name: str) -> None:
         try:
-            await self._call(self._batch.delete_namespaced_job, name, self.config.job.namespace,
+            await self._call(self._batch_v1.delete_namespaced_job, name, self.config.job.namespace,
                              propagation_policy="Background", _request_timeout=self.config.request_timeout_s)
         except ApiException as exc:
             if exc.status != 404:
@@ -345,7 +356,7 @@ class K8sRunner:
 
     async def _delete_secret(self, name: str) -> None:
         try:
-            await self._call(self._core.delete_namespaced_secret, name, self.config.job.namespace,
+            await self._call(self._core_v1.delete_namespaced_secret, name, self.config.job.namespace,
                              _request_timeout=self.config.request_timeout_s)
         except ApiException as exc:
             if exc.status != 404:
@@ -392,7 +403,7 @@ class K8sRunner:
     def _watch_forever(self, kind: str) -> None:
         """List, then watch from the list's resourceVersion; re-list after 410 Gone or errors."""
         ns = self.config.job.namespace
-        list_fn = self._batch.list_namespaced_job if kind == "job" else self._core.list_namespaced_pod
+        list_fn = self._batch_v1.list_namespaced_job if kind == "job" else self._core_v1.list_namespaced_pod
         resource_version: str | None = None
         failures = 0
         while not self._stopping.is_set():
@@ -401,6 +412,7 @@ class K8sRunner:
                     listed = list_fn(ns, label_selector=self.selector, _request_timeout=self.config.request_timeout_s)
                     for item in listed.items or []:
                         self._dispatch(kind, "ADDED", item)
+                    assert listed.metadata is not None  # the API server always sends it
                     resource_version = listed.metadata.resource_version
                 w = k8s_watch.Watch()
                 with self._watch_lock:

@@ -14,7 +14,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from calcx.data.io import read_parquet_records, write_jsonl, write_parquet
 from calcx.data.schema import DataError, validate_row
@@ -124,6 +124,7 @@ def read_source(path: str | Path, fmt: str = "auto") -> ImportResult:
         raise DataError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     path = Path(path)
     file = str(path)
+    columns: Iterable[str]  # parquet column names, or the keys of the first JSON object
     if path.suffix == ".parquet":
         columns, records = read_parquet_records(path)
         numbered: list[tuple[int, Any]] = list(enumerate(records, start=1))

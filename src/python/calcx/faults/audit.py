@@ -89,7 +89,8 @@ def audit(rollouts: list[Any], kind_of: dict[str, str], starts: list[tuple[str, 
                 recorded = calls(rid, a.attempt_id)
                 if not recorded:
                     continue
-                user = next((m for m in recorded[0].request.get("messages", []) if m.get("role") == "user"), {})
+                user: dict[str, Any] = next(
+                    (m for m in recorded[0].request.get("messages", []) if m.get("role") == "user"), {})
                 content = user.get("content")
                 if content != build_task(questions[rid]):
                     text_mismatch.append(f"{rid}/{a.attempt_id}")

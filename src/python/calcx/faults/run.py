@@ -138,7 +138,7 @@ def run_faults(args: argparse.Namespace, workdir: Path, log: Callable[[str], Non
         def client() -> CalcxClient:
             return CalcxClient(stack.server_url, KEY, timeout=30)
 
-        progress_state = {"terminal": 0, "running": [], "finished": []}
+        progress_state: dict[str, Any] = {"terminal": 0, "running": [], "finished": []}
 
         def progress() -> float:
             return progress_state["terminal"] / len(plan.specs)

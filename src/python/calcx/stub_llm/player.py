@@ -61,9 +61,9 @@ def conversation_text(messages: list[dict]) -> str:
 
 def pick_tool(tools: list[dict]) -> str | None:
     names = [
-        (t.get("function") or {}).get("name")
+        name
         for t in tools
-        if isinstance(t, dict) and isinstance((t.get("function") or {}).get("name"), str)
+        if isinstance(t, dict) and isinstance(name := (t.get("function") or {}).get("name"), str)
     ]
     for name in names:
         if "calc" in name.lower():

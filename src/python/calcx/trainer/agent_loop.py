@@ -67,7 +67,11 @@ class CalcxAgentLoop(AgentLoopBase):
     The work is `calcx.trainer.session.run_session_from_config` (verl-free, tested on CPU against
     the real server); this class only adapts its samples to verl's AgentLoopOutput."""
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+    # verl 0.9.1's V1 worker (AgentLoopWorkerTQ) takes a list, one output per model call
+    # (docs/trainer.md); the base class still names the legacy worker's single output.
+    async def run(  # type: ignore[override]
+        self, sampling_params: dict[str, Any], **kwargs: Any
+    ) -> list[AgentLoopOutput]:
         step = int(kwargs.get("global_steps", 0) or 0)
         samples = await run_session_from_config(self.config, sampling_params, kwargs)
         return to_agent_loop_outputs(samples, step=step)

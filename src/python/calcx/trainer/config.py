@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 PACKAGE_CONFIG_DIR = Path(__file__).resolve().parent / "config"
 CALCX_OVERRIDES = PACKAGE_CONFIG_DIR / "calcx.yaml"
@@ -73,7 +73,7 @@ def _leaves(node: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
         yield prefix, node
 
 
-def _has_key(cfg: DictConfig, dotted: str) -> bool:
+def _has_key(cfg: DictConfig | ListConfig, dotted: str) -> bool:
     node: Any = cfg
     for part in dotted.split("."):
         if not isinstance(node, DictConfig) or part not in node.keys():  # `in` is False for ??? values
@@ -112,7 +112,9 @@ def parse_dotlist_item(item: str) -> tuple[str, Any, bool]:
     if not key or key.startswith("~"):
         raise ConfigError(f"override {item!r}: key is empty or a deletion, which is not supported")
     try:
-        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]))["v"]  # type: ignore[index]
+        parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]))
+        assert isinstance(parsed, dict)  # the container of a DictConfig
+        value = parsed["v"]
     except Exception as exc:  # omegaconf raises grammar errors of several kinds
         raise ConfigError(f"override {item!r}: cannot parse value {raw!r} ({exc})") from exc
     return key, value, add
@@ -130,7 +132,8 @@ def compose(request: ComposeRequest) -> DictConfig:
 
     config_dir = verl_config_dir()
     groups = _group_names(config_dir)
-    group_overrides, dotlist = [], []
+    group_overrides: list[str] = []
+    dotlist: list[str] = []
     for item in request.dotlist:
         key = item.split("=", 1)[0].lstrip("+")
         (group_overrides if key in groups else dotlist).append(item)

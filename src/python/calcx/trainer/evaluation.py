@@ -57,7 +57,7 @@ def eval_collection(rollouts: Sequence[Mapping[str, Any]], *, step: int | None =
     out = EvalCollection(step=chosen)
     for rollout in by_step.get(chosen, []):
         row = rollout.get("row") or {}
-        reward = rollout.get("reward")
+        reward: Any = rollout.get("reward")  # a JSON value: scored only when a finite number
         base = {"rollout_id": rollout.get("rollout_id"), "source": str(row.get("source") or "unknown"),
                 "row_id": row.get("id"), "state": rollout.get("state")}
         scored = (rollout.get("state") == "SUCCEEDED" and isinstance(reward, (int, float))

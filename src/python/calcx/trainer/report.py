@@ -167,7 +167,9 @@ def write_report(out_dir: str | Path, *, metrics_path: str | Path | None,
     metrics = read_metrics(metrics_path) if metrics_path is not None and Path(metrics_path).exists() else None
     if metrics_path is not None and metrics is None and not allow_no_reward:
         raise ReportError(f"{metrics_path} does not exist; cannot draw a reward curve")
-    used, steps, values = "", [], []
+    used = ""
+    steps: list[int] = []
+    values: list[float] = []
     if metrics is not None or allow_no_reward:
         try:
             used, steps, values = reward_series(metrics or [])

@@ -207,8 +207,9 @@ class Zygote:
         except OSError:
             return {}
 
-    async def spawn_agent(self, env: Mapping[str, str], out_fd: int) -> AgentHandle:
-        """Fork one agent with `env`, its stdout and stderr on `out_fd` (closed here)."""
+    async def spawn_agent(self, env: Mapping[str, str | None], out_fd: int) -> AgentHandle:
+        """Fork one agent with `env` (a None value unsets a variable), its stdout and stderr on
+        `out_fd` (closed here)."""
         try:
             for attempt in range(2):
                 await self.ensure()

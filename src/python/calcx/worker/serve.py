@@ -301,14 +301,14 @@ class Zygote(Forking):
             sock.close()
             self._assigned(conn, pid, kind)
             return
-        pid = self._fork(keep=list(conn.fds))
-        if pid is None:
+        child = self._fork(keep=list(conn.fds))
+        if child is None:
             self._reply(conn, {"error": "fork failed"})
             self._close_conn(conn)
             return
-        if pid == 0:
+        if child == 0:
             self._child_run(kind, env, list(conn.fds))
-        self._assigned(conn, pid, kind)
+        self._assigned(conn, child, kind)
 
     def _assigned(self, conn: _Conn, pid: int, kind: str) -> None:
         self._close_fds(conn)

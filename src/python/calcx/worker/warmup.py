@@ -20,8 +20,8 @@ def complete_pydantic_models() -> int:
         import pydantic
     except ImportError:
         return 0
-    seen: set[type] = set()
-    stack: list[type] = [pydantic.BaseModel]
+    seen: set[type[pydantic.BaseModel]] = set()
+    stack: list[type[pydantic.BaseModel]] = [pydantic.BaseModel]
     while stack:
         for sub in stack.pop().__subclasses__():
             if sub not in seen:
