@@ -219,7 +219,7 @@ def _parse_head(raw: bytes) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         size_line = await reader.readuntil(b"\r\n")
         try:

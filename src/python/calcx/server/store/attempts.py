@@ -106,7 +106,7 @@ class Attempts:
                     (expires, controller_id),
                 )
                 return held, []
-            held, lost = [], []
+            held, lost: list[tuple[str, str]] = [], []
             for rid, aid in refs:
                 no = parse_attempt_id(aid)
                 cur = None
