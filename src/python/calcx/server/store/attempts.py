@@ -106,7 +106,8 @@ class Attempts:
                     (expires, controller_id),
                 )
                 return held, []
-            held, lost: list[tuple[str, str]] = [], []
+            held = []
+            lost: list[tuple[str, str]] = []
             for rid, aid in refs:
                 no = parse_attempt_id(aid)
                 cur = None
