@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from calcx.trainer.cli import DEFAULT_MODEL, DEFAULT_TRAIN, DEFAULT_VAL, cuda_problem
+from calcx.trainer.cli import DEFAULT_MODEL, DEFAULT_TRAIN, DEFAULT_VAL, cuda_problem, raise_interrupt, run_command
 
 NO_GPU_MESSAGE = ("calcx anchor train: no CUDA GPU was found on this machine ({why}). The anchor trains "
                   "like calcx train: an NVIDIA GPU with torch, vLLM and verl installed.")
@@ -57,10 +57,6 @@ def compose_from_args(args: argparse.Namespace):
     ))
 
 
-def _raise_interrupt(*_: object) -> None:
-    raise KeyboardInterrupt
-
-
 def _train(args: argparse.Namespace) -> int:
     problem = cuda_problem()
     if problem is not None:
@@ -73,7 +69,7 @@ def _train(args: argparse.Namespace) -> int:
     from calcx.trainer import data as data_mod
     from calcx.trainer.config import ConfigError
 
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM unwinds like Ctrl-C
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)  # SIGTERM unwinds like Ctrl-C
     try:
         train_src, val_src = Path(args.train_file), Path(args.val_file)
         data_mod.ensure_generated(train_src)
@@ -91,22 +87,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    bad = [item for item in args.overrides if "=" not in item]
-    if bad:
-        print(f"calcx anchor train: {bad[0]!r} is not an override of the form KEY=VALUE "
-              "(flags go before the overrides)", file=sys.stderr)
-        return 2
-    if args.print_config:
-        from calcx.trainer.config import ConfigError, redacted_yaml
-
-        try:
-            cfg = compose_from_args(args)
-        except ConfigError as exc:
-            print(f"calcx anchor train: {exc}", file=sys.stderr)
-            return 2
-        sys.stdout.write(redacted_yaml(cfg))
-        return 0
-    return _train(args)
+    return run_command("calcx anchor train", args, compose_from_args, _train)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
 DEFAULT_TRAIN = "data/calcx/train.parquet"
@@ -99,7 +99,7 @@ def cuda_problem() -> str | None:
     return None
 
 
-def _raise_interrupt(*_: object) -> None:
+def raise_interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
@@ -122,7 +122,7 @@ def _train(args: argparse.Namespace) -> int:
     from calcx.trainer.launch import LaunchError, run_training
     from calcx.trainer.services import ServicesError
 
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM unwinds like Ctrl-C: cleanup runs
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)  # SIGTERM unwinds like Ctrl-C: cleanup runs
     try:
         train_src, val_src = Path(args.train_file), Path(args.val_file)
         if not args.eval_only:
@@ -141,24 +141,31 @@ def _train(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+def run_command(prog: str, args: argparse.Namespace, compose: Callable[[argparse.Namespace], Any],
+                train: Callable[[argparse.Namespace], int]) -> int:
+    """What `calcx train` and `calcx anchor train` share: overrides checked, `--print-config`
+    answered without a GPU, else `train(args)`."""
     bad = [item for item in args.overrides if "=" not in item]
     if bad:
-        print(f"calcx train: {bad[0]!r} is not an override of the form KEY=VALUE "
+        print(f"{prog}: {bad[0]!r} is not an override of the form KEY=VALUE "
               "(flags go before the overrides)", file=sys.stderr)
         return 2
     if args.print_config:
         from calcx.trainer.config import ConfigError, redacted_yaml
 
         try:
-            cfg = compose_from_args(args)
+            cfg = compose(args)
         except ConfigError as exc:
-            print(f"calcx train: {exc}", file=sys.stderr)
+            print(f"{prog}: {exc}", file=sys.stderr)
             return 2
         sys.stdout.write(redacted_yaml(cfg))
         return 0
-    return _train(args)
+    return train(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    return run_command("calcx train", args, compose_from_args, _train)
 
 
 if __name__ == "__main__":
