@@ -1,20 +1,22 @@
 """The one client of the calcx server: `AsyncCalcxClient`, and `CalcxClient`, its blocking face.
 
-Every method builds a `Call` from one row of `calcx.api.endpoints` (path, answer model, long-poll
-or gateway timeout) and hands it to the transport: `AsyncCalcxClient` awaits it on an
-`httpx.AsyncClient`, `CalcxClient` sends the very same call through an `httpx.Client`, so each
-request is written once. Error answers and unreachable servers raise `CalcxAPIError`
-(`calcx.api.errors`). Neither retries: the controller, agent and trainer each keep their own
-retry policy, on top of `CalcxAPIError.status`.
+Every method is written once, as an `@endpoint` that builds a `Call` from one row of
+`calcx.api.endpoints` (path, answer model, long-poll or gateway timeout); each face runs it on its
+transport: `AsyncCalcxClient` awaits it on an `httpx.AsyncClient`, `CalcxClient` sends the very same
+call through an `httpx.Client`. The descriptor gives each face its own return type (`Awaitable[T]`
+or `T`), so type checkers see what a caller gets. Error answers and unreachable servers raise
+`CalcxAPIError` (`calcx.api.errors`). Neither retries: the controller, agent and trainer each keep
+their own retry policy, on top of `CalcxAPIError.status`.
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import functools
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, Union
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import httpx
 
@@ -33,8 +35,7 @@ from calcx.api.models import (
 )
 
 T = TypeVar("T")
-#: What a method returns: the value (`CalcxClient`) or an awaitable of it (`AsyncCalcxClient`).
-Reply = Union[T, Awaitable[T]]
+P = ParamSpec("P")
 
 # Requests go out as header and body writes; without TCP_NODELAY, Nagle's algorithm holds the
 # body until the server's delayed ACK (~40 ms per request).
@@ -42,7 +43,7 @@ _SOCKET_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
 @dataclass(frozen=True)
-class Call:
+class Call(Generic[T]):
     """One request to one endpoint, and what the method returns from the answer (`pick`)."""
 
     endpoint: Endpoint
@@ -53,7 +54,7 @@ class Call:
     poll_s: float | None = None
     #: an absolute URL the server handed out ($AGL_EVENT_URL) instead of the endpoint's path
     url: str | None = None
-    pick: Callable[[Any], Any] | None = None
+    pick: Callable[[Any], T] | None = None
 
     def target(self) -> str:
         return self.url or self.endpoint.path_for(**self.path_params)
@@ -63,7 +64,7 @@ class Call:
             return (self.poll_s or 0.0) + POLL_MARGIN_S
         return default if self.endpoint.timeout_s is None else self.endpoint.timeout_s
 
-    def read(self, response: httpx.Response, request: str) -> Any:
+    def read(self, response: httpx.Response, request: str) -> T:
         """The answer as the endpoint's model (then `pick`), or `CalcxAPIError`."""
         if not 200 <= response.status_code < 300:
             raise CalcxAPIError.from_response(response, request)
@@ -82,6 +83,41 @@ class Call:
         return self.pick(answer) if self.pick is not None else answer
 
 
+#: Several calls, each sent with the answer to the one before (`all_rollouts` pages through them).
+Plan = Generator[Call[Any], Any, T]
+
+
+class endpoint(Generic[P, T]):
+    """A client method written once: `build` turns the arguments into a `Call` (or a `Plan`), and the
+    face it is read from runs it: `AsyncCalcxClient` returns an awaitable, `CalcxClient` the value."""
+
+    def __init__(self, build: Callable[Concatenate[Any, P], Call[T] | Plan[T]]) -> None:
+        self._build = build
+        self.__name__ = build.__name__
+        self.__doc__ = build.__doc__
+
+    @overload
+    def __get__(self, client: None, owner: type) -> endpoint[P, T]: ...
+    @overload
+    def __get__(self, client: AsyncCalcxClient, owner: type) -> Callable[P, Awaitable[T]]: ...
+    @overload
+    def __get__(self, client: CalcxClient, owner: type) -> Callable[P, T]: ...
+    @overload
+    def __get__(self, client: _Endpoints, owner: type) -> Callable[P, Any]: ...
+
+    def __get__(self, client: _Endpoints | None, owner: type) -> Any:
+        if client is None:
+            return self
+        build = self._build
+
+        @functools.wraps(build)
+        def method(*args: Any, **kwargs: Any) -> Any:
+            built = build(client, *args, **kwargs)
+            return client._send(built) if isinstance(built, Call) else client._drive(built)
+
+        return method
+
+
 def _create_body(rollouts: Iterable[RolloutCreate | Mapping[str, Any]]) -> dict[str, Any]:
     return {"rollouts": [r.model_dump(mode="json") if isinstance(r, RolloutCreate) else dict(r) for r in rollouts]}
 
@@ -91,7 +127,7 @@ def _rollouts(page: Any) -> list[Rollout]:
 
 
 def _list_call(state: str | None, group_id: str | None, controller_id: str | None, limit: int,
-               offset: int) -> Call:
+               offset: int) -> Call[list[Rollout]]:
     query: dict[str, Any] = {"limit": limit, "offset": offset}
     for name, value in (("state", state), ("group_id", group_id), ("controller_id", controller_id)):
         if value is not None:
@@ -99,7 +135,7 @@ def _list_call(state: str | None, group_id: str | None, controller_id: str | Non
     return Call(api.LIST_ROLLOUTS, query=query, pick=_rollouts)
 
 
-def _every_rollout(page: int) -> Generator[Call, list[Rollout], list[Rollout]]:
+def _every_rollout(page: int) -> Generator[Call[list[Rollout]], list[Rollout], list[Rollout]]:
     out: list[Rollout] = []
     while True:
         batch = yield _list_call(None, None, None, page, len(out))
@@ -115,19 +151,28 @@ def _headers(key: str) -> dict[str, str]:
     return headers
 
 
+def _event_call(rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]) -> Call[int]:
+    body = {"event_type": event_type, "data": dict(data)}
+    return Call(api.POST_EVENT, {"rid": rollout_id, "aid": attempt_id}, body=body, pick=_event_id)
+
+
+def _event_id(created: Any) -> int:
+    return created.event_id
+
+
 class _Endpoints:
-    """One method per endpoint, written once: `_send` runs a `Call`, `_drive` a sequence of them."""
+    """One method per endpoint, written once (`@endpoint`): `_send` runs a `Call`, `_drive` a `Plan`."""
 
     base_url: str
     _timeout: float
 
-    def _send(self, call: Call) -> Any:
+    def _send(self, call: Call[Any]) -> Any:
         raise NotImplementedError
 
-    def _drive(self, plan: Generator[Call, Any, Any]) -> Any:
+    def _drive(self, plan: Plan[Any]) -> Any:
         raise NotImplementedError
 
-    def _prepare(self, call: Call) -> tuple[str, dict[str, Any]]:
+    def _prepare(self, call: Call[Any]) -> tuple[str, dict[str, Any]]:
         """("METHOD url" for errors, keyword arguments of httpx's `request`)."""
         target = call.target()
         method = call.endpoint.method
@@ -137,91 +182,110 @@ class _Endpoints:
         return f"{method} {target if call.url else self.base_url + target}", request
 
     # -- open ------------------------------------------------------------------------------
-    def health(self) -> Reply[Health]:
-        return self._send(Call(api.HEALTH))
+    @endpoint
+    def health(self) -> Call[Health]:
+        return Call(api.HEALTH)
 
-    def metrics_text(self) -> Reply[str]:
-        return self._send(Call(api.METRICS))
+    @endpoint
+    def metrics_text(self) -> Call[str]:
+        return Call(api.METRICS)
 
     # -- rollouts (server key) -------------------------------------------------------------
-    def create_rollouts(self, rollouts: Iterable[RolloutCreate | Mapping[str, Any]]) -> Reply[list[Rollout]]:
-        return self._send(Call(api.CREATE_ROLLOUTS, body=_create_body(rollouts), pick=_rollouts))
+    @endpoint
+    def create_rollouts(self, rollouts: Iterable[RolloutCreate | Mapping[str, Any]]) -> Call[list[Rollout]]:
+        return Call(api.CREATE_ROLLOUTS, body=_create_body(rollouts), pick=_rollouts)
 
-    def create_rollout(self, rollout: RolloutCreate | Mapping[str, Any]) -> Reply[Rollout]:
-        return self._send(Call(api.CREATE_ROLLOUTS, body=_create_body([rollout]), pick=lambda p: p.rollouts[0]))
+    @endpoint
+    def create_rollout(self, rollout: RolloutCreate | Mapping[str, Any]) -> Call[Rollout]:
+        return Call(api.CREATE_ROLLOUTS, body=_create_body([rollout]), pick=lambda p: p.rollouts[0])
 
-    def get_rollout(self, rollout_id: str) -> Reply[Rollout]:
-        return self._send(Call(api.GET_ROLLOUT, {"rid": rollout_id}))
+    @endpoint
+    def get_rollout(self, rollout_id: str) -> Call[Rollout]:
+        return Call(api.GET_ROLLOUT, {"rid": rollout_id})
 
+    @endpoint
     def list_rollouts(self, state: str | None = None, group_id: str | None = None, controller_id: str | None = None,
-                      limit: int = 100, offset: int = 0) -> Reply[list[Rollout]]:
-        return self._send(_list_call(state, group_id, controller_id, limit, offset))
+                      limit: int = 100, offset: int = 0) -> Call[list[Rollout]]:
+        return _list_call(state, group_id, controller_id, limit, offset)
 
-    def all_rollouts(self, page: int = 1000) -> Reply[list[Rollout]]:
+    @endpoint
+    def all_rollouts(self, page: int = 1000) -> Plan[list[Rollout]]:
         """Every rollout on the server, in creation order (`page` per request)."""
-        return self._drive(_every_rollout(page))
+        return _every_rollout(page)
 
-    def wait(self, rollout_id: str, timeout_s: float = 30.0) -> Reply[Rollout]:
+    @endpoint
+    def wait(self, rollout_id: str, timeout_s: float = 30.0) -> Call[Rollout]:
         """Long poll: the rollout once terminal, or as it is after `timeout_s`."""
-        return self._send(Call(api.WAIT, {"rid": rollout_id}, body={"timeout_s": timeout_s}, poll_s=timeout_s))
+        return Call(api.WAIT, {"rid": rollout_id}, body={"timeout_s": timeout_s}, poll_s=timeout_s)
 
-    def retry(self, rollout_id: str) -> Reply[Rollout]:
-        return self._send(Call(api.RETRY, {"rid": rollout_id}))
+    @endpoint
+    def retry(self, rollout_id: str) -> Call[Rollout]:
+        return Call(api.RETRY, {"rid": rollout_id})
 
-    def calls(self, rollout_id: str, attempt_id: str | None = None) -> Reply[list[RecordedCall]]:
+    @endpoint
+    def calls(self, rollout_id: str, attempt_id: str | None = None) -> Call[list[RecordedCall]]:
         query = None if attempt_id is None else {"attempt_id": attempt_id}
-        return self._send(Call(api.CALLS, {"rid": rollout_id}, query=query, pick=lambda page: page.calls))
+        return Call(api.CALLS, {"rid": rollout_id}, query=query, pick=lambda page: page.calls)
 
-    def terminal(self, after: int = 0, limit: int = 100, timeout_s: float = 30.0) -> Reply[TerminalPage]:
+    @endpoint
+    def terminal(self, after: int = 0, limit: int = 100, timeout_s: float = 30.0) -> Call[TerminalPage]:
         query = {"after": after, "limit": limit, "timeout_s": timeout_s}
-        return self._send(Call(api.TERMINAL, query=query, poll_s=timeout_s))
+        return Call(api.TERMINAL, query=query, poll_s=timeout_s)
 
     # -- controllers (server key) ----------------------------------------------------------
-    def claim(self, controller_id: str, max: int = 1, timeout_s: float = 10.0) -> Reply[ClaimsResponse]:
+    @endpoint
+    def claim(self, controller_id: str, max: int = 1, timeout_s: float = 10.0) -> Call[ClaimsResponse]:
         body = {"controller_id": controller_id, "max": max, "timeout_s": timeout_s}
-        return self._send(Call(api.CLAIM, body=body, poll_s=timeout_s))
+        return Call(api.CLAIM, body=body, poll_s=timeout_s)
 
+    @endpoint
     def heartbeat(self, controller_id: str,
-                  attempts: Iterable[tuple[str, str]] | None = None) -> Reply[HeartbeatResponse]:
+                  attempts: Iterable[tuple[str, str]] | None = None) -> Call[HeartbeatResponse]:
         body: dict[str, Any] = {"controller_id": controller_id}
         if attempts is not None:
             body["attempts"] = [{"rollout_id": r, "attempt_id": a} for r, a in attempts]
-        return self._send(Call(api.HEARTBEAT, body=body))
+        return Call(api.HEARTBEAT, body=body)
 
+    @endpoint
     def finish(self, rollout_id: str, attempt_id: str, state: str, reason: str | None = None,
                exit_code: int | None = None, agent_seconds: float | None = None,
-               detail: str | None = None) -> Reply[Rollout]:
+               detail: str | None = None) -> Call[Rollout]:
         body = {"state": state, "reason": reason, "exit_code": exit_code, "agent_seconds": agent_seconds,
                 "detail": detail}
-        return self._send(Call(api.FINISH, {"rid": rollout_id, "aid": attempt_id}, body=body))
+        return Call(api.FINISH, {"rid": rollout_id, "aid": attempt_id}, body=body)
 
     # -- agents (attempt token or server key) ----------------------------------------------
-    def post_event(self, rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]) -> Reply[int]:
-        body = {"event_type": event_type, "data": dict(data)}
-        return self._send(Call(api.POST_EVENT, {"rid": rollout_id, "aid": attempt_id}, body=body,
-                               pick=lambda created: created.event_id))
+    @endpoint
+    def post_event(self, rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]) -> Call[int]:
+        return _event_call(rollout_id, attempt_id, event_type, data)
 
-    def post_event_to(self, event_url: str, event_type: str, data: Mapping[str, Any]) -> Reply[int]:
+    @endpoint
+    def post_event_to(self, event_url: str, event_type: str, data: Mapping[str, Any]) -> Call[int]:
         """`post_event` at the URL the server handed the agent ($AGL_EVENT_URL)."""
         body = {"event_type": event_type, "data": dict(data)}
-        return self._send(Call(api.POST_EVENT, body=body, url=event_url, pick=lambda created: created.event_id))
+        return Call(api.POST_EVENT, body=body, url=event_url, pick=_event_id)
 
-    def post_reward(self, rollout_id: str, attempt_id: str, value: float) -> Reply[int]:
-        return self.post_event(rollout_id, attempt_id, "reward", {"value": value})
+    @endpoint
+    def post_reward(self, rollout_id: str, attempt_id: str, value: float) -> Call[int]:
+        return _event_call(rollout_id, attempt_id, "reward", {"value": value})
 
-    def chat_completions(self, rollout_id: str, attempt_id: str, request: Mapping[str, Any]) -> Reply[dict[str, Any]]:
-        return self._send(Call(api.CHAT_COMPLETIONS, {"rid": rollout_id, "aid": attempt_id}, body=dict(request)))
+    @endpoint
+    def chat_completions(self, rollout_id: str, attempt_id: str, request: Mapping[str, Any]) -> Call[dict[str, Any]]:
+        return Call(api.CHAT_COMPLETIONS, {"rid": rollout_id, "aid": attempt_id}, body=dict(request))
 
-    def openai_models(self, rollout_id: str, attempt_id: str) -> Reply[dict[str, Any]]:
-        return self._send(Call(api.OPENAI_MODELS, {"rid": rollout_id, "aid": attempt_id}))
+    @endpoint
+    def openai_models(self, rollout_id: str, attempt_id: str) -> Call[dict[str, Any]]:
+        return Call(api.OPENAI_MODELS, {"rid": rollout_id, "aid": attempt_id})
 
     # -- model registry (server key) -------------------------------------------------------
-    def put_models(self, model: str, endpoints: list[str], policy_version: int = 0) -> Reply[ModelRegistry]:
+    @endpoint
+    def put_models(self, model: str, endpoints: list[str], policy_version: int = 0) -> Call[ModelRegistry]:
         body = {"model": model, "endpoints": endpoints, "policy_version": int(policy_version)}
-        return self._send(Call(api.PUT_MODELS, body=body))
+        return Call(api.PUT_MODELS, body=body)
 
-    def get_models(self) -> Reply[ModelRegistry]:
-        return self._send(Call(api.GET_MODELS))
+    @endpoint
+    def get_models(self) -> Call[ModelRegistry]:
+        return Call(api.GET_MODELS)
 
 
 class AsyncCalcxClient(_Endpoints):
@@ -246,7 +310,7 @@ class AsyncCalcxClient(_Endpoints):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _send(self, call: Call) -> Any:
+    async def _send(self, call: Call[Any]) -> Any:
         request, kwargs = self._prepare(call)
         try:
             response = await self._http.request(**kwargs)
@@ -254,7 +318,7 @@ class AsyncCalcxClient(_Endpoints):
             raise CalcxAPIError.from_transport(exc, request) from exc
         return call.read(response, request)
 
-    async def _drive(self, plan: Generator[Call, Any, Any]) -> Any:
+    async def _drive(self, plan: Plan[Any]) -> Any:
         answer = None
         try:
             while True:
@@ -284,7 +348,7 @@ class CalcxClient(_Endpoints):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _send(self, call: Call) -> Any:
+    def _send(self, call: Call[Any]) -> Any:
         request, kwargs = self._prepare(call)
         try:
             response = self._http.request(**kwargs)
@@ -292,7 +356,7 @@ class CalcxClient(_Endpoints):
             raise CalcxAPIError.from_transport(exc, request) from exc
         return call.read(response, request)
 
-    def _drive(self, plan: Generator[Call, Any, Any]) -> Any:
+    def _drive(self, plan: Plan[Any]) -> Any:
         answer = None
         try:
             while True:
