@@ -57,6 +57,9 @@ RUN_ARGS=(
 # The runs a campaign knows; `anchor` is verl's own ToolAgentLoop on the same settings (docs/anchor.md).
 MODES=(sync async anchor)
 ANCHOR_RUN_NAME=toolagentloop
+# The anchor is there for its step times: it validates once before training (its prompts against
+# calcx's, by accuracy), not every 10 steps and at the end.
+ANCHOR_ARGS=(trainer.test_freq=-1)
 
 stage="${1:?stage: receive|setup|start|status|wait|stop}"; shift
 case "$stage" in
@@ -123,11 +126,12 @@ case "$stage" in
     mkdir -p "$dir"
     torch="$(torch_site)"
     echo "$(date +%s)" > "$dir/started"
-    cmd=(train); run="$name"
-    [[ "$name" == anchor ]] && { cmd=(anchor train); run="$ANCHOR_RUN_NAME"; }
+    cmd=(train); run="$name"; extra=()
+    [[ "$name" == anchor ]] && { cmd=(anchor train); run="$ANCHOR_RUN_NAME"; extra=("${ANCHOR_ARGS[@]}"); }
     setsid nohup env PEX_EXTRA_SYS_PATH="$torch" "$PYTHON" "$PEX" "${cmd[@]}" \
       --model "$MODEL" --train-file "$IN/gsm8k/train.parquet" --val-file "$IN/gsm8k/test.parquet" \
-      --run-name "$run" ${FLAGS:-} "calcx.report_dir=$dir" trainer.total_training_steps="$steps" "${RUN_ARGS[@]}" "$@" \
+      --run-name "$run" ${FLAGS:-} "calcx.report_dir=$dir" trainer.total_training_steps="$steps" "${RUN_ARGS[@]}" \
+      "${extra[@]}" "$@" \
       >"$dir/train.log" 2>&1 </dev/null &
     echo $! > "$dir/pid"
     echo "started $name (pid $(cat "$dir/pid")): $dir/train.log"

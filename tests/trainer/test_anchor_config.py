@@ -206,7 +206,11 @@ def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path
     calcx_cfg = trainer_cli.compose_from_args(trainer_cli.build_parser().parse_args(calcx_argv[1:]))
     anchor_cfg = anchor_cli.compose_from_args(anchor_cli.build_parser().parse_args(anchor_argv[1:]))
     assert_shared(calcx_cfg, anchor_cfg)
-    assert differing(calcx_cfg, anchor_cfg) == set(ANCHOR_SETTINGS) | {"trainer.experiment_name", "calcx.report_dir"}
+    # and validates only before training (h200_run.sh's ANCHOR_ARGS): it is there for its step times
+    assert differing(calcx_cfg, anchor_cfg) == set(ANCHOR_SETTINGS) | {"trainer.experiment_name", "calcx.report_dir",
+                                                                         "trainer.test_freq"}
+    assert (calcx_cfg.trainer.test_freq, anchor_cfg.trainer.test_freq) == (10, -1)
+    assert anchor_cfg.trainer.val_before_train is True
     assert (anchor_cfg.data.train_batch_size, anchor_cfg.actor_rollout_ref.rollout.n) == (32, 4)
     assert (anchor_cfg.data.max_prompt_length, anchor_cfg.data.max_response_length) == (2048, 1024)
     assert anchor_cfg.trainer.total_training_steps == 20 and anchor_cfg.trainer.v1.trainer_mode == "sync"
@@ -232,4 +236,6 @@ def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path
     assert "run sync:" in watched.stdout and "run anchor:" in watched.stdout, watched.stdout + watched.stderr
     bogus = _script(tmp_path, "campaign", "20", "sync", "bogus")
     assert bogus.returncode == 2 and "mode bogus is not one of: sync async anchor" in bogus.stderr
+    malformed = _script(tmp_path, "campaign", "20", "async", "anchor:ten")
+    assert malformed.returncode == 2 and "anchor:ten is not MODE[:STEPS[:MAX_S]]" in malformed.stderr
     assert not (tmp_path / "results" / "machine.txt").exists()  # refused before setup
