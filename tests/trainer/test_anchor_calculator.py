@@ -29,7 +29,7 @@ EXPRESSIONS = [
     "1/0", "7 % 0", "2 +", "(1", "", "x + 1", "3 > 2", "[1, 2]", "2**20000", "factorial(-1)", "'a' + 'b'",
 ]
 # arguments the model gets wrong
-BAD_ARGUMENTS = [{}, {"expression": 5}, {"expr": "1 + 1"}, {"expression": "1 + 1", "extra": True}]
+BAD_ARGUMENTS: list[dict[str, object]] = [{}, {"expression": 5}, {"expr": "1 + 1"}, {"expression": "1 + 1", "extra": True}]
 
 
 def _verl_tool():

@@ -122,6 +122,7 @@ def test_verl_checks_the_anchor_config_and_loads_its_parts() -> None:
     assert _agent_loop_registry[TOOL_AGENT]["_target_"] == (
         "verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop")
     score = get_custom_reward_fn(cfg)  # as verl's reward workers load it
+    assert score is not None
     assert score(data_source="gsm8k", solution_str="### ANSWER: 12 ###", ground_truth="12", extra_info={}) == 1.0
     assert score(data_source="gsm8k", solution_str="### ANSWER: 13 ###", ground_truth="12", extra_info={}) == 0.0
 

@@ -61,7 +61,9 @@ def scripts(rows: list[dict]) -> dict[str, Script]:
 class Endpoint(ThreadingHTTPServer):
     def __init__(self, plan: dict[str, Script]) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
-        self.plan, self.requests, self.rewards = plan, {}, {}
+        self.plan = plan
+        self.requests: dict[str, list[dict[str, Any]]] = {}  # question: the agent's chat requests
+        self.rewards: dict[str, float] = {}  # rollout index: the reward the agent posted
         self.lock = threading.Lock()
 
     @property
@@ -95,7 +97,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.requests.setdefault(question, []).append(body)
         results = [m for m in body["messages"] if m["role"] == "tool"]
         if results or not script.calls:
-            message = {"role": "assistant", "content": script.last if results else script.first}
+            message: dict[str, Any] = {"role": "assistant", "content": script.last if results else script.first}
             reason = "stop"
         else:
             message = {"role": "assistant", "content": script.first or None, "tool_calls": [
@@ -149,7 +151,8 @@ class TokenServer:
     """verl's LLM client, scripted: the first or last turn by whether a tool answer is in the context."""
 
     def __init__(self, tokenizer, plan: dict[str, Script]) -> None:
-        self.tokenizer, self.plan, self.prompts = tokenizer, plan, {}
+        self.tokenizer, self.plan = tokenizer, plan
+        self.prompts: dict[str, list[str]] = {}  # question: the prompts the loop sent, decoded
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict, **_: Any):
         from verl.workers.rollout.replica import TokenOutput
@@ -209,7 +212,7 @@ def rows(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
                       str(work / "imported"), "--val-size", "5", "--seed", "0", "--mini-size", "2",
                       "--sample-size", "2"]) == 0
     found = read_rows(work / "imported" / "train.parquet")
-    picked = {}
+    picked: dict[str, dict[str, Any]] = {}
     for row in found:  # one row per source, so every template of the generator is in play
         picked.setdefault(row["source"], row)
     return list(picked.values())[:5]

@@ -44,7 +44,8 @@ class CalculatorTool(BaseTool):
         if tool_schema is not None:
             raise ValueError("the calculator's schema is mcp_server_calculator's own: leave `tool_schema` out of "
                              "the tool config")
-        super().__init__(config, None)
+        # BaseTool falls back on get_openai_tool_schema() when handed none; hand it over directly.
+        super().__init__(config, self.get_openai_tool_schema())
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
         return ExactToolSchema.of(calculator_tool_entry())

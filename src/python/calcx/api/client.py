@@ -3,10 +3,10 @@
 Every method is written once, as an `@endpoint` that builds a `Call` from one row of
 `calcx.api.endpoints` (path, answer model, long-poll or gateway timeout); each face runs it on its
 transport: `AsyncCalcxClient` awaits it on an `httpx.AsyncClient`, `CalcxClient` sends the very same
-call through an `httpx.Client`. The descriptor gives each face its own return type (`Awaitable[T]`
-or `T`), so type checkers see what a caller gets. Error answers and unreachable servers raise
-`CalcxAPIError` (`calcx.api.errors`). Neither retries: the controller, agent and trainer each keep
-their own retry policy, on top of `CalcxAPIError.status`.
+call through an `httpx.Client`. The descriptor gives each face its own return type (a coroutine of
+`T`, which `asyncio.create_task` takes too, or `T`), so type checkers see what a caller gets. Error
+answers and unreachable servers raise `CalcxAPIError` (`calcx.api.errors`). Neither retries: the
+controller, agent and trainer each keep their own retry policy, on top of `CalcxAPIError.status`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import socket
 import functools
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
@@ -89,7 +89,7 @@ Plan = Generator[Call[Any], Any, T]
 
 class endpoint(Generic[P, T]):
     """A client method written once: `build` turns the arguments into a `Call` (or a `Plan`), and the
-    face it is read from runs it: `AsyncCalcxClient` returns an awaitable, `CalcxClient` the value."""
+    face it is read from runs it: `AsyncCalcxClient` returns a coroutine, `CalcxClient` the value."""
 
     def __init__(self, build: Callable[Concatenate[Any, P], Call[T] | Plan[T]]) -> None:
         self._build = build
@@ -99,7 +99,7 @@ class endpoint(Generic[P, T]):
     @overload
     def __get__(self, client: None, owner: type) -> endpoint[P, T]: ...
     @overload
-    def __get__(self, client: AsyncCalcxClient, owner: type) -> Callable[P, Awaitable[T]]: ...
+    def __get__(self, client: AsyncCalcxClient, owner: type) -> Callable[P, Coroutine[Any, Any, T]]: ...
     @overload
     def __get__(self, client: CalcxClient, owner: type) -> Callable[P, T]: ...
     @overload
