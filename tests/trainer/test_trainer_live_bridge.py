@@ -86,12 +86,12 @@ def _not_zombie(pid: int) -> bool:
         return False
 
 
-def _config(stack: dict, report_dir: Path):
+def _config(stack: dict, report_dir: Path, *extra: str):
     cfg = compose(ComposeRequest(model="calcx-stub", server_url=stack["services"].server_url,
                                  key=stack["services"].key, dotlist=[
                                      f"calcx.report_dir={report_dir}", "calcx.max_attempts=2", "calcx.deadline_s=90",
                                      "calcx.wait_timeout_s=5", "calcx.group_timeout_s=300",
-                                     "actor_rollout_ref.rollout.n=4"]))
+                                     "actor_rollout_ref.rollout.n=4", *extra]))
     from omegaconf import OmegaConf
 
     OmegaConf.resolve(cfg)  # as verl's TaskRunner does before any worker sees it
@@ -121,6 +121,15 @@ async def _register(stack: dict, model: str) -> None:
     client = AsyncCalcxClient(stack["services"].server_url, stack["services"].key)
     try:
         await client.put_models(model, [stack["stub_url"]], 0)
+    finally:
+        await client.aclose()
+
+
+async def _forwarded(stack: dict, rollout_id: str) -> list[dict]:
+    """The requests the gateway forwarded to the model for the rollout (as it recorded them)."""
+    client = AsyncCalcxClient(stack["services"].server_url, stack["services"].key)
+    try:
+        return [c.request for c in await client.calls(rollout_id)]
     finally:
         await client.aclose()
 
@@ -228,3 +237,34 @@ def test_services_run_the_agent_under_its_own_python_and_path(stack: dict) -> No
     assert "runner local" in log
     assert (stack["services"].workdir / "calcx.db").exists()
     assert stack["services"].key.startswith("calcx-run-") and len(stack["services"].key) > 40
+
+
+def test_rollouts_are_sampled_as_the_trainer_says(stack: dict, tmp_path: Path) -> None:
+    """Train rollouts carry rollout.{temperature, top_p, top_k}, validation rollouts val_kwargs'
+    (greedy by default), and the gateway sends those values with every model call."""
+    from calcx.trainer.evaluation import run_validation
+
+    cfg = _config(stack, tmp_path / "report", "actor_rollout_ref.rollout.temperature=0.8",
+                  "actor_rollout_ref.rollout.top_p=0.95", "actor_rollout_ref.rollout.top_k=40")
+    good = stack["rows"][0]
+
+    async def scenario():
+        await _register(stack, "calcx-stub")
+        sessions = await _group(cfg, good, "uid-sampling", 2)
+        # step 5: below the eval test's step 7, which reads back the last validation step
+        counts = await run_validation(cfg, [good], step=5)
+        return sessions, counts
+
+    sessions, counts = asyncio.run(scenario())
+    assert all(isinstance(s, list) and s for s in sessions), sessions
+    assert counts == {"sessions": 1, "succeeded": 1, "incomplete": 0}
+    rollouts = asyncio.run(_rollouts(stack))
+    train = {"temperature": 0.8, "top_p": 0.95, "top_k": 40}
+    greedy = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
+    val_ids = [rid for rid in rollouts if rid.startswith("calcx-val-s5-")]
+    assert len(val_ids) == 1
+    for rid, expected in [*((f"calcx-train-s2-uid-sampling-{i}", train) for i in range(N)), (val_ids[0], greedy)]:
+        assert rollouts[rid]["sampling"] == expected, rid
+        forwarded = asyncio.run(_forwarded(stack, rid))
+        assert len(forwarded) >= 2  # the tool call, then the answer
+        assert all({k: r.get(k) for k in expected} == expected for r in forwarded), (rid, forwarded)

@@ -9,7 +9,15 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from calcx.contract.env import DEFAULT_ENV_MAP, env_problem, env_value
 from calcx.contract.failures import FAILURE_REASONS
@@ -33,6 +41,47 @@ class _StrictBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+_INT64 = 2**63
+
+
+def _number(**bounds: Any) -> Any:
+    """An optional finite JSON number in range; strict, so "0.7" and true are refused."""
+    return Field(default=None, strict=True, allow_inf_nan=False, **bounds)
+
+
+class Sampling(_StrictBody):
+    """Sampling parameters the gateway applies to every model call of one rollout, overriding the
+    agent's: the trainer's sampling distribution must be what vLLM samples, since the recorded
+    log-probs are trained on. Ranges are vLLM's (and OpenAI's); a field left out is not touched."""
+
+    temperature: float | None = _number(ge=0, le=2)
+    top_p: float | None = _number(gt=0, le=1)
+    top_k: int | None = _number(ge=-1)  # 0 (or -1) = off, as vLLM reads it
+    min_p: float | None = _number(ge=0, le=1)
+    repetition_penalty: float | None = _number(gt=0)
+    presence_penalty: float | None = _number(ge=-2, le=2)
+    frequency_penalty: float | None = _number(ge=-2, le=2)
+    seed: int | None = _number(ge=-_INT64, lt=_INT64)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        """Name the unknown key and the allowed ones (pydantic's own message names neither list)."""
+        if isinstance(data, dict):
+            unknown = sorted(str(k) for k in data if k not in cls.model_fields)
+            if unknown:
+                raise ValueError(
+                    f"unknown sampling parameter(s) {', '.join(repr(k) for k in unknown)}; "
+                    f"allowed: {', '.join(cls.model_fields)}"
+                )
+        return data
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Only the parameters given: what is stored and shown is what the gateway applies."""
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 class RolloutCreate(_StrictBody):
     rollout_id: str = Field(pattern=ROLLOUT_ID_PATTERN)
     group_id: str | None = None
@@ -42,6 +91,7 @@ class RolloutCreate(_StrictBody):
     max_attempts: int = Field(default=3, ge=1, le=100)
     policy_version: int | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    sampling: Sampling | None = None
 
     @model_validator(mode="after")
     def _carriable_env(self) -> "RolloutCreate":
@@ -91,6 +141,7 @@ class Rollout(_Model):
     max_attempts: int = 3
     policy_version: int | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    sampling: dict[str, float | int] | None = None  # RolloutCreate's, as validated and stored
     state: RolloutState
     attempts: list[Attempt]
     reward: float | None = None

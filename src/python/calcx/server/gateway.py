@@ -5,6 +5,9 @@ Sticky per rollout: the endpoint is chosen by a stable hash of the rollout id, s
 turns hit the same vLLM replica (prefix cache). A retry after an upstream failure moves to the
 next endpoint. Upstream 5xx, 408, 429, timeouts and connection errors are retried with bounded
 exponential backoff; other 4xx answers go back to the agent unchanged.
+
+A rollout created with `sampling` has those parameters put into every upstream request over the
+agent's own; the recorded request is the one forwarded.
 """
 
 from __future__ import annotations
@@ -119,6 +122,18 @@ class Gateway:
         if not has_limit:
             out["max_tokens"] = ceiling
         return out
+
+    def apply_sampling(self, request: dict[str, Any], sampling: dict[str, Any], rollout_id: str) -> dict[str, Any]:
+        """The request with the rollout's sampling parameters in place of the agent's: the trainer
+        trains on the recorded log-probs, so its distribution is the one sampled. A rollout
+        without sampling parameters passes through as the agent sent it."""
+        if not sampling:
+            return request
+        overridden = {k: request[k] for k, v in sampling.items() if k in request and request[k] != v}
+        if overridden:
+            log.debug("rollout %s: agent's sampling %s replaced by the rollout's %s", rollout_id, overridden,
+                      {k: sampling[k] for k in overridden})
+        return {**request, **sampling}
 
     def pick_endpoints(self, rollout_id: str, endpoints: list[str]) -> list[str]:
         """Endpoints in the order to try: the sticky one first, then the others in turn."""

@@ -33,6 +33,7 @@ class GroupSpec:
     max_attempts: int
     wait_timeout_s: float
     group_timeout_s: float
+    sampling: Mapping[str, float | int] | None = None  # applied by the gateway to every model call
 
     def rollout_ids(self) -> list[str]:
         return [rollout_id_for(self.partition, self.step, self.uid, j) for j in range(self.n)]
@@ -45,7 +46,7 @@ class GroupSpec:
         return [
             rollout_create_body(rollout_id=rid, group_id=self.uid, row=self.row, policy_version=self.step,
                                 env_map=self.env_map, deadline_s=self.deadline_s,
-                                max_attempts=self.max_attempts, labels=labels)
+                                max_attempts=self.max_attempts, labels=labels, sampling=self.sampling)
             for rid in self.rollout_ids()
         ]
 

@@ -44,6 +44,23 @@ def is_validation(sampling_params: Mapping[str, Any], rollout_cfg: Any, kwargs: 
             and float(rollout_cfg.temperature) != float(rollout_cfg.val_kwargs.temperature))
 
 
+def rollout_sampling(rollout_cfg: Any, *, validate: bool) -> dict[str, float | int]:
+    """The sampling parameters the gateway applies to every model call of the rollout, the ones
+    verl's own agent loops sample with: `rollout.{temperature, top_p, top_k}` for training,
+    `rollout.val_kwargs`' for validation. `val_kwargs.do_sample: false` (verl's default) means
+    greedy, as verl's config describes it: temperature 0, top_p 1, top_k off (verl's own greedy
+    values). (verl 0.9.1's vLLM agent loops do not read do_sample; with its default temperature 0
+    both agree.)"""
+    source = rollout_cfg.val_kwargs if validate else rollout_cfg
+    if validate and not bool(source.get("do_sample", True)):
+        return {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
+    top_k = int(source.top_k)
+    # verl writes "off" as -1; vLLM documents 0 as off (and accepts -1 only quietly). Leaving
+    # top_k out would not mean off: vLLM would fill it from the served model's generation config.
+    return {"temperature": float(source.temperature), "top_p": float(source.top_p),
+            "top_k": 0 if top_k in (-1, 0) else top_k}
+
+
 def session_spec(calcx_cfg: Any, rollout_cfg: Any, sampling_params: Mapping[str, Any],
                  kwargs: Mapping[str, Any]) -> GroupSpec:
     """The group this verl session belongs to, from the `calcx:` and rollout config sections."""
@@ -61,6 +78,7 @@ def session_spec(calcx_cfg: Any, rollout_cfg: Any, sampling_params: Mapping[str,
         max_attempts=int(calcx_cfg.max_attempts),
         wait_timeout_s=float(calcx_cfg.wait_timeout_s),
         group_timeout_s=float(calcx_cfg.group_timeout_s),
+        sampling=rollout_sampling(rollout_cfg, validate=validate),
     )
 
 

@@ -179,9 +179,10 @@ def rollout_create_body(
     deadline_s: float,
     max_attempts: int,
     labels: Mapping[str, str],
+    sampling: Mapping[str, float | int] | None = None,
 ) -> dict[str, Any]:
     """A `RolloutCreate` as JSON (docs/architecture.md)."""
-    return {
+    body: dict[str, Any] = {
         "rollout_id": rollout_id,
         "group_id": group_id,
         "row": dict(row),
@@ -191,3 +192,6 @@ def rollout_create_body(
         "policy_version": int(policy_version),
         "labels": {str(k): str(v) for k, v in labels.items()},
     }
+    if sampling is not None:
+        body["sampling"] = dict(sampling)
+    return body

@@ -39,10 +39,11 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     gateway = state.gateway
     if gateway is None:
         raise APIError(503, "starting", "the server is starting or stopping; try again shortly")
-    upstream_request = gateway.prepare(payload, registry)
     # Calls are stamped with the policy version their rollout was created for (the trainer
-    # step, as verl stamps its own samples); the registry's version is the fallback.
-    version = state.db.rollouts.policy_version(rid)
+    # step, as verl stamps its own samples; the registry's version is the fallback) and sampled
+    # with the rollout's sampling parameters, when it has any.
+    version, sampling = state.db.rollouts.call_settings(rid)
+    upstream_request = gateway.apply_sampling(gateway.prepare(payload, registry), sampling, rid)
     if version is not None:
         registry = {**registry, "policy_version": version}
     status, content = await gateway.forward(rid, aid, upstream_request, registry)

@@ -17,8 +17,15 @@ _CHUNK = 500  # ids per `IN (...)`, well under SQLite's limit on bound variables
 
 
 def canonical_spec(spec: RolloutCreate) -> str:
-    """The create body as stored and compared for idempotency (defaults filled, keys sorted)."""
-    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """The create body as stored and compared for idempotency (defaults filled, keys sorted).
+
+    `sampling` is left out when absent: rollouts stored before the field existed have no such
+    key, and an identical body sent again to the upgraded server must still match them.
+    """
+    body = spec.model_dump(mode="json")
+    if body.get("sampling") is None:
+        body.pop("sampling", None)
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _attempt_dict(row: Sequence[Any]) -> dict[str, Any]:
@@ -186,10 +193,13 @@ class Rollouts:
     def count_by_state(self) -> dict[str, int]:
         return dict(self._db.execute("SELECT state, COUNT(*) FROM rollouts GROUP BY state").fetchall())
 
-    def policy_version(self, rollout_id: str) -> int | None:
-        """The policy version the rollout was created for (None when the trainer gave none)."""
+    def call_settings(self, rollout_id: str) -> tuple[int | None, dict[str, Any]]:
+        """What the gateway applies to the rollout's calls: the policy version it was created for
+        (None when the trainer gave none) and its sampling parameters ({} when it has none)."""
         row = self._db.execute("SELECT spec FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
         if row is None:
-            return None
-        version = json.loads(row[0]).get("policy_version")
-        return int(version) if isinstance(version, int) else None
+            return None, {}
+        spec = json.loads(row[0])
+        version = spec.get("policy_version")
+        sampling = spec.get("sampling")
+        return (int(version) if isinstance(version, int) else None), (sampling if isinstance(sampling, dict) else {})
