@@ -202,23 +202,34 @@ def run_training(cfg: DictConfig, *, train_src: Path, val_src: Path, eval_only: 
             cfg.trainer.val_before_train = True
             cfg.trainer.val_only = True
     with rollout_services(cfg, report_dir):
-        failure: BaseException | None = None
-        try:
+        def run() -> None:
             if model_endpoint is not None:
                 register_endpoint(cfg, model_endpoint)
                 counts = run_eval_driver(cfg, val_src)
                 log.info("calcx train --eval-only: %s", counts)
             else:
                 run_verl(cfg)
-        except BaseException as exc:  # the report is written for failed and interrupted runs too
-            failure = exc
-        try:
-            path = finish_report(cfg, report_dir, metrics_path)
-            print(f"calcx train: report in {path} (eval table {report_dir / 'eval.md'})", flush=True)
-        except Exception as exc:
-            if failure is None:
-                raise
-            log.error("calcx train: could not write the report after the run failed: %s", exc)
-        if failure is not None:
-            raise failure
+
+        def report() -> str:
+            return f"report in {finish_report(cfg, report_dir, metrics_path)} (eval table {report_dir / 'eval.md'})"
+
+        run_then_report("calcx train", run, report)
     return 0
+
+
+def run_then_report(prog: str, run: Callable[[], object], report: Callable[[], str]) -> None:
+    """`run`, then `report` (printed after `prog: `) even when the run failed or was interrupted;
+    a report that fails after a failed run is logged, so the run's own error is the one raised."""
+    failure: BaseException | None = None
+    try:
+        run()
+    except BaseException as exc:
+        failure = exc
+    try:
+        print(f"{prog}: {report()}", flush=True)
+    except Exception as exc:
+        if failure is None:
+            raise
+        log.error("%s: could not write the report after the run failed: %s", prog, exc)
+    if failure is not None:
+        raise failure
