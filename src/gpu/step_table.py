@@ -7,7 +7,9 @@ waited for agents is measured from the recorded model calls: the generation phas
 of the intervals in which at least one call was inside vLLM, over the whole step; and the store's
 agent table follows the step table: per step, the training rollouts, the share that called the
 calculator, tool-call parse failures (a `<tool_call>` in the text that vLLM's parser did not turn
-into a call), failed attempts (retried as new ones) and the largest policy-version lag of a call.
+into a call), failed attempts (retried as new ones) and the largest policy-version lag of a call:
+how many weight syncs behind the weights its rollout's step starts from (step - 1) the version that
+answered it was (the server records the version it serves at the time of each call).
 """
 
 from __future__ import annotations
@@ -78,9 +80,9 @@ def agent_stats(db: Path) -> dict[int, dict[str, float]]:
         elif "<tool_call>" in str(message.get("content") or ""):
             stats[step]["parse_failures"] += 1
         if version is not None:
-            # the rollout's own step is the policy it was started with; the lag is how far behind
-            # the trained-on step (step) the version that answered was
-            stats[step]["max_lag"] = max(stats[step]["max_lag"], step - int(version))
+            # a step-s rollout is on-policy when version s - 1 (the weights after step s - 1's
+            # update) answers it; the lag is how many versions older the answering one was
+            stats[step]["max_lag"] = max(stats[step]["max_lag"], (step - 1) - int(version))
     for rid, state in con.execute("select rollout_id, state from attempts"):
         match = _TRAIN_ID.match(str(rid))
         if match and state == "FAILED":
@@ -103,10 +105,17 @@ def agent_table(stats: dict[int, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def _staleness(m: dict) -> str:
+    """verl's largest trajectory staleness of the step's batch: the trained step minus one minus the
+    newest policy version that served a trajectory (0: on-policy)."""
+    value = m.get("training/off_policy/trajectory_staleness/max")
+    return "-" if value is None else f"{value:.0f}"
+
+
 def table(steps: dict[int, dict], busy: dict[int, float] | None) -> str:
     head = ["step", "step s", "rollout (gen) s", "old log-prob s", "update s", "weight sync s",
             "tokens/s", "GPU mem peak GB", "GPU idle waiting for agents", "mean reward", "val accuracy",
-            "evicted samples"]
+            "trajectory staleness max", "evicted samples"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for step in sorted(steps):
         m = steps[step]
@@ -123,7 +132,7 @@ def table(steps: dict[int, dict], busy: dict[int, float] | None) -> str:
                  f"{m.get('timing_s/update_weights', float('nan')):.2f}", f"{m.get('perf/throughput', float('nan')):.0f}",
                  f"{m.get('actor/perf/max_memory_allocated_gb', float('nan')):.1f}", idle,
                  f"{m.get('critic/score/mean', float('nan')):.3f}", f"{statistics.mean(val):.3f}" if val else "-",
-                 f"{m.get('training/rollout_failure/evicted_samples', 0):.0f}"]
+                 _staleness(m), f"{m.get('training/rollout_failure/evicted_samples', 0):.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -54,10 +54,10 @@ def test_openai_client_through_gateway_records_tokens(client: CalcxClient, upstr
     assert client.calls(claim.rollout.rollout_id, attempt_id="2") == []
 
 
-def test_calls_carry_their_rollouts_policy_version(client: CalcxClient, upstream: Any) -> None:
-    """The trainer creates each rollout for a step; its calls say so even if the registry was
-    registered once at version 0 (the registry's version stays the fallback)."""
-    client.put_models("m", [upstream.url], policy_version=0)
+def test_calls_carry_the_policy_version_served_at_the_time_of_the_call(client: CalcxClient, upstream: Any) -> None:
+    """The version a rollout declares (the step it was made for) is not what answered it: each call
+    records the registry's version when it was made, which the trainer moves after a weight sync."""
+    client.put_models("m", [upstream.url], policy_version=6)
     client.create_rollouts([
         {"rollout_id": "step-7", "row": {"question": "q", "result": "4"}, "policy_version": 7},
         {"rollout_id": "no-step", "row": {"question": "q", "result": "4"}},
@@ -65,8 +65,11 @@ def test_calls_carry_their_rollouts_policy_version(client: CalcxClient, upstream
     claims = {c.rollout.rollout_id: c for c in client.claim("ctl", 2, timeout_s=2).claims}
     for rid in ("step-7", "no-step"):
         client.chat_completions(rid, claims[rid].attempt_id, {"model": "m", "messages": MESSAGES})
-    assert [c.policy_version for c in client.calls("step-7")] == [7]
-    assert [c.policy_version for c in client.calls("no-step")] == [0]
+    client.put_models("m", [upstream.url], policy_version=7)  # a weight sync between two turns
+    client.chat_completions("step-7", claims["step-7"].attempt_id, {"model": "m", "messages": MESSAGES})
+    assert [c.policy_version for c in client.calls("step-7")] == [6, 7]
+    assert [c.policy_version for c in client.calls("no-step")] == [6]
+    assert client.get_rollout("step-7").policy_version == 7  # the declared step is kept on the rollout
 
 
 def test_upstream_5xx_is_retried_then_recorded_once(client: CalcxClient, upstream: Any) -> None:

@@ -170,8 +170,9 @@ def test_grpo_groups_through_the_agent_loop(stack: dict, tmp_path: Path) -> None
                 assert out.response_ids and out.response_mask == [1] * len(out.response_ids)
                 assert len(out.response_logprobs) == len(out.response_ids)
                 assert all(lp <= 0.0 for lp in out.response_logprobs)
-                # calls carry their rollout's policy version: the step the group was created for
-                assert out.extra_fields["min_global_steps"] == out.extra_fields["max_global_steps"] == 1
+                # calls carry the version registered when they were made (0: the weights a step-1
+                # rollout is generated with), not the step their group was created for
+                assert out.extra_fields["min_global_steps"] == out.extra_fields["max_global_steps"] == 0
                 rows.append(out.as_dict())
                 index.append(uid)
             # one output per recorded call, in call order, the first one the tool call (<tool_call> = 3)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -168,6 +169,80 @@ def test_create_fails_clearly_without_replicas(stack: dict, tmp_path: Path) -> N
         _create(cfg, _llm_client(cfg, []))
     with pytest.raises(RuntimeError, match="exposes no load balancer"):
         _create(cfg, LLMServerClient(config=cfg, load_balancer_handle=None))
+
+
+class _ActorGroup:
+    """The training side of verl's colocated ("naive") weight sync: the actor workers' RPC, which
+    would load the new weights into the co-located vLLM (nothing to load here)."""
+
+    def __init__(self) -> None:
+        self.synced: list[int | None] = []
+
+    def update_weights(self, global_steps: int | None = None, mode: str = "") -> list:
+        self.synced.append(global_steps)
+        return []  # the object refs verl waits for
+
+
+class _Replica:
+    """A rollout replica as verl's CheckpointEngineManager drives it; on `resume_generation` it reads
+    the version the calcx server would stamp on the first call that reaches the new weights."""
+
+    def __init__(self, stack: dict) -> None:
+        self.stack = stack
+        self.versions_at_resume: list[int] = []
+
+    async def resume_generation(self) -> None:
+        self.versions_at_resume.append(_registry(self.stack)["policy_version"])
+
+
+def test_task_runner_publishes_the_served_policy_version_at_each_weight_sync(stack: dict, tmp_path: Path) -> None:
+    """verl's own trainer hooks (sync and colocate_async `on_step_end`) sync weights through verl's
+    CheckpointEngineManager; after calcx's task runner has set up the agent loop manager, each sync
+    with a step moves the server's policy version to that step before generation resumes, a sync
+    without one (validation) leaves it, and the gateway stamps the served version on calls."""
+    import importlib
+    from types import SimpleNamespace
+
+    from verl.checkpoint_engine import CheckpointEngineManager
+    from verl.workers.config.rollout import CheckpointEngineConfig
+
+    from calcx.trainer.task_runner import CalcxTaskRunner, CalcxTaskRunnerBase
+
+    sync = importlib.import_module("verl.trainer.ppo.v1.trainer_sync").PPOTrainerSync
+    colocate_async = importlib.import_module("verl.trainer.ppo.v1.trainer_colocate_async").PPOTrainerColocateAsync
+    assert getattr(CalcxTaskRunner, "__ray_metadata__").modified_class.__ray_actor_class__ is CalcxTaskRunnerBase
+
+    services = stack["services"]
+    replica_address = stack["stub_url"].removeprefix("http://").removesuffix("/v1")
+    cfg = _config(services.server_url, services.key, tmp_path)
+    actors, replica = _ActorGroup(), _Replica(stack)
+    trainer = SimpleNamespace(
+        global_steps=3, timing_raw={}, curr_step_profile=False,  # resumed from a step-3 checkpoint
+        checkpoint_manager=CheckpointEngineManager(CheckpointEngineConfig(backend="naive"), cast(Any, actors),
+                                                   [cast(Any, replica)]),
+        get_llm_client=lambda: _llm_client(cfg, [replica_address]),
+        get_teacher_client=lambda: None, get_reward_handles=lambda: [])
+    runner = CalcxTaskRunnerBase()
+    runner.config, runner.trainer = cfg, trainer
+
+    runner.init_agent_loop_manager()  # verl's runner creates the manager; calcx's publishes
+    assert _registry(stack)["policy_version"] == 3
+    assert _registry(stack)["endpoints"] == [f"http://{replica_address}/v1"]
+
+    trainer.global_steps = 4
+    sync.on_step_end(trainer)
+    assert _registry(stack)["policy_version"] == 4 and actors.synced == [4]
+
+    trainer.global_steps = 5
+    colocate_async.on_step_end(trainer)  # sync, then resume generation: the version is already 5
+    assert replica.versions_at_resume == [5] and actors.synced == [4, 5]
+
+    trainer.checkpoint_manager.update_weights()  # validation reloads the same weights: no new version
+    assert _registry(stack)["policy_version"] == 5 and actors.synced == [4, 5, None]
+
+    rollout, calls = asyncio.run(_one_rollout(stack, "served-version"))
+    assert rollout["state"] == "SUCCEEDED" and rollout["policy_version"] == 0  # what it declared
+    assert calls and {c["policy_version"] for c in calls} == {5}  # what served it
 
 
 def test_register_replicas_normalises_verl_addresses(stack: dict) -> None:

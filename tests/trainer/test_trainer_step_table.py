@@ -48,3 +48,18 @@ def test_step_table_counts_the_groups_verl_evicted(tmp_path: Path) -> None:
     rows = step_table.table(step_table.read_metrics(log), None).splitlines()
     assert rows[0].rstrip(" |").endswith("evicted samples")
     assert rows[2].rstrip(" |").split("|")[-1].strip() == "2"
+
+
+def test_step_table_shows_verls_trajectory_staleness(tmp_path: Path) -> None:
+    """The staleness column is verl's own metric, from the served versions calcx records; a log
+    without it (an older run) shows "-", not 0."""
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("\n".join(json.dumps(row) for row in [
+        {"step": 1, "data": {"timing_s/step": 2.0, "training/off_policy/trajectory_staleness/max": 0}},
+        {"step": 2, "data": {"timing_s/step": 2.0, "training/off_policy/trajectory_staleness/max": 1}},
+        {"step": 3, "data": {"timing_s/step": 2.0}},
+    ]) + "\n")
+    step_table = _step_table()
+    rows = step_table.table(step_table.read_metrics(log), None).splitlines()
+    column = [c.strip() for c in rows[0].strip(" |").split("|")].index("trajectory staleness max")
+    assert [[c.strip() for c in r.strip(" |").split("|")][column] for r in rows[2:]] == ["0", "1", "-"]

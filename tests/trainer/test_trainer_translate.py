@@ -130,6 +130,27 @@ def test_verl_grpo_advantages_on_translated_outputs() -> None:
     assert torch.all(adv[mask == 0] == 0)
 
 
+def test_trajectory_versions_span_the_versions_that_served_its_calls() -> None:
+    """A trajectory whose turns were answered by two policy versions tells verl both (verl's
+    staleness is the trained step minus one minus the newest); one without recorded versions counts
+    as on-policy for its step (the previous step's weights)."""
+    from calcx.trainer.agent_loop import to_agent_loop_outputs
+
+    rollout, calls = _two_turn_rollout("g1", 0, 1.0)
+    calls[1]["policy_version"], calls[2]["policy_version"] = 5, 4  # second turn after a weight sync
+    samples = translate_rollout(rollout, calls, max_prompt_length=4096, max_response_length=2048)
+    spans = {(o.extra_fields["min_global_steps"], o.extra_fields["max_global_steps"])
+             for o in to_agent_loop_outputs(samples, step=6)}
+    assert spans == {(4, 5)}
+
+    for call in calls:
+        call["policy_version"] = None
+    samples = translate_rollout(rollout, calls, max_prompt_length=4096, max_response_length=2048)
+    spans = {(o.extra_fields["min_global_steps"], o.extra_fields["max_global_steps"])
+             for o in to_agent_loop_outputs(samples, step=6)}
+    assert spans == {(5, 5)}
+
+
 def test_incomplete_sessions_are_recorded_and_counted_per_group(tmp_path: Path) -> None:
     from calcx.trainer.agent_loop import record_incomplete
 

@@ -35,10 +35,16 @@ logger = logging.getLogger(__name__)
 
 def to_agent_loop_outputs(samples: RolloutSamples, *, step: int) -> list[AgentLoopOutput]:
     """One AgentLoopOutput per recorded call; the rollout's reward on each (verl sets it on the last
-    call's final token; GRPO groups all rows by uid)."""
+    call's final token; GRPO groups all rows by uid).
+
+    `min/max_global_steps` are the oldest and newest policy versions that served the calls (the
+    server records the version it was told after each weight sync), which verl turns into
+    trajectory staleness. Calls recorded without a version count as served by the weights of the
+    step before `step`, the version an on-policy sample has."""
     outputs = []
-    low = samples.min_policy_version if samples.min_policy_version is not None else step
-    high = samples.max_policy_version if samples.max_policy_version is not None else step
+    on_policy = max(step - 1, 0)
+    low = samples.min_policy_version if samples.min_policy_version is not None else on_policy
+    high = samples.max_policy_version if samples.max_policy_version is not None else on_policy
     for turn, sample in enumerate(samples.samples):
         outputs.append(
             AgentLoopOutput(

@@ -164,9 +164,11 @@ def register_endpoint(cfg: DictConfig, endpoint: str) -> None:
 
 def run_verl(cfg: DictConfig) -> None:
     validate_with_verl(cfg)
-    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+    from verl.trainer.main_ppo import run_ppo
 
-    run_ppo(cfg, task_runner_class=TaskRunnerV1)
+    from calcx.trainer.task_runner import CalcxTaskRunner
+
+    run_ppo(cfg, task_runner_class=CalcxTaskRunner)
 
 
 def run_eval_driver(cfg: DictConfig, val_src: Path) -> dict[str, int]:

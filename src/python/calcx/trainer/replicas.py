@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Iterable
 
-from calcx.api.client import AsyncCalcxClient
+from calcx.api.client import AsyncCalcxClient, CalcxClient
 
 
 def openai_endpoints(addresses: Iterable[str]) -> list[str]:
@@ -39,5 +38,7 @@ async def register_replicas_async(server_url: str, key: str, model: str, address
 
 def register_replicas(server_url: str, key: str, model: str, addresses: Iterable[str],
                       policy_version: int = 0) -> dict:
-    """Blocking form, for the trainer's driver process before rollouts start."""
-    return asyncio.run(register_replicas_async(server_url, key, model, list(addresses), policy_version))
+    """Blocking form (no event loop needed, so it runs on any thread): the trainer's driver before
+    rollouts start and after each weight sync."""
+    with CalcxClient(server_url, key) as client:
+        return client.put_models(model, openai_endpoints(addresses), policy_version).model_dump(mode="json")

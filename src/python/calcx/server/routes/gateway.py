@@ -39,13 +39,12 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     gateway = state.gateway
     if gateway is None:
         raise APIError(503, "starting", "the server is starting or stopping; try again shortly")
-    # Calls are stamped with the policy version their rollout was created for (the trainer
-    # step, as verl stamps its own samples; the registry's version is the fallback) and sampled
-    # with the rollout's sampling parameters, when it has any.
-    version, sampling = state.db.rollouts.call_settings(rid)
+    # Each call is recorded with the registry's policy version at the time of the call: the
+    # version the replicas serve (the trainer updates it after every weight sync), so the lag of
+    # what is trained on is measured, not declared. The rollout's own sampling parameters, when it
+    # has any, override the agent's.
+    sampling = state.db.rollouts.sampling(rid)
     upstream_request = gateway.apply_sampling(gateway.prepare(payload, registry), sampling, rid)
-    if version is not None:
-        registry = {**registry, "policy_version": version}
     status, content = await gateway.forward(rid, aid, upstream_request, registry)
     return Response(content=content, status_code=status, media_type="application/json")
 

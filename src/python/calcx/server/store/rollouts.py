@@ -193,13 +193,10 @@ class Rollouts:
     def count_by_state(self) -> dict[str, int]:
         return dict(self._db.execute("SELECT state, COUNT(*) FROM rollouts GROUP BY state").fetchall())
 
-    def call_settings(self, rollout_id: str) -> tuple[int | None, dict[str, Any]]:
-        """What the gateway applies to the rollout's calls: the policy version it was created for
-        (None when the trainer gave none) and its sampling parameters ({} when it has none)."""
+    def sampling(self, rollout_id: str) -> dict[str, Any]:
+        """The sampling parameters the gateway applies to the rollout's calls ({} when it has none)."""
         row = self._db.execute("SELECT spec FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
         if row is None:
-            return None, {}
-        spec = json.loads(row[0])
-        version = spec.get("policy_version")
-        sampling = spec.get("sampling")
-        return (int(version) if isinstance(version, int) else None), (sampling if isinstance(sampling, dict) else {})
+            return {}
+        sampling = json.loads(row[0]).get("sampling")
+        return sampling if isinstance(sampling, dict) else {}

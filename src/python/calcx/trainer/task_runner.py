@@ -1,0 +1,58 @@
+"""verl 0.9.1's V1 TaskRunner with one duty added: keep the server's policy version current.
+
+verl stamps each of its own samples with the weight version the vLLM replica reports; calcx's
+agents reach vLLM through the server's gateway instead, so the server must be told the version.
+Every weight sync in verl's V1 trainers goes through `checkpoint_manager.update_weights(step)`
+(sync and colocate_async: once at start-up, then at the end of each step; colocate_async resumes
+generation only after it returns). The runner makes that call publish the step as the served
+policy version once the weights are in place, before any request reaches them, and publishes the
+current version once the agent loop manager has registered the replicas. The gateway records
+the registry's version on every call, so the trajectory staleness verl computes from
+`min/max_global_steps` is measured.
+
+Imports verl and Ray: load it only where verl is installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable
+
+import ray
+from verl.trainer.main_ppo import TaskRunnerV1
+
+logger = logging.getLogger(__name__)
+
+# verl declares its runner as a Ray actor class; this is the plain class underneath it.
+_VerlTaskRunner: type = getattr(TaskRunnerV1, "__ray_metadata__").modified_class.__ray_actor_class__
+
+
+def publish_after_weight_sync(checkpoint_manager: Any, publish: Callable[[int], None]) -> None:
+    """Make `checkpoint_manager.update_weights(global_steps)` publish `global_steps` once the new
+    weights are loaded. A sync without a step (validation reloads the same weights) publishes
+    nothing."""
+    update_weights = checkpoint_manager.update_weights
+
+    @functools.wraps(update_weights)
+    def update_then_publish(global_steps: int | None = None, *args: Any, **kwargs: Any) -> Any:
+        result = update_weights(global_steps, *args, **kwargs)
+        if global_steps is not None:
+            publish(int(global_steps))
+        return result
+
+    checkpoint_manager.update_weights = update_then_publish
+
+
+class CalcxTaskRunnerBase(_VerlTaskRunner):  # type: ignore[misc,valid-type]
+    def init_agent_loop_manager(self) -> None:
+        super().init_agent_loop_manager()
+        publish = getattr(self.agent_loop_manager, "publish_policy_version", None)
+        if publish is None:  # verl's own agent loops (the anchor) read the version from vLLM itself
+            logger.debug("%s publishes no policy versions", type(self.agent_loop_manager).__name__)
+            return
+        publish_after_weight_sync(self.trainer.checkpoint_manager, publish)
+        publish(int(self.trainer.global_steps))  # the version loaded at start-up (or from a checkpoint)
+
+
+CalcxTaskRunner = ray.remote(CalcxTaskRunnerBase)
