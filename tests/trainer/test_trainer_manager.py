@@ -221,11 +221,13 @@ def test_task_runner_publishes_the_served_policy_version_at_each_weight_sync(sta
         checkpoint_manager=CheckpointEngineManager(CheckpointEngineConfig(backend="naive"), cast(Any, actors),
                                                    [cast(Any, replica)]),
         get_llm_client=lambda: _llm_client(cfg, [replica_address]),
-        get_teacher_client=lambda: None, get_reward_handles=lambda: [])
+        get_teacher_client=lambda: None, get_reward_handles=lambda: [],
+        replay_buffer=SimpleNamespace(poll_interval=2.0))  # verl's built-in interval
     runner = CalcxTaskRunnerBase()
     runner.config, runner.trainer = cfg, trainer
 
     runner.init_agent_loop_manager()  # verl's runner creates the manager; calcx's publishes
+    assert trainer.replay_buffer.poll_interval == cfg.calcx.replay_poll_s == 0.2
     assert _registry(stack)["policy_version"] == 3
     assert _registry(stack)["endpoints"] == [f"http://{replica_address}/v1"]
 
@@ -243,6 +245,21 @@ def test_task_runner_publishes_the_served_policy_version_at_each_weight_sync(sta
     rollout, calls = asyncio.run(_one_rollout(stack, "served-version"))
     assert rollout["state"] == "SUCCEEDED" and rollout["policy_version"] == 0  # what it declared
     assert calls and {c["policy_version"] for c in calls} == {5}  # what served it
+
+
+def test_replay_poll_must_be_a_positive_number_of_seconds() -> None:
+    from types import SimpleNamespace
+
+    from calcx.trainer.task_runner import set_replay_poll
+
+    buffer = SimpleNamespace(poll_interval=2.0)
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="calcx.replay_poll_s must be a positive number"):
+            set_replay_poll(buffer, bad)
+    set_replay_poll(buffer, None)  # a config without the key keeps verl's interval
+    assert buffer.poll_interval == 2.0
+    set_replay_poll(buffer, 0.5)
+    assert buffer.poll_interval == 0.5
 
 
 def test_register_replicas_normalises_verl_addresses(stack: dict) -> None:

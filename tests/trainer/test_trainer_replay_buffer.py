@@ -115,20 +115,25 @@ def _worker(v1, cfg):
 
 
 def _sync_replay_buffer(v1, cfg, refill):
-    """What `PPOTrainer._build_replay_buffer` builds for calcx's config (sync mode, no DAPO filter);
-    only the poll interval is shorter."""
+    """What `PPOTrainer._build_replay_buffer` builds for calcx's config (sync mode, no DAPO filter),
+    with the poll interval calcx's task runner sets (`calcx.replay_poll_s`)."""
+    from calcx.trainer.task_runner import set_replay_poll
+
     sampler = cfg.trainer.v1.sampler
     assert cfg.trainer.v1.trainer_mode == "sync"
     assert not (cfg.algorithm.get("filter_groups") or {}).get("enable", False)
     refill_failed = bool(sampler.get("sync_refill_failed_groups", False))
-    return v1.replay_buffer.ReplayBuffer(
+    buffer = v1.replay_buffer.ReplayBuffer(
         trainer_mode="sync", trainer_config=cfg.trainer.v1.get("sync", {}),
         max_off_policy_threshold=sampler.max_off_policy_threshold,
         max_off_policy_strategy=sampler.max_off_policy_strategy, sampler_kwargs=sampler.sampler_kwargs,
         refill_fn=refill, filter_groups_metric=None, sync_refill_failed_groups=refill_failed,
         train_batch_size=cfg.data.train_batch_size,
         gen_batch_size=1 if refill_failed else (cfg.data.get("gen_batch_size") or cfg.data.train_batch_size),
-        max_inflight_gen_batches=1, poll_interval=0.2)
+        max_inflight_gen_batches=1)
+    set_replay_poll(buffer, cfg.calcx.replay_poll_s)
+    assert buffer.poll_interval == 0.2
+    return buffer
 
 
 async def _register(stack: dict) -> None:

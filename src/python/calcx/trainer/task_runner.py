@@ -1,4 +1,5 @@
-"""verl 0.9.1's V1 TaskRunner with one duty added: keep the server's policy version current.
+"""verl 0.9.1's V1 TaskRunner with calcx's duties added: keep the server's policy version current,
+and look for finished rollouts more often than verl's 2 s.
 
 verl stamps each of its own samples with the weight version the vLLM replica reports; calcx's
 agents reach vLLM through the server's gateway instead, so the server must be told the version.
@@ -20,6 +21,7 @@ import logging
 from typing import Any, Callable
 
 import ray
+from omegaconf import OmegaConf
 from verl.trainer.main_ppo import TaskRunnerV1
 
 logger = logging.getLogger(__name__)
@@ -44,8 +46,20 @@ def publish_after_weight_sync(checkpoint_manager: Any, publish: Callable[[int], 
     checkpoint_manager.update_weights = update_then_publish
 
 
+def set_replay_poll(replay_buffer: Any, seconds: float | None) -> None:
+    """verl 0.9.1's replay buffer sleeps `poll_interval` (2 s, not configurable) between looks for
+    a finished batch, so each rollout phase ends on that grid; calcx sets `calcx.replay_poll_s`."""
+    if seconds is None:
+        return
+    if not seconds > 0:
+        raise ValueError(f"calcx.replay_poll_s must be a positive number of seconds, not {seconds!r}")
+    replay_buffer.poll_interval = float(seconds)
+
+
 class CalcxTaskRunnerBase(_VerlTaskRunner):  # type: ignore[misc,valid-type]
     def init_agent_loop_manager(self) -> None:
+        # verl's runner calls this right after the trainer (and its replay buffer) is built
+        set_replay_poll(self.trainer.replay_buffer, OmegaConf.select(self.config, "calcx.replay_poll_s", default=None))
         super().init_agent_loop_manager()
         publish = getattr(self.agent_loop_manager, "publish_policy_version", None)
         if publish is None:  # verl's own agent loops (the anchor) read the version from vLLM itself
