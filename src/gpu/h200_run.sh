@@ -168,6 +168,7 @@ case "$stage" in
     db="$dir/services/calcx.db"  # calcx's runs only: the anchor starts no calcx server
     if [[ -f "$dir/metrics.jsonl" ]]; then
       "$PYTHON" "$here/step_table.py" "$dir/metrics.jsonl" $([[ -f "$db" ]] && echo --calls "$db") \
+        $([[ -f "$db" && -f "$dir/incomplete_groups.jsonl" ]] && echo --incomplete "$dir/incomplete_groups.jsonl") \
         > "$dir/steps.md" 2>&1 || true
       cat "$dir/steps.md"
     fi

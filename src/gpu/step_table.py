@@ -1,6 +1,6 @@
 """Per-step table of a verl run's metrics (verl's `file` logger JSONL), for docs/gpu-run.md.
 
-    python3 src/gpu/step_table.py METRICS.jsonl [--calls calcx.db] [--label calcx]
+    python3 src/gpu/step_table.py METRICS.jsonl [--calls calcx.db [--incomplete incomplete_groups.jsonl]]
 
 With `--calls` (the calcx server's SQLite store), the GPU's idle share of each step while it
 waited for agents is measured from the recorded model calls: the generation phase minus the union
@@ -9,7 +9,8 @@ agent table follows the step table: per step, the training rollouts, the share t
 calculator, tool-call parse failures (a `<tool_call>` in the text that vLLM's parser did not turn
 into a call), failed attempts (retried as new ones) and the largest policy-version lag of a call:
 how many weight syncs behind the weights its rollout's step starts from (step - 1) the version that
-answered it was (the server records the version it serves at the time of each call).
+answered it was (the server records the version it serves at the time of each call). With
+`--incomplete` too, what the calls of the rollouts left out of their steps came back with.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import re
 import sqlite3
 import statistics
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 
@@ -93,6 +94,30 @@ def agent_stats(db: Path) -> dict[int, dict[str, float]]:
     return {k: dict(v) for k, v in stats.items()}
 
 
+def evicted_calls(db: Path, incomplete: Path) -> str:
+    """What the model calls of the rollouts left out of their steps (`incomplete_groups.jsonl`)
+    came back with: HTTP status, vLLM's finish reason, and whether any response token arrived."""
+    rollout_ids = sorted({json.loads(line)["rollout_id"] for line in incomplete.read_text().splitlines()
+                          if line.strip()})
+    con = sqlite3.connect(db)
+    kinds: Counter[tuple[int, str, str]] = Counter()
+    without_calls = 0
+    for rid in rollout_ids:
+        rows = con.execute("select status_code, response, length(response_token_ids) from calls "
+                           "where rollout_id = ?", (rid,)).fetchall()
+        without_calls += not rows
+        for status, response, token_bytes in rows:
+            try:
+                finish = str(json.loads(response)["choices"][0].get("finish_reason"))
+            except (TypeError, ValueError, KeyError, IndexError):
+                finish = "(no choice)"
+            kinds[(int(status), finish, "none" if not token_bytes else "some")] += 1
+    lines = [f"{len(rollout_ids)} rollouts left out; {without_calls} of them recorded no call", "",
+             "| HTTP status | finish reason | response tokens | calls |", "|---:|---|---|---:|"]
+    lines += [f"| {status} | {finish} | {tokens} | {count} |" for (status, finish, tokens), count in sorted(kinds.items())]
+    return "\n".join(lines)
+
+
 def agent_table(stats: dict[int, dict[str, float]]) -> str:
     head = ["step", "rollouts", "called the calculator", "tool-call parse failures", "failed attempts",
             "max policy lag"]
@@ -141,12 +166,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("metrics", type=Path)
     parser.add_argument("--calls", type=Path, help="the calcx server's SQLite store of the run")
+    parser.add_argument("--incomplete", type=Path,
+                        help="the run's incomplete_groups.jsonl: with --calls, what their calls came back with")
     args = parser.parse_args(argv)
     steps = read_metrics(args.metrics)
     print(table(steps, busy_seconds_by_step(args.calls) if args.calls else None))
     if args.calls:
         print()
         print(agent_table(agent_stats(args.calls)))
+        if args.incomplete and args.incomplete.is_file():
+            print()
+            print(evicted_calls(args.calls, args.incomplete))
     validation = [(step, statistics.mean(v for k, v in m.items() if k.startswith("val-core/") and k.endswith("mean@1")))
                   for step, m in sorted(steps.items())
                   if any(k.startswith("val-core/") and k.endswith("mean@1") for k in m)]

@@ -63,3 +63,49 @@ def test_step_table_shows_verls_trajectory_staleness(tmp_path: Path) -> None:
     rows = step_table.table(step_table.read_metrics(log), None).splitlines()
     column = [c.strip() for c in rows[0].strip(" |").split("|")].index("trajectory staleness max")
     assert [[c.strip() for c in r.strip(" |").split("|")][column] for r in rows[2:]] == ["0", "1", "-"]
+
+
+def _store_schema() -> str:
+    path = Path("src/python/calcx/server/store/schema.py")
+    spec = importlib.util.spec_from_file_location("store_schema", path)
+    assert spec is not None and spec.loader is not None, f"{path} is missing"
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SCHEMA
+
+
+def test_step_table_says_what_the_calls_of_left_out_rollouts_came_back_with(tmp_path: Path) -> None:
+    """For the async run's evictions: the calls of each rollout in incomplete_groups.jsonl, by HTTP
+    status, vLLM's finish reason and whether any response token came, from the server's store."""
+    import sqlite3
+    from array import array
+
+    db = tmp_path / "calcx.db"
+    con = sqlite3.connect(db)
+    con.executescript(_store_schema())
+
+    def call(rid: str, seq: int, status: int, response: dict | None, tokens: list[int]) -> None:
+        con.execute("insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
+                    "response_token_ids, response_logprobs, latency_s, policy_version, endpoint, status_code, "
+                    "created_at) values (?, 1, ?, '{}', ?, ?, ?, ?, 0.5, 3, 'http://r/v1', ?, 0)",
+                    (rid, seq, None if response is None else json.dumps(response).encode(),
+                     array("i", [1, 2]).tobytes(), array("i", tokens).tobytes(),
+                     array("d", [0.0] * len(tokens)).tobytes(), status))
+
+    def answer(finish: str) -> dict:
+        return {"choices": [{"message": {"content": ""}, "finish_reason": finish}]}
+
+    call("r-aborted", 0, 200, answer("stop"), [5, 6])
+    call("r-aborted", 1, 200, answer("abort"), [])
+    call("r-aborted-2", 0, 200, answer("abort"), [])
+    call("r-upstream", 0, 502, None, [])
+    call("r-kept", 0, 200, answer("abort"), [])  # not left out: not counted
+    con.commit()
+    incomplete = tmp_path / "incomplete_groups.jsonl"
+    incomplete.write_text("".join(json.dumps({"step": 4, "rollout_id": rid, "reason": "no_calls"}) + "\n"
+                                  for rid in ["r-aborted", "r-aborted-2", "r-upstream", "r-none"]))
+
+    lines = _step_table().evicted_calls(db, incomplete).splitlines()
+    assert lines[0] == "4 rollouts left out; 1 of them recorded no call"
+    rows = {tuple(cell.strip() for cell in line.strip("|").split("|")) for line in lines[4:]}
+    assert rows == {("200", "abort", "none", "2"), ("200", "stop", "some", "1"), ("502", "(no choice)", "none", "1")}
