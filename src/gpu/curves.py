@@ -22,15 +22,24 @@ def draw(runs: list[tuple[str, Path]], out: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (reward_ax, val_ax) = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
-    for index, (label, path) in enumerate(runs):
+    labelled: dict[int, list[tuple[float, str]]] = {}  # step -> (accuracy, colour) of every run
+    for label, path in runs:
         metrics = read_metrics(path)
         _, steps, values = reward_series(metrics)
         reward_ax.plot(steps, values, "o-", markersize=3, label=label)
         points = validation_series(metrics)
         line, = val_ax.plot([p[0] for p in points], [p[1] for p in points], "s--", markersize=5, label=label)
-        for step, acc in points:  # runs' labels alternate above and below, so that close values stay legible
-            val_ax.annotate(f"{acc:.3f}", (step, acc), textcoords="offset points", color=line.get_color(),
-                            xytext=(0, 7 if index % 2 == 0 else -14), ha="center")
+        for step, acc in points:
+            labelled.setdefault(step, []).append((acc, line.get_color()))
+    for step, marks in labelled.items():
+        # at each step the highest value is labelled above its point, the lowest below and any
+        # between to the right, so that close values stay legible
+        marks.sort()
+        for rank, (acc, colour) in enumerate(marks):
+            offset, align = ((0, 7), "center") if rank == len(marks) - 1 else (
+                ((0, -14), "center") if rank == 0 else ((8, -4), "left"))
+            val_ax.annotate(f"{acc:.3f}", (step, acc), textcoords="offset points", color=colour,
+                            xytext=offset, ha=align)
     reward_ax.set(title="training reward (mean of 32 x 4 rollouts)", xlabel="step", ylabel="reward", ylim=(0, 1))
     val_ax.set(title="validation accuracy (held-out problems)", xlabel="step", ylabel="accuracy", ylim=(0, 1))
     for ax in (reward_ax, val_ax):
