@@ -28,6 +28,8 @@ class FakeUpstream:
     requests: list[dict[str, Any]] = field(default_factory=list)
     fail_next: int = 0
     fail_status: int = 500
+    abort_next: int = 0  # answers cut off as vLLM does when generation is paused: finish reason "abort"
+    on_abort: Callable[[], None] | None = None  # called (off the event loop) after each aborted answer
     delay_s: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -42,10 +44,22 @@ class FakeUpstream:
                 failing = self.fail_next > 0
                 if failing:
                     self.fail_next -= 1
+                aborting = not failing and self.abort_next > 0
+                if aborting:
+                    self.abort_next -= 1
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
             if failing:
                 return JSONResponse({"error": {"message": "injected failure"}}, status_code=self.fail_status)
+            if aborting:
+                if self.on_abort is not None:
+                    await asyncio.to_thread(self.on_abort)
+                return JSONResponse({
+                    "id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": 1,
+                    "model": body["model"], "prompt_token_ids": [100],
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": ""},
+                                 "finish_reason": "abort", "token_ids": [], "logprobs": {"content": []}}],
+                })
             if body.get("model") == "reject-me":
                 return JSONResponse({"error": {"message": "bad request upstream"}}, status_code=400)
             words = sum(len(str(m.get("content", "")).split()) for m in body["messages"])

@@ -12,7 +12,7 @@ from openai.types.chat import ChatCompletionUserMessageParam
 
 from calcx.api.client import CalcxAPIError, CalcxClient
 from calcx.api.models import Claim
-from calcx.server.serve import bind_socket
+from calcx.server.serve import bind_socket, start_server_thread
 
 QUESTION = "What is 2 + 2 ?"
 MESSAGES: list[ChatCompletionUserMessageParam] = [{"role": "user", "content": QUESTION}]
@@ -84,6 +84,74 @@ def test_upstream_5xx_is_retried_then_recorded_once(client: CalcxClient, upstrea
     assert len(calls) == 1 and calls[0].status_code == 200 and calls[0].response_token_ids == [7, 8, 9]
     metrics = client.metrics_text()
     assert 'calcx_gateway_upstream_errors_total{kind="500"} 2.0' in metrics
+
+
+def test_an_aborted_call_is_sent_again_and_recorded_with_the_version_that_answered(
+        client: CalcxClient, upstream: Any) -> None:
+    """vLLM ends the calls in flight with finish reason "abort" when the trainer pauses generation
+    for a weight update: the agent waits and gets the model's answer, made by the new weights."""
+    client.put_models("m", [upstream.url], policy_version=4)
+    claim = running_claims(client)[0]
+    upstream.abort_next = 2
+    upstream.on_abort = lambda: client.put_models("m", [upstream.url], policy_version=5)  # the update
+    before = len(upstream.requests)
+    answer = client.chat_completions(claim.rollout.rollout_id, claim.attempt_id, {"model": "m", "messages": MESSAGES})
+    assert answer["choices"][0]["finish_reason"] == "stop" and answer["choices"][0]["token_ids"] == [7, 8, 9]
+    assert len(upstream.requests) - before == 3
+    assert upstream.requests[-1] == upstream.requests[-3]  # the same request, sent again
+    calls = client.calls(claim.rollout.rollout_id)
+    assert len(calls) == 1  # the aborted answers are not the model's and are not recorded
+    assert calls[0].response_token_ids == [7, 8, 9] and calls[0].policy_version == 5
+    assert 'calcx_gateway_upstream_errors_total{kind="abort"} 2.0' in client.metrics_text()
+
+
+def test_an_aborted_call_goes_to_an_endpoint_registered_while_it_waited(
+        client: CalcxClient, make_upstream: Any) -> None:
+    paused, serving = make_upstream(), make_upstream()
+    client.put_models("m", [paused.url], policy_version=1)
+    claim = running_claims(client)[0]
+    paused.abort_next = 1
+    paused.on_abort = lambda: client.put_models("m", [serving.url], policy_version=2)
+    client.chat_completions(claim.rollout.rollout_id, claim.attempt_id, {"model": "m", "messages": MESSAGES})
+    call = client.calls(claim.rollout.rollout_id)[0]
+    assert (call.endpoint, call.policy_version, call.response_token_ids) == (serving.url, 2, [7, 8, 9])
+    assert len(paused.requests) == 1 and len(serving.requests) == 1
+
+
+def test_a_call_aborted_past_abort_retry_s_reaches_the_agent_as_it_came(
+        db_path: str, server_key: str, upstream: Any) -> None:
+    server = start_server_thread(db_path, server_key, abort_retry_s=0.3, upstream_backoff_s=0.01)
+    try:
+        with CalcxClient(server.url, server_key, timeout=10.0) as client:
+            client.put_models("m", [upstream.url], policy_version=1)
+            claim = running_claims(client)[0]
+            upstream.abort_next = 1000
+            started = time.monotonic()
+            answer = client.chat_completions(claim.rollout.rollout_id, claim.attempt_id,
+                                             {"model": "m", "messages": MESSAGES})
+            waited = time.monotonic() - started
+            assert answer["choices"][0]["finish_reason"] == "abort"
+            assert 1 < len(upstream.requests) < 1000  # sent again, then given up on
+            assert waited < 30  # bounded by abort_retry_s (0.3 s + one backoff); 30x margin for a loaded machine
+            calls = client.calls(claim.rollout.rollout_id)
+            assert len(calls) == 1 and calls[0].status_code == 200 and calls[0].response_token_ids == []
+    finally:
+        server.stop()
+
+
+def test_abort_retry_s_zero_hands_the_aborted_answer_over_at_once(
+        db_path: str, server_key: str, upstream: Any) -> None:
+    server = start_server_thread(db_path, server_key, abort_retry_s=0.0)
+    try:
+        with CalcxClient(server.url, server_key, timeout=10.0) as client:
+            client.put_models("m", [upstream.url])
+            claim = running_claims(client)[0]
+            upstream.abort_next = 1
+            answer = client.chat_completions(claim.rollout.rollout_id, claim.attempt_id,
+                                             {"model": "m", "messages": MESSAGES})
+            assert answer["choices"][0]["finish_reason"] == "abort" and len(upstream.requests) == 1
+    finally:
+        server.stop()
 
 
 def test_upstream_down_gives_502_after_bounded_retries(client: CalcxClient, upstream: Any) -> None:

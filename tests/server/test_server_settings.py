@@ -22,6 +22,7 @@ FLAGS = {
     "max_poll_s": "max_poll_s",
     "upstream_timeout_s": "upstream_timeout_s",
     "upstream_retries": "upstream_retries",
+    "abort_retry_s": "abort_retry_s",
     "log_level": "log_level",
     "access_log": "access_log",
 }
@@ -36,7 +37,7 @@ def test_help_shows_the_settings_defaults() -> None:
     text = " ".join(build_parser().format_help().split())
     for shown in (f"default {DEFAULTS.host}", f"default {DEFAULTS.port};", f"default {DEFAULTS.max_tokens_ceiling})",
                   f"default {DEFAULTS.lease_s:g})", f"default {DEFAULTS.max_poll_s:g})",
-                  f"default {DEFAULTS.upstream_retries})", f"default {DEFAULTS.max_body_bytes // 2**20} MiB"):
+                  f"default {DEFAULTS.upstream_retries})", f"default {DEFAULTS.abort_retry_s:g})", f"default {DEFAULTS.max_body_bytes // 2**20} MiB"):
         assert shown in text
 
 

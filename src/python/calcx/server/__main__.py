@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"read timeout of one upstream call (default {d.upstream_timeout_s:g})")
     p.add_argument("--upstream-retries", type=int, default=d.upstream_retries,
                    help=f"retries of a failed upstream call (default {d.upstream_retries})")
+    p.add_argument("--abort-retry-s", type=float, default=d.abort_retry_s,
+                   help="how long a call the model server aborted (e.g. paused for a weight update) is sent "
+                   f"again before the agent gets the aborted answer; 0: at once (default {d.abort_retry_s:g})")
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"],
                    help=f"(default {d.log_level})")
     p.add_argument("--access-log", action="store_true", default=d.access_log,
@@ -104,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         max_tokens_ceiling=args.max_tokens_ceiling,
         upstream_timeout_s=args.upstream_timeout_s,
         upstream_retries=args.upstream_retries,
+        abort_retry_s=args.abort_retry_s,
     )
     app = create_app(settings)
     server = CalcxUvicornServer(uvicorn_config(app, log_level=settings.log_level, access_log=settings.access_log))

@@ -6,6 +6,12 @@ turns hit the same vLLM replica (prefix cache). A retry after an upstream failur
 next endpoint. Upstream 5xx, 408, 429, timeouts and connection errors are retried with bounded
 exponential backoff; other 4xx answers go back to the agent unchanged.
 
+An answer whose finish reason is `abort` is not the model's: vLLM ends the requests in flight
+that way when the trainer pauses generation for a weight update (verl's asynchronous mode). The
+gateway sends such a call again, to the endpoints and policy version registered by then, for up
+to `abort_retry_s`, and records only the answer the agent gets; an agent outside the trainer would
+otherwise end its session on an empty answer, and its GRPO group would be left out of the step.
+
 A rollout created with `sampling` has those parameters put into every upstream request over the
 agent's own; the recorded request is the one forwarded.
 """
@@ -18,6 +24,7 @@ import logging
 import random
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +47,14 @@ class UpstreamResult:
     content: bytes
     payload: dict[str, Any] | None
     endpoint: str
+
+
+def aborted(payload: dict[str, Any] | None) -> bool:
+    """Whether an upstream answer is one vLLM cut off (finish reason `abort`) rather than the model's."""
+    choices = payload.get("choices") if payload else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return False
+    return choices[0].get("finish_reason") == "abort"
 
 
 def _int_list(value: Any) -> list[int]:
@@ -163,12 +178,10 @@ class Gateway:
                 payload = None
         return UpstreamResult(resp.status_code, resp.content, payload, endpoint)
 
-    async def forward(self, rollout_id: str, attempt_id: str, request: dict[str, Any], registry: dict[str, Any]) -> tuple[int, bytes]:
-        """Send with retries, record the call, return (status, body) for the agent."""
+    async def _try_endpoints(self, order: list[str], body: bytes) -> tuple[UpstreamResult | None, str, str]:
+        """One call with bounded retries over `order`: (the answer, or None when every try failed;
+        the last error; the endpoint tried last)."""
         s = self.settings
-        started = time.perf_counter()
-        order = self.pick_endpoints(rollout_id, registry["endpoints"])
-        body = json.dumps(request, separators=(",", ":"), ensure_ascii=False).encode()
         tries = 1 + max(0, s.upstream_retries)
         last_error = "no try made"
         result: UpstreamResult | None = None
@@ -191,8 +204,47 @@ class Gateway:
                 self.metrics.upstream_errors.labels(str(result.status)).inc()
                 last_error = f"HTTP {result.status} from {endpoint}: {result.content[:300].decode(errors='replace')}"
             if attempt + 1 < tries:
-                delay = min(s.upstream_backoff_max_s, s.upstream_backoff_s * (2**attempt))
-                await asyncio.sleep(delay * (0.5 + random.random() / 2))
+                await self._back_off(attempt)
+        return result, last_error, endpoint
+
+    async def _back_off(self, attempt: int) -> None:
+        s = self.settings
+        delay = min(s.upstream_backoff_max_s, s.upstream_backoff_s * (2**attempt))
+        await asyncio.sleep(delay * (0.5 + random.random() / 2))
+
+    async def forward(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        request: dict[str, Any],
+        registry: dict[str, Any],
+        registry_now: Callable[[], dict[str, Any]] | None = None,
+    ) -> tuple[int, bytes]:
+        """Send with retries, record the call, return (status, body) for the agent. An aborted answer
+        is sent again, to the registry `registry_now()` returns by then (default: `registry`)."""
+        s = self.settings
+        started = time.perf_counter()
+        body = json.dumps(request, separators=(",", ":"), ensure_ascii=False).encode()
+        tries = 1 + max(0, s.upstream_retries)
+        aborts = 0
+        while True:
+            order = self.pick_endpoints(rollout_id, registry["endpoints"])
+            result, last_error, endpoint = await self._try_endpoints(order, body)
+            if result is None or result.status != 200 or not aborted(result.payload):
+                break
+            self.metrics.upstream_errors.labels("abort").inc()
+            if time.perf_counter() - started >= s.abort_retry_s:
+                log.warning("rollout %s attempt %s: the model server aborted this call %d times in %.0f s; "
+                            "handing the aborted answer to the agent", rollout_id, attempt_id, aborts + 1,
+                            time.perf_counter() - started)
+                break
+            await self._back_off(aborts)
+            aborts += 1
+            current = registry_now() if registry_now is not None else registry
+            if current.get("endpoints"):
+                registry = current
+        if aborts and result is not None and not aborted(result.payload):
+            log.info("rollout %s attempt %s: answered after %d aborted tries", rollout_id, attempt_id, aborts)
         latency = time.perf_counter() - started
         policy_version = registry.get("policy_version")
 

@@ -53,7 +53,7 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.upstream_errors = Counter(
-            "calcx_gateway_upstream_errors", "Failed upstream tries, by kind (status code, timeout, connect)",
+            "calcx_gateway_upstream_errors", "Failed upstream tries, by kind (status code, timeout, connect, abort: an answer the model server aborted)",
             ["kind"], registry=self.registry,
         )
         self.http_errors = Counter(
