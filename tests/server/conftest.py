@@ -29,7 +29,8 @@ class FakeUpstream:
     fail_next: int = 0
     fail_status: int = 500
     abort_next: int = 0  # answers cut off as vLLM does when generation is paused: finish reason "abort"
-    on_abort: Callable[[], None] | None = None  # called (off the event loop) after each aborted answer
+    on_abort: Callable[[], None] | None = None  # called (off the event loop) before each aborted answer
+    before_answer: Callable[[], None] | None = None  # called (off the event loop) before each model answer
     delay_s: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -60,6 +61,8 @@ class FakeUpstream:
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": ""},
                                  "finish_reason": "abort", "token_ids": [], "logprobs": {"content": []}}],
                 })
+            if self.before_answer is not None:
+                await asyncio.to_thread(self.before_answer)
             if body.get("model") == "reject-me":
                 return JSONResponse({"error": {"message": "bad request upstream"}}, status_code=400)
             words = sum(len(str(m.get("content", "")).split()) for m in body["messages"])

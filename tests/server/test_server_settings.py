@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from calcx.api.client import CalcxClient
-from calcx.server.__main__ import build_parser
+from calcx.server.__main__ import build_parser, main
 from calcx.server.serve import start_server_thread
 from calcx.server.settings import DEFAULTS, ServerSettings
 
@@ -54,3 +56,9 @@ def test_start_server_thread_passes_settings_through(tmp_path: Path) -> None:
             assert c.claim("ctl", max=1, timeout_s=0).lease_s == 7.0
     finally:
         thread.stop()
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf"])
+def test_abort_retry_s_must_be_a_finite_number_not_below_zero(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--key", "settings-test-key-0123456789", "--abort-retry-s", bad]) == 2
+    assert "--abort-retry-s must be a number of seconds >= 0" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 
@@ -45,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream-retries", type=int, default=d.upstream_retries,
                    help=f"retries of a failed upstream call (default {d.upstream_retries})")
     p.add_argument("--abort-retry-s", type=float, default=d.abort_retry_s,
-                   help="how long a call the model server aborted (e.g. paused for a weight update) is sent "
-                   f"again before the agent gets the aborted answer; 0: at once (default {d.abort_retry_s:g})")
+                   help="a call the model server aborted (e.g. paused for a weight update) is sent again until "
+                   f"this many seconds have passed, then the agent gets the aborted answer; 0: at once "
+                   f"(default {d.abort_retry_s:g})")
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"],
                    help=f"(default {d.log_level})")
     p.add_argument("--access-log", action="store_true", default=d.access_log,
@@ -70,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             "calcx server: --max-tokens-ceiling must be >= 1, --max-body-bytes >= 1024 and --lease-s > 0",
             file=sys.stderr,
         )
+        return 2
+    if not math.isfinite(args.abort_retry_s) or args.abort_retry_s < 0:
+        print(f"calcx server: --abort-retry-s must be a number of seconds >= 0, not {args.abort_retry_s}",
+              file=sys.stderr)
         return 2
     try:  # fail here, with a plain message, rather than inside the server's startup
         from calcx.server.store import RolloutStore

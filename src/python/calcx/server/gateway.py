@@ -209,7 +209,7 @@ class Gateway:
 
     async def _back_off(self, attempt: int) -> None:
         s = self.settings
-        delay = min(s.upstream_backoff_max_s, s.upstream_backoff_s * (2**attempt))
+        delay = min(s.upstream_backoff_max_s, s.upstream_backoff_s * (2 ** min(attempt, 30)))
         await asyncio.sleep(delay * (0.5 + random.random() / 2))
 
     async def forward(
@@ -221,7 +221,8 @@ class Gateway:
         registry_now: Callable[[], dict[str, Any]] | None = None,
     ) -> tuple[int, bytes]:
         """Send with retries, record the call, return (status, body) for the agent. An aborted answer
-        is sent again, to the registry `registry_now()` returns by then (default: `registry`)."""
+        is sent again, to the registry `registry_now()` returns by then (default: `registry`), until
+        `abort_retry_s` has passed since the first try."""
         s = self.settings
         started = time.perf_counter()
         body = json.dumps(request, separators=(",", ":"), ensure_ascii=False).encode()
@@ -229,6 +230,7 @@ class Gateway:
         aborts = 0
         while True:
             order = self.pick_endpoints(rollout_id, registry["endpoints"])
+            try_started = time.perf_counter()
             result, last_error, endpoint = await self._try_endpoints(order, body)
             if result is None or result.status != 200 or not aborted(result.payload):
                 break
@@ -241,12 +243,23 @@ class Gateway:
             await self._back_off(aborts)
             aborts += 1
             current = registry_now() if registry_now is not None else registry
-            if current.get("endpoints"):
+            if isinstance(current, dict) and current.get("endpoints"):
+                if current.get("model") and current["model"] != request.get("model"):
+                    request = {**request, "model": current["model"]}
+                    body = json.dumps(request, separators=(",", ":"), ensure_ascii=False).encode()
                 registry = current
+        # The answering try's own time: an aborted call's wait through a weight update is not the
+        # model's latency.
+        latency = time.perf_counter() - try_started
+        policy_version = registry.get("policy_version")
         if aborts and result is not None and not aborted(result.payload):
             log.info("rollout %s attempt %s: answered after %d aborted tries", rollout_id, attempt_id, aborts)
-        latency = time.perf_counter() - started
-        policy_version = registry.get("policy_version")
+            # A resent call waits in the paused model server through the update and is answered
+            # by the weights published meanwhile (a generation that spans an update is aborted), so
+            # it carries the version registered when its answer arrives.
+            current = registry_now() if registry_now is not None else registry
+            if isinstance(current, dict) and current.get("policy_version") is not None:
+                policy_version = current["policy_version"]
 
         if result is not None and result.status not in _RETRYABLE_STATUS:
             payload = result.payload

@@ -33,8 +33,9 @@ class ServerSettings:
     upstream_retries: int = 3
     upstream_backoff_s: float = 0.2  # doubled at each retry, with jitter
     upstream_backoff_max_s: float = 2.0
-    # how long a call the model server aborted (finish reason "abort": generation paused for a
-    # weight update) is sent again before the aborted answer goes to the agent; 0: at once
+    # a call the model server aborted (finish reason "abort": generation paused for a weight
+    # update) is sent again until this many seconds have passed since its first try, then the
+    # aborted answer goes to the agent; 0: at once
     abort_retry_s: float = 120.0
 
     def poll_timeout(self, requested: float) -> float:
