@@ -8,9 +8,10 @@ exponential backoff; other 4xx answers go back to the agent unchanged.
 
 An answer whose finish reason is `abort` is not the model's: vLLM ends the requests in flight
 that way when the trainer pauses generation for a weight update (verl's asynchronous mode). The
-gateway sends such a call again, to the endpoints and policy version registered by then, for up
-to `abort_retry_s`, and records only the answer the agent gets; an agent outside the trainer would
-otherwise end its session on an empty answer, and its GRPO group would be left out of the step.
+gateway sends such a call again, to the endpoints registered by then, until `abort_retry_s` has
+passed, and records only the answer the agent gets, with the policy version registered when it
+arrived; an agent outside the trainer would otherwise end its session on an empty answer, and its
+GRPO group would be left out of the step.
 
 A rollout created with `sampling` has those parameters put into every upstream request over the
 agent's own; the recorded request is the one forwarded.
@@ -55,6 +56,10 @@ def aborted(payload: dict[str, Any] | None) -> bool:
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return False
     return choices[0].get("finish_reason") == "abort"
+
+
+def _encode(request: dict[str, Any]) -> bytes:
+    return json.dumps(request, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _int_list(value: Any) -> list[int]:
@@ -217,15 +222,15 @@ class Gateway:
         rollout_id: str,
         attempt_id: str,
         request: dict[str, Any],
-        registry: dict[str, Any],
-        registry_now: Callable[[], dict[str, Any]] | None = None,
+        registry_now: Callable[[], dict[str, Any]],
     ) -> tuple[int, bytes]:
-        """Send with retries, record the call, return (status, body) for the agent. An aborted answer
-        is sent again, to the registry `registry_now()` returns by then (default: `registry`), until
-        `abort_retry_s` has passed since the first try."""
+        """Send with retries, record the call, return (status, body) for the agent. `registry_now`
+        gives the model registry as it is at the time: an aborted answer is sent again, to the
+        registry of that moment, until `abort_retry_s` has passed since the first try."""
         s = self.settings
         started = time.perf_counter()
-        body = json.dumps(request, separators=(",", ":"), ensure_ascii=False).encode()
+        registry = registry_now()
+        body = _encode(request)
         tries = 1 + max(0, s.upstream_retries)
         aborts = 0
         while True:
@@ -242,11 +247,11 @@ class Gateway:
                 break
             await self._back_off(aborts)
             aborts += 1
-            current = registry_now() if registry_now is not None else registry
-            if isinstance(current, dict) and current.get("endpoints"):
+            current = registry_now()
+            if current.get("endpoints"):
                 if current.get("model") and current["model"] != request.get("model"):
                     request = {**request, "model": current["model"]}
-                    body = json.dumps(request, separators=(",", ":"), ensure_ascii=False).encode()
+                    body = _encode(request)
                 registry = current
         # The answering try's own time: an aborted call's wait through a weight update is not the
         # model's latency.
@@ -257,8 +262,8 @@ class Gateway:
             # A resent call waits in the paused model server through the update and is answered
             # by the weights published meanwhile (a generation that spans an update is aborted), so
             # it carries the version registered when its answer arrives.
-            current = registry_now() if registry_now is not None else registry
-            if isinstance(current, dict) and current.get("policy_version") is not None:
+            current = registry_now()
+            if current.get("policy_version") is not None:
                 policy_version = current["policy_version"]
 
         if result is not None and result.status not in _RETRYABLE_STATUS:

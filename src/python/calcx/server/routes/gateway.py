@@ -45,9 +45,9 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     # has any, override the agent's.
     sampling = state.db.rollouts.sampling(rid)
     upstream_request = gateway.apply_sampling(gateway.prepare(payload, registry), sampling, rid)
-    # A call the model server aborts (generation paused for a weight update) is sent again to the
-    # endpoints and version registered by the time it is resent.
-    status, content = await gateway.forward(rid, aid, upstream_request, registry, lambda: state.registry)
+    # The gateway reads the registry again when it resends a call the model server aborted
+    # (generation paused for a weight update).
+    status, content = await gateway.forward(rid, aid, upstream_request, lambda: state.registry)
     return Response(content=content, status_code=status, media_type="application/json")
 
 
