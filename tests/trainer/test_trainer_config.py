@@ -10,7 +10,8 @@ from calcx.trainer.config import AGENT_LOOPS_FILE, ComposeRequest, ConfigError, 
 
 @pytest.fixture(scope="module")
 def cfg():
-    return compose(ComposeRequest())
+    # a machine without a GPU: calcx.yaml's own settings, no gpu_profiles entry
+    return compose(ComposeRequest(gpu_memory_gib=0))
 
 
 def test_calcx_overrides_land_where_verl_reads_them(cfg) -> None:
@@ -68,15 +69,18 @@ def test_verl_validation_rejects_a_bad_batch_split() -> None:
 
 
 def test_step_efficiency_defaults_compose_and_validate(cfg) -> None:
-    """Packed rows, token-budgeted micro-batches and torch's sdpa attention are what a user gets
-    without flags (docs/gpu-run.md measures them), and verl's log-prob passes follow them."""
+    """Packed rows with attention inside each row, token-budgeted micro-batches and chunked
+    log-probs are what a user gets without flags (docs/gpu-run.md measures them), and verl's
+    log-prob passes follow them."""
     from verl.utils.config import omega_conf_to_dataclass
 
     from calcx.trainer.launch import validate_with_verl
 
     arr = cfg.actor_rollout_ref
     assert arr.model.use_remove_padding is True
-    assert arr.model.override_config.attn_implementation == "sdpa"
+    assert arr.model.override_config.attn_implementation == "calcx_varlen"
+    assert arr.model.external_lib == "calcx.trainer.packed_attention"
+    assert arr.model.use_fused_kernels is True and arr.model.fused_kernel_options.impl_backend == "torch"
     assert arr.actor.use_dynamic_bsz is True and arr.actor.ppo_max_token_len_per_gpu == 8192
     assert arr.rollout.log_prob_use_dynamic_bsz is True and arr.rollout.log_prob_max_token_len_per_gpu == 8192
     assert cfg.data.max_prompt_length + cfg.data.max_response_length <= arr.actor.ppo_max_token_len_per_gpu
@@ -132,3 +136,55 @@ def test_secret_key_is_masked_in_printed_config() -> None:
     text = redacted_yaml(cfg)
     assert "s3cret-value" not in text and "key: '***'" in text
     assert OmegaConf.create(text).algorithm.adv_estimator == "grpo"
+
+
+# (GPU memory in GiB as nvidia-smi reports it, the profile it gets, update budget, log-prob budget)
+GPU_CASES = [
+    (140.4, "large", 16384, 65536),  # H200 141 GB
+    (79.6, "medium", 8192, 32768),  # H100 80 GB
+    (80.0, "medium", 8192, 32768),  # A100 80 GB
+    (23.6, "none", 8192, 8192),  # a 24 GB card keeps calcx.yaml's own settings
+]
+
+
+@pytest.mark.parametrize("memory,profile,update_budget,logprob_budget", GPU_CASES)
+def test_gpu_profile_follows_the_gpu_memory(memory, profile, update_budget, logprob_budget) -> None:
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from calcx.trainer.launch import validate_with_verl
+
+    cfg = compose(ComposeRequest(gpu_memory_gib=memory))
+    arr = cfg.actor_rollout_ref
+    assert cfg.calcx.gpu_profile == "auto" and cfg.calcx.gpu_profile_applied == profile
+    assert arr.actor.ppo_max_token_len_per_gpu == update_budget
+    assert arr.rollout.log_prob_max_token_len_per_gpu == logprob_budget
+    assert arr.ref.log_prob_max_token_len_per_gpu == logprob_budget
+    large_card = profile != "none"
+    # a large card holds a micro-batch's activations: nothing recomputed, nothing offloaded
+    assert arr.model.enable_gradient_checkpointing is not large_card
+    assert arr.actor.fsdp_config.param_offload is not large_card
+    assert arr.actor.fsdp_config.optimizer_offload is not large_card
+    # the profile changes budgets and memory, never the recipe
+    base = compose(ComposeRequest(gpu_memory_gib=0))
+    for key in ("actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.actor.clip_ratio_low",
+                "actor_rollout_ref.actor.clip_ratio_high", "data.train_batch_size", "actor_rollout_ref.rollout.n",
+                "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.model.override_config",
+                "actor_rollout_ref.model.use_fused_kernels"):
+        assert OmegaConf.select(cfg, key) == OmegaConf.select(base, key), key
+    validate_with_verl(cfg)
+    actor = omega_conf_to_dataclass(arr.actor)
+    assert actor.ppo_max_token_len_per_gpu == update_budget
+
+
+def test_gpu_profile_named_or_turned_off_on_the_command_line() -> None:
+    named = compose(ComposeRequest(gpu_memory_gib=0, dotlist=["calcx.gpu_profile=large"]))
+    assert named.calcx.gpu_profile_applied == "large"
+    assert named.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 16384
+    off = compose(ComposeRequest(gpu_memory_gib=140.4, dotlist=["calcx.gpu_profile=none"]))
+    assert off.calcx.gpu_profile_applied == "none"
+    assert off.actor_rollout_ref.model.enable_gradient_checkpointing is True
+    # the command line still wins over the profile it picked
+    mine = compose(ComposeRequest(gpu_memory_gib=140.4, dotlist=["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576"]))
+    assert mine.calcx.gpu_profile_applied == "large" and mine.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 24576
+    with pytest.raises(ConfigError, match="no such profile"):
+        compose(ComposeRequest(gpu_memory_gib=0, dotlist=["calcx.gpu_profile=huge"]))

@@ -60,6 +60,9 @@ class ComposeRequest:
     # files in calcx.yaml's format applied after it (and async.yaml), under the flags and dotlist:
     # another run built on calcx's defaults (`calcx anchor train`)
     overlays: list[Path] = field(default_factory=list)
+    # memory of this machine's GPU in GiB (None: ask nvidia-smi; 0: no GPU), which picks the
+    # settings of calcx.yaml's `gpu_profiles` unless `calcx.gpu_profile` names one
+    gpu_memory_gib: float | None = None
 
 
 def _leaves(node: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
@@ -92,14 +95,66 @@ def _set(cfg: DictConfig, dotted: str, value: Any, *, must_exist: bool, origin: 
         OmegaConf.update(cfg, dotted, value, merge=False, force_add=True)
 
 
-def _apply_file(cfg: DictConfig, path: Path) -> None:
+def _load_sections(path: Path) -> dict[str, Any]:
     data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    if not isinstance(data, dict) or set(data) - {"overrides", "additions"}:
-        raise ConfigError(f"{path}: expected a mapping with 'overrides' and 'additions' sections")
+    if not isinstance(data, dict) or set(data) - {"overrides", "additions", "gpu_profiles"}:
+        raise ConfigError(f"{path}: expected a mapping with 'overrides' and 'additions' sections "
+                          "(and, in calcx.yaml, 'gpu_profiles')")
+    return {str(k): v for k, v in data.items()}
+
+
+def _apply_sections(cfg: DictConfig, data: dict[str, Any], origin: str) -> None:
     for dotted, value in _leaves(data.get("overrides") or {}):
-        _set(cfg, dotted, value, must_exist=True, origin=str(path))
+        _set(cfg, dotted, value, must_exist=True, origin=origin)
     for dotted, value in _leaves(data.get("additions") or {}):
-        _set(cfg, dotted, value, must_exist=False, origin=str(path))
+        _set(cfg, dotted, value, must_exist=False, origin=origin)
+
+
+def _apply_file(cfg: DictConfig, path: Path) -> None:
+    data = _load_sections(path)
+    if "gpu_profiles" in data:
+        raise ConfigError(f"{path}: 'gpu_profiles' belongs in calcx.yaml alone")
+    _apply_sections(cfg, data, str(path))
+
+
+def gpu_memory_gib() -> float:
+    """The smallest GPU memory on this machine in GiB, from `nvidia-smi`; 0 where it lists none."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return 0.0
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        sizes = [float(line) / 1024 for line in out.split() if line.strip()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return 0.0
+    return min(sizes) if sizes else 0.0
+
+
+def choose_gpu_profile(profiles: dict[str, Any], requested: str, memory_gib: float) -> str | None:
+    """The profile `requested` names, or for `auto` the one with the largest `min_gib` this GPU's
+    memory reaches (None: calcx.yaml's own settings, for small GPUs and machines without one)."""
+    if requested == "none":
+        return None
+    if requested != "auto":
+        if requested not in profiles:
+            raise ConfigError(f"calcx.gpu_profile={requested!r}: no such profile; "
+                              f"use auto, none or one of: {', '.join(profiles)}")
+        return requested
+    fitting = [(float(p["min_gib"]), name) for name, p in profiles.items() if memory_gib >= float(p["min_gib"])]
+    return max(fitting)[1] if fitting else None
+
+
+def _requested_gpu_profile(cfg: DictConfig, dotlist: list[str]) -> str:
+    requested = str(cfg.calcx.get("gpu_profile", "auto"))
+    for item in dotlist:  # the command line wins; it is applied after the profile
+        key, value, _ = parse_dotlist_item(item)
+        if key == "calcx.gpu_profile":
+            requested = str(value)
+    return requested
 
 
 def parse_dotlist_item(item: str) -> tuple[str, Any, bool]:
@@ -143,13 +198,23 @@ def compose(request: ComposeRequest) -> DictConfig:
         cfg = hydra_compose(config_name=VERL_CONFIG_NAME, overrides=group_overrides)
     GlobalHydra.instance().clear()
 
-    _apply_file(cfg, CALCX_OVERRIDES)
+    calcx_sections = _load_sections(CALCX_OVERRIDES)
+    _apply_sections(cfg, calcx_sections, str(CALCX_OVERRIDES))
     _set(cfg, "actor_rollout_ref.rollout.agent.agent_loop_config_path", str(AGENT_LOOPS_FILE),
          must_exist=True, origin="calcx")
     if request.async_mode:
         _apply_file(cfg, ASYNC_OVERRIDES)
     for overlay in request.overlays:
         _apply_file(cfg, Path(overlay))
+
+    profiles = calcx_sections.get("gpu_profiles") or {}
+    memory = gpu_memory_gib() if request.gpu_memory_gib is None else request.gpu_memory_gib
+    profile = choose_gpu_profile(profiles, _requested_gpu_profile(cfg, dotlist), memory)
+    if profile is not None:
+        _apply_sections(cfg, {"overrides": profiles[profile].get("overrides") or {}},
+                        f"{CALCX_OVERRIDES} gpu_profiles.{profile}")
+    _set(cfg, "calcx.gpu_profile_applied", profile or "none", must_exist=False, origin="calcx")
+    _set(cfg, "calcx.gpu_memory_gib", round(memory, 1), must_exist=False, origin="calcx")
 
     flags = {
         "actor_rollout_ref.model.path": request.model,
