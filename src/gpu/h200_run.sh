@@ -7,6 +7,8 @@
 #   src/gpu/h200_run.sh setup                  # join + verify the PEX and the GGUF, convert the model
 #   src/gpu/h200_run.sh pex                    # the PEX's half of setup (join, verify, build its venv),
 #                                                # to run while the model's pieces are still coming
+#   src/gpu/h200_run.sh profile                # `calcx profile-step` (random weights: no model needed)
+#                                                # into $RESULTS/profile, e.g. in the background after `pex`
 #   src/gpu/h200_run.sh campaign STEPS MODE[:STEPS[:MAX_S]]...  # setup, then one run per MODE
 #                                                # (sync|async|anchor), one after another, each to its
 #                                                # end or for at most MAX_S seconds; start it with setsid nohup
@@ -43,13 +45,12 @@ torch_site() { "$PYTHON" -c 'import os, torch; print(os.path.dirname(os.path.dir
 calcx() { PEX_EXTRA_SYS_PATH="$(torch_site)" "$PYTHON" "$PEX" "$@"; }
 
 # The settings every run shares (docs/gpu-run.md says why): the reference batch 32 x 4, lr 5e-6,
-# prompt <= 2048 and response <= 1024 tokens a model call, FSDP without offload; packed rows,
-# token-budgeted micro-batches and sdpa attention are calcx's defaults.
+# prompt <= 2048 and response <= 1024 tokens a model call. What suits the GPU (recomputation,
+# offload, micro-batch token budgets) comes from calcx.yaml's gpu_profiles, picked by its memory.
 RUN_ARGS=(
   data.train_batch_size=32 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=32
   actor_rollout_ref.actor.optim.lr=5e-6
   data.max_prompt_length=2048 data.max_response_length=1024 actor_rollout_ref.rollout.max_model_len=4096
-  actor_rollout_ref.actor.fsdp_config.param_offload=false actor_rollout_ref.actor.fsdp_config.optimizer_offload=false
   calcx.controller_concurrency=128
   trainer.val_before_train=true trainer.test_freq=10 trainer.save_freq=-1 trainer.total_epochs=1
 )
@@ -85,6 +86,11 @@ case "$stage" in
     touch "$WORK/pex.ready"
     cat "$RESULTS/machine.txt"
     ;;
+  profile)
+    touch "$WORK/profile.running"; trap 'rm -f "$WORK/profile.running"' EXIT
+    [[ -f "$WORK/pex.ready" ]] || "$0" pex
+    calcx profile-step --out "$RESULTS/profile" 2>&1 | tee "$RESULTS/profile.log"
+    ;;
   setup)
     while [[ -f "$WORK/pex.running" ]]; do sleep 2; done  # a `pex` started in the background
     [[ -f "$WORK/pex.ready" ]] || "$0" pex
@@ -103,6 +109,7 @@ case "$stage" in
       [[ "$spec" =~ ^[a-z]+(:[0-9]+(:[0-9]+)?)?$ ]] || { echo "campaign: $spec is not MODE[:STEPS[:MAX_S]]" >&2; exit 2; }
     done
     "$0" setup
+    while [[ -f "$WORK/profile.running" ]]; do sleep 2; done  # the GPU to itself for each run
     for spec in "$@"; do
       IFS=: read -r mode mode_steps max_s <<< "$spec"
       FLAGS="$([[ "$mode" == async ]] && echo --async || true)" "$0" start "$mode" "${mode_steps:-$steps}"
@@ -152,6 +159,10 @@ case "$stage" in
     for mode in "${MODES[@]}"; do
       if [[ -f "$RESULTS/$mode/pid" ]]; then "$0" status "$mode" ${out:+"$out"}; fi
     done
+    if [[ -n "$out" && -d "$RESULTS/profile" ]]; then
+      mkdir -p "$out"
+      tar -czf "$out/profile.tar.gz" -C "$RESULTS" profile profile.log machine.txt
+    fi
     ;;
   status|wait)
     name="${1:?NAME}"

@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "data": ("calcx.data.__main__", "generate, import (GSM8K, Calc-X) or validate dataset files"),
     "train": ("calcx.trainer.cli", "GRPO training with verl (needs a CUDA GPU)"),
     "anchor": ("calcx.anchor.cli", "the step-time anchor: verl's own ToolAgentLoop, calculator in-process"),
+    "profile-step": ("calcx.trainer.step_profile", "time and profile one GRPO step's GPU work, lever by lever"),
     "k8s": ("calcx.k8s.build", "render and validate the Kubernetes manifests"),
     "model": ("calcx.model.__main__", "convert a GGUF file into a Hugging Face model directory"),
 }
