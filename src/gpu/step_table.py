@@ -137,10 +137,16 @@ def _staleness(m: dict) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
 def table(steps: dict[int, dict], busy: dict[int, float] | None) -> str:
+    """One row a step. Evicted samples are counted by why verl left them out: a group with a failed
+    attempt (`rollout_failure`) or one older than the allowed staleness (`off_policy`, async)."""
     head = ["step", "step s", "rollout (gen) s", "old log-prob s", "update s", "weight sync s",
-            "tokens/s", "GPU mem peak GB", "GPU idle waiting for agents", "mean reward", "val accuracy",
-            "trajectory staleness max", "evicted samples"]
+            "tokens/s", "update MFU", "GPU mem peak GB", "GPU idle waiting for agents", "mean reward",
+            "val accuracy", "trajectory staleness max", "evicted samples: failed", "evicted samples: stale"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for step in sorted(steps):
         m = steps[step]
@@ -155,9 +161,11 @@ def table(steps: dict[int, dict], busy: dict[int, float] | None) -> str:
         cells = [str(step), f"{m['timing_s/step']:.2f}", f"{m.get('timing_s/gen', float('nan')):.2f}",
                  f"{m.get('timing_s/old_log_prob', float('nan')):.2f}", f"{m.get('timing_s/update_actor', float('nan')):.2f}",
                  f"{m.get('timing_s/update_weights', float('nan')):.2f}", f"{m.get('perf/throughput', float('nan')):.0f}",
+                 _percent(m.get("perf/mfu/actor")),
                  f"{m.get('actor/perf/max_memory_allocated_gb', float('nan')):.1f}", idle,
                  f"{m.get('critic/score/mean', float('nan')):.3f}", f"{statistics.mean(val):.3f}" if val else "-",
-                 _staleness(m), f"{m.get('training/rollout_failure/evicted_samples', 0):.0f}"]
+                 _staleness(m), f"{m.get('training/rollout_failure/evicted_samples', 0):.0f}",
+                 f"{m.get('training/off_policy/evicted_samples', 0):.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

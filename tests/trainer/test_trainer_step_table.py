@@ -46,8 +46,30 @@ def test_step_table_counts_the_groups_verl_evicted(tmp_path: Path) -> None:
     log.write_text(json.dumps({"step": 1, "data": {"timing_s/step": 2.0, **metrics}}) + "\n")
     step_table = _step_table()
     rows = step_table.table(step_table.read_metrics(log), None).splitlines()
-    assert rows[0].rstrip(" |").endswith("evicted samples")
-    assert rows[2].rstrip(" |").split("|")[-1].strip() == "2"
+    head = [c.strip() for c in rows[0].strip(" |").split("|")]
+    cells = [c.strip() for c in rows[2].strip(" |").split("|")]
+    assert cells[head.index("evicted samples: failed")] == "2"
+    assert cells[head.index("evicted samples: stale")] == "0"
+
+
+def test_step_table_counts_staleness_evictions_apart_from_failures(tmp_path: Path) -> None:
+    """Async leaves out groups older than the allowed staleness under verl's off_policy name (the
+    name its metric aggregator sums); the table shows them beside the failed ones, and the MFU."""
+    from verl.trainer.ppo.v1.utils import MetricsAggregator
+
+    summed = MetricsAggregator().aggregation_rules["sum"]
+    stale_key, failed_key = "training/off_policy/evicted_samples", "training/rollout_failure/evicted_samples"
+    assert stale_key in summed and failed_key in summed
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(json.dumps({"step": 3, "data": {"timing_s/step": 2.0, stale_key: 27, failed_key: 1,
+                                                   "perf/mfu/actor": 0.2512}}) + "\n")
+    step_table = _step_table()
+    rows = step_table.table(step_table.read_metrics(log), None).splitlines()
+    head = [c.strip() for c in rows[0].strip(" |").split("|")]
+    cells = [c.strip() for c in rows[2].strip(" |").split("|")]
+    assert cells[head.index("evicted samples: stale")] == "27"
+    assert cells[head.index("evicted samples: failed")] == "1"
+    assert cells[head.index("update MFU")] == "25.1%"
 
 
 def test_step_table_shows_verls_trajectory_staleness(tmp_path: Path) -> None:
