@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Stage what an offline GPU machine needs into folders of one carry each (a piece of at most
-# 58 MiB, so that a piece and the repository fit a 64 MiB transfer):
+# Stage what an offline GPU machine needs into folders of one carry each (a piece of PIECE_MB
+# MiB, default 54, so that a piece and the repository's ~6 MiB fit a 64 MiB transfer):
 #
-#   src/gpu/stage_carry.sh PEX MODEL_CHUNKS_DIR DATA_DIR OUT_DIR
+#   src/gpu/stage_carry.sh PEX MODEL_CHUNKS_DIR DATA_DIR OUT_DIR [PIECE_MB]
 #
 # OUT_DIR/00/  checksums, the PEX's sha256 and DATA_DIR's train.parquet and test.parquet (validation)
 # OUT_DIR/NN/  one piece each: calcx-gpu.pex.NN, then model.gguf.NN (from src/gpu/fetch_model.sh)
@@ -13,9 +13,10 @@ pex="${1:?usage: stage_carry.sh PEX MODEL_CHUNKS_DIR DATA_DIR OUT_DIR}"
 model_chunks="${2:?MODEL_CHUNKS_DIR}"
 data="${3:?DATA_DIR}"
 out="${4:?OUT_DIR}"
+piece_mb="${5:-54}"
 rm -rf "$out"
 mkdir -p "$out/00/gsm8k" "$out/pieces"
-split -b 58M -d -a 2 "$pex" "$out/pieces/calcx-gpu.pex."
+split -b "${piece_mb}M" -d -a 2 "$pex" "$out/pieces/calcx-gpu.pex."
 (cd "$out/pieces" && sha256sum calcx-gpu.pex.* > ../00/SHA256SUMS.pex)
 sha256sum "$pex" | cut -d' ' -f1 > "$out/00/calcx-gpu.pex.sha256"
 cp "$model_chunks"/model.gguf.* "$out/pieces/"
