@@ -256,12 +256,16 @@ def run_setting(model: Any, config: Any, setting: Setting, lengths: list[int], i
 
 def top_kernels(fn: Any, limit: int = 10) -> list[dict[str, Any]]:
     """The GPU kernels of one call of `fn` that took the most GPU time, with their share."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         _timed(fn)
     rows = []
     for event in prof.key_averages():
+        # the kernels themselves; an aten op's device time is its kernels' again
+        if getattr(event, "device_type", None) != DeviceType.CUDA:
+            continue
         us = getattr(event, "self_device_time_total", None)
         if us is None:
             us = getattr(event, "self_cuda_time_total", 0)
