@@ -38,7 +38,7 @@ from calcx.server.errors import APIError
 from calcx.server.metrics import ServerMetrics
 from calcx.server.settings import ServerSettings
 from calcx.server.signals import Signals
-from calcx.server.store import RolloutStore
+from calcx.server.store import Conflict, RolloutStore
 
 log = logging.getLogger("calcx.server")
 
@@ -255,6 +255,18 @@ class RolloutService:
         self.signals.rollout_terminal.fire(rid)
         self.signals.terminal.fire()
         return self.rollout(rid)
+
+    def fail(self, rid: str, aid: str, reason: str, detail: str) -> bool:
+        """The server's own verdict on a RUNNING attempt: FAILED with an infrastructure `reason`
+        (so the trainer retries it, never trains it). False when it was no longer RUNNING."""
+        try:
+            self.db.attempts.finish(rid, aid, "FAILED", reason, None, None, detail)
+        except Conflict:
+            return False
+        self.metrics.finished.labels("FAILED", reason).inc()
+        self.signals.rollout_terminal.fire(rid)
+        self.signals.terminal.fire()
+        return True
 
     # ---- agents ---------------------------------------------------------------------------
 
