@@ -35,11 +35,18 @@ class Conflict(StoreError):
 
 class Database:
     """WAL journal, `synchronous=NORMAL`: a committed transaction survives a crash of the server
-    process (only an OS crash or power loss can undo the last commits)."""
+    process (only an OS crash or power loss can undo the last commits).
 
-    def __init__(self, path: str, clock: Callable[[], float] = time.time) -> None:
+    Two clocks: `clock` (wall time) stamps what a person reads (created_at, finished_at);
+    `monotonic` times leases, so that a wall-clock jump (NTP, a VM resumed) never expires or
+    stretches one. Lease deadlines are monotonic seconds of this process, renewed at startup."""
+
+    def __init__(
+        self, path: str, clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
         self.path = path
         self.clock = clock
+        self.monotonic = monotonic
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
@@ -65,6 +72,10 @@ class Database:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+
+    def wall_time(self, monotonic_time: float) -> float:
+        """A monotonic instant of this process (a lease deadline) as wall time, for people."""
+        return self.clock() + (monotonic_time - self.monotonic())
 
     def require_rollout(self, rollout_id: str) -> None:
         if self.execute("SELECT 1 FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone() is None:
