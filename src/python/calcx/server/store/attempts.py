@@ -12,7 +12,12 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from calcx.api.models import RUN_LABEL
+from calcx.contract.failures import CANCELLED
 from calcx.server.store.database import Conflict, Database, NotFound, parse_attempt_id
+
+# ids per `IN (...)` query: well under SQLite's limit on bound parameters
+_CHUNK = 500
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,34 @@ class Attempts:
                 (latest + 1, rollout_id),
             )
         return str(latest + 1)
+
+    def cancel(
+        self, run: str | None, rollout_ids: Sequence[str] | None, detail: str
+    ) -> list[tuple[str, str]]:
+        """FAIL (reason cancelled) the QUEUED and RUNNING latest attempts of the rollouts labelled
+        `run`, or of `rollout_ids`; returns them. Terminal ones are left as they are."""
+        now = self._db.clock()
+        with self._db.tx() as db:
+            if run is not None:
+                rows = db.execute(
+                    "SELECT rollout_id, latest_attempt FROM rollouts WHERE state IN ('QUEUED', 'RUNNING') "
+                    "AND json_extract(spec, ?) = ? ORDER BY seq",
+                    (f'$.labels."{RUN_LABEL}"', run),
+                ).fetchall()
+            else:
+                rows = []
+                ids = list(dict.fromkeys(rollout_ids or ()))
+                for start in range(0, len(ids), _CHUNK):
+                    chunk = ids[start : start + _CHUNK]
+                    marks = ",".join("?" * len(chunk))
+                    rows += db.execute(
+                        f"SELECT rollout_id, latest_attempt FROM rollouts WHERE state IN ('QUEUED', 'RUNNING') "
+                        f"AND rollout_id IN ({marks}) ORDER BY seq",
+                        chunk,
+                    ).fetchall()
+            for rid, no in rows:
+                _finish_locked(db, rid, no, "FAILED", CANCELLED, None, None, detail, now)
+        return [(rid, str(no)) for rid, no in rows]
 
     def expire_leases(self) -> list[ExpiredAttempt]:
         """FAIL (reason controller_lost) every RUNNING attempt whose lease has passed (on the
