@@ -10,9 +10,11 @@ import pytest
 
 from calcx.api.client import AsyncCalcxClient, CalcxClient
 from calcx.api.models import Rollout
-from calcx.server.serve import start_server_thread
 from calcx.trainer.group import GroupSpec, settle_group
 from calcx.trainer.translate import RolloutIncomplete
+from live_stack import needs_services, start_server
+
+pytestmark = needs_services
 
 KEY = "group-test-key-0123456789abcdef0123456789"
 
@@ -25,9 +27,9 @@ def _spec() -> GroupSpec:
 def _settle(tmp_path: Path, rewarded: set[int]) -> Rollout:
     """Both members claimed and finished SUCCEEDED; those in `rewarded` posted a reward first."""
     spec = _spec()
-    server = start_server_thread(str(tmp_path / "calcx.db"), KEY)
+    server, url = start_server(tmp_path, KEY)
     try:
-        with CalcxClient(server.url, KEY) as client:
+        with CalcxClient(url, KEY) as client:
             client.create_rollouts(spec.bodies())
             claims = {c.rollout.rollout_id: c for c in client.claim("ctl", 2, timeout_s=2).claims}
             for index, rid in enumerate(spec.rollout_ids()):
@@ -36,7 +38,7 @@ def _settle(tmp_path: Path, rewarded: set[int]) -> Rollout:
                 client.finish(rid, claims[rid].attempt_id, "SUCCEEDED")
 
         async def settle() -> Rollout:
-            async with AsyncCalcxClient(server.url, KEY) as client:
+            async with AsyncCalcxClient(url, KEY) as client:
                 return await settle_group(client, spec)
 
         return asyncio.run(settle())
