@@ -4,6 +4,7 @@ heartbeat renews it, and runs on the monotonic clock, so a wall-clock jump fails
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from calcx.api.models import RolloutCreate
 from calcx.server.store import RolloutStore
@@ -25,6 +26,12 @@ def _store(tmp_path: Path) -> tuple[RolloutStore, Clock, Clock]:
     return store, wall, mono
 
 
+def _rollout(store: RolloutStore) -> dict[str, Any]:
+    rollout = store.rollouts.get("r-1")
+    assert rollout is not None
+    return rollout
+
+
 def _claimed(store: RolloutStore) -> tuple[str, str]:
     store.rollouts.create([RolloutCreate(rollout_id="r-1", row={"question": "q", "result": "1"})])
     (claim,) = store.attempts.claim("ctl", 1, LEASE_S)
@@ -39,7 +46,7 @@ def test_a_claim_lease_lasts_lease_s_and_then_fails_controller_lost(tmp_path: Pa
     mono.now += 2
     (expired,) = store.attempts.expire_leases()
     assert (expired.rollout_id, expired.attempt_id, expired.controller_id) == ("r-1", "1", "ctl")
-    assert store.rollouts.get("r-1")["attempts"][-1]["reason"] == "controller_lost"
+    assert _rollout(store)["attempts"][-1]["reason"] == "controller_lost"
 
 
 def test_a_heartbeat_renews_the_lease_for_lease_s_from_then(tmp_path: Path) -> None:
@@ -59,9 +66,9 @@ def test_a_forward_wall_clock_jump_fails_no_running_attempt(tmp_path: Path) -> N
     wall.now += 24 * 3600  # NTP step, a VM resumed after a day
     mono.now += 1
     assert store.attempts.expire_leases() == []
-    assert store.rollouts.get("r-1")["state"] == "RUNNING"
+    assert _rollout(store)["state"] == "RUNNING"
     # the API shows the lease deadline as wall time, consistent with the jumped clock
-    lease = store.rollouts.get("r-1")["attempts"][-1]["lease_expires_at"]
+    lease = _rollout(store)["attempts"][-1]["lease_expires_at"]
     assert lease == wall.now + LEASE_S - 1
 
 
