@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src" / "python") not in sys.path:
     sys.path.insert(0, str(ROOT / "src" / "python"))
 
+from calcx.faults import killed_trainer  # noqa: E402
 from calcx.faults.proxy import main as proxy_main  # noqa: E402
 from calcx.faults.report import render_markdown  # noqa: E402
 from calcx.faults.run import run_faults, run_queued  # noqa: E402
@@ -79,10 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.queued:
         (base / "queued").mkdir(exist_ok=True)
         queued = run_queued(args, base / "queued", log)
+    (base / "killed-trainer").mkdir(exist_ok=True)
+    killed = killed_trainer.run_killed(base / "killed-trainer", log)
     command = "PYTHONPATH=src/python /opt/calcx-dev/bin/python benchmarks/faults.py " + " ".join(argv)
-    text = render_markdown(args, res, queued, command.strip())
+    text = render_markdown(args, res, queued, command.strip(), killed)
     if args.json:
-        print(json.dumps({"faults": res, "queued": queued}, indent=1, default=str))
+        print(json.dumps({"faults": res, "queued": queued, "killed_trainer": killed}, indent=1, default=str))
     else:
         print(text)
     log(f"total {time.time() - t0:.0f}s; logs in {base}")
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         (ROOT / "benchmarks" / "FAULTS.md").write_text(text)
     a = res["audit"]
     bad = (a["lost"] or a["duplicates"] or a["failed_without_reason"] or a["succeeded_without_reward"]
-           or a["reward_mismatch"] or res["hangs"] or res["hostile"]["wrong"])
+           or a["reward_mismatch"] or res["hangs"] or res["hostile"]["wrong"] or killed_trainer.problems(killed))
     return 1 if bad else 0
 
 

@@ -10,7 +10,7 @@ def gpu_python_sources(name="gpu", **kwargs):
     A second target over the same files rather than `parametrize(resolve=...)`: the copy needs
     other interpreter constraints, and the tag keeps it out of `::` on CPU machines (CI).
     """
-    python_sources(
+    python_sources(  # noqa: F821  (a BUILD symbol: Pants puts it into the prelude's namespace)
         name=name,
         resolve="gpu",
         interpreter_constraints=GPU_PYTHON,

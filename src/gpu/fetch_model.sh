@@ -48,4 +48,4 @@ echo "[3/3] splitting into ${chunk_mb} MB pieces"
 rm -f "$out/chunks"/model.gguf.*
 split -b "${chunk_mb}M" -d -a 2 "$out/$gguf_name" "$out/chunks/model.gguf."
 (cd "$out/chunks" && sha256sum model.gguf.* > SHA256SUMS)
-ls -la "$out/$gguf_name"; ls "$out/chunks" | wc -l
+ls -la "$out/$gguf_name"; find "$out/chunks" -maxdepth 1 -name 'model.gguf.*' | wc -l

@@ -112,7 +112,9 @@ case "$stage" in
     while [[ -f "$WORK/profile.running" ]]; do sleep 2; done  # the GPU to itself for each run
     for spec in "$@"; do
       IFS=: read -r mode mode_steps max_s <<< "$spec"
-      FLAGS="$([[ "$mode" == async ]] && echo --async || true)" "$0" start "$mode" "${mode_steps:-$steps}"
+      flags=""
+      if [[ "$mode" == async ]]; then flags=--async; fi
+      FLAGS="$flags" "$0" start "$mode" "${mode_steps:-$steps}"
       t0=$(date +%s)
       while kill -0 "$(cat "$RESULTS/$mode/pid")" 2>/dev/null; do
         if [[ -n "$max_s" ]] && (( $(date +%s) - t0 >= max_s )); then
@@ -121,7 +123,7 @@ case "$stage" in
         fi
         sleep 5
       done
-      echo "$(date +%s)" > "$RESULTS/$mode/ended"
+      date +%s > "$RESULTS/$mode/ended"
       # a run that logged no step (a broken start) leaves the machine's time to the runs after it
       grep -q '"timing_s/step"' "$RESULTS/$mode/metrics.jsonl" 2>/dev/null \
         || echo "campaign: $mode logged no step (its train.log says why); going on" >&2
@@ -132,12 +134,13 @@ case "$stage" in
     dir="$RESULTS/$name"
     mkdir -p "$dir"
     torch="$(torch_site)"
-    echo "$(date +%s)" > "$dir/started"
-    cmd=(train); run="$name"; extra=()
+    date +%s > "$dir/started"
+    cmd=(train); run="$name"; extra=(); flags=()
+    if [[ -n "${FLAGS:-}" ]]; then flags=("$FLAGS"); fi
     [[ "$name" == anchor ]] && { cmd=(anchor train); run="$ANCHOR_RUN_NAME"; extra=("${ANCHOR_ARGS[@]}"); }
     setsid nohup env PEX_EXTRA_SYS_PATH="$torch" "$PYTHON" "$PEX" "${cmd[@]}" \
       --model "$MODEL" --train-file "$IN/gsm8k/train.parquet" --val-file "$IN/gsm8k/test.parquet" \
-      --run-name "$run" ${FLAGS:-} "calcx.report_dir=$dir" trainer.total_training_steps="$steps" "${RUN_ARGS[@]}" \
+      --run-name "$run" "${flags[@]}" "calcx.report_dir=$dir" trainer.total_training_steps="$steps" "${RUN_ARGS[@]}" \
       "${extra[@]}" "$@" \
       >"$dir/train.log" 2>&1 </dev/null &
     echo $! > "$dir/pid"
@@ -178,18 +181,24 @@ case "$stage" in
     grep -E "step:[0-9]+ |Traceback|Error|calcx (anchor )?train:" "$dir/train.log" | tail -n 6 | cut -c1-400 || true
     db="$dir/services/calcx.db"  # calcx's runs only: the anchor starts no calcx server
     if [[ -f "$dir/metrics.jsonl" ]]; then
-      "$PYTHON" "$here/step_table.py" "$dir/metrics.jsonl" $([[ -f "$db" ]] && echo --calls "$db") \
-        $([[ -f "$db" && -f "$dir/incomplete_groups.jsonl" ]] && echo --incomplete "$dir/incomplete_groups.jsonl") \
-        > "$dir/steps.md" 2>&1 || true
+      table_args=()
+      if [[ -f "$db" ]]; then table_args+=(--calls "$db"); fi
+      if [[ -f "$db" && -f "$dir/incomplete_groups.jsonl" ]]; then
+        table_args+=(--incomplete "$dir/incomplete_groups.jsonl")
+      fi
+      "$PYTHON" "$here/step_table.py" "$dir/metrics.jsonl" "${table_args[@]}" > "$dir/steps.md" 2>&1 || true
       cat "$dir/steps.md"
     fi
     if [[ -n "$out" ]]; then
       # one file a run (what comes back is counted in files): metrics, log, tables, report, curves
       mkdir -p "$out"
       cp "$RESULTS/machine.txt" "$dir/" 2>/dev/null || true
-      (cd "$dir" && tar -czf "$out/$name.tar.gz" --ignore-failed-read \
-        $(ls metrics.jsonl train.log steps.md eval.md report.md reward_curve.png incomplete_groups.jsonl \
-             machine.txt started ended 2>/dev/null))
+      kept=()
+      for f in metrics.jsonl train.log steps.md eval.md report.md reward_curve.png incomplete_groups.jsonl \
+               machine.txt started ended; do
+        if [[ -e "$dir/$f" ]]; then kept+=("$f"); fi
+      done
+      (cd "$dir" && tar -czf "$out/$name.tar.gz" --ignore-failed-read "${kept[@]}")
       ls -la "$out"
     fi
     ;;

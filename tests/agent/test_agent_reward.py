@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from calcx.agent.answer import extract_answer
 from calcx.agent.numeric import NumericError, evaluate
 from calcx.agent.reward import reward, scalar_are_results_same
 
@@ -108,3 +109,36 @@ def test_parser_precedence(expr, value):
 def test_parser_rejects(expr):
     with pytest.raises(NumericError):
         evaluate(expr)
+
+
+@pytest.mark.parametrize("truth", ["3", "5", "3.0", "5/1"])
+def test_around_with_disagreeing_sides_matches_neither(truth):
+    """`3 = around 5` is no number: scoring it 1 for either side would train a hedge."""
+    assert not scalar_are_results_same("3 = around 5", truth)
+    assert reward(extract_answer("So ### ANSWER: 3 = around 5 ###"), truth) == 0.0
+
+
+@pytest.mark.parametrize(
+    "pred, true, same",
+    [
+        ("2/3 = around 0.67", "0.666667", True),  # sides agree within 1 %: the fraction's value
+        ("2/3 = around 0.67", "2/3 = around 0.666667", True),
+        ("0.67", "2/3 = around 0.9", False),  # a truth whose sides disagree matches nothing
+        ("0.9", "2/3 = around 0.9", False),
+    ],
+)
+def test_around_reads_one_number_when_the_sides_agree(pred, true, same):
+    assert scalar_are_results_same(pred, true) is same
+
+
+@pytest.mark.parametrize(
+    "pred, true, same",
+    [
+        ("x = 36", "36", True),  # the value after the last `=`, not the name before it
+        ("a = b = 7", "7", True),
+        ("36 = 12", "12", True),
+        ("36 = 12", "36", False),  # the left side is not the answer
+    ],
+)
+def test_equation_answer_is_its_last_part(pred, true, same):
+    assert scalar_are_results_same(pred, true) is same

@@ -31,6 +31,7 @@ CASES: list[tuple[str, tuple, dict, str, str]] = [
     ("list_rollouts", (), {"state": "FAILED", "limit": 5}, "GET", "/v1/rollouts"),
     ("wait", ("r/1",), {"timeout_s": 3}, "POST", "/v1/rollouts/r%2F1/wait"),
     ("retry", ("r/1",), {}, "POST", "/v1/rollouts/r%2F1/retry"),
+    ("cancel", (), {"run": "run-1"}, "POST", "/v1/cancel"),
     ("calls", ("r/1",), {"attempt_id": "1"}, "GET", "/v1/rollouts/r%2F1/calls"),
     ("terminal", (), {"after": 4, "timeout_s": 2}, "GET", "/v1/terminal"),
     ("claim", ("c",), {"max": 2, "timeout_s": 1}, "POST", "/v1/claims"),
@@ -65,6 +66,8 @@ def answer(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"items": [], "next": 4})
     if path == "/v1/claims":
         return httpx.Response(200, json={"claims": [], "lease_s": 30})
+    if path == "/v1/cancel":
+        return httpx.Response(200, json={"cancelled": [{"rollout_id": "r/1", "attempt_id": "1"}]})
     if path == "/v1/claims/heartbeat":
         return httpx.Response(200, json={"lease_s": 30, "held": [], "lost": []})
     if path == "/v1/rollouts":

@@ -185,3 +185,13 @@ def test_agl_key_in_the_env_is_replaced_by_the_secret_ref() -> None:
     ]
     assert "leak" not in rendered.job_yaml
     assert "calcx.dev/group-id" not in rendered.job["metadata"]["labels"]
+
+
+@pytest.mark.parametrize("code", [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)], ids=lambda c: f"U+{c:04X}")
+def test_every_c0_and_c1_control_is_written_as_an_escape(code: int) -> None:
+    """Every control character, the whole C1 range 0x80-0x9F included, leaves the quoted scalar as
+    a `\\uXXXX` escape and reads back exactly."""
+    text = f"a{chr(code)}b"
+    quoted = yaml_quote(text)
+    assert chr(code) not in quoted
+    assert yaml.safe_load(f"v: {quoted}\n") == {"v": text}

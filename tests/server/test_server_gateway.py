@@ -3,6 +3,7 @@ the max_tokens ceiling and the answers an OpenAI client sees."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -12,6 +13,7 @@ from openai.types.chat import ChatCompletionUserMessageParam
 
 from calcx.api.client import CalcxAPIError, CalcxClient
 from calcx.api.models import Claim
+from calcx.contract.failures import MODEL_ABORTED
 from calcx.server.serve import bind_socket, start_server_thread
 
 QUESTION = "What is 2 + 2 ?"
@@ -66,7 +68,7 @@ def test_calls_carry_the_policy_version_served_at_the_time_of_the_call(client: C
     for rid in ("step-7", "no-step"):
         client.chat_completions(rid, claims[rid].attempt_id, {"model": "m", "messages": MESSAGES})
     client.put_models("m", [upstream.url], policy_version=7)  # a weight sync between two turns
-    client.chat_completions("step-7", claims["step-7"].attempt_id, {"model": "m", "messages": MESSAGES})
+    client.chat_completions("step-7", claims["step-7"].attempt_id, {"model": "m", "messages": MESSAGES + MESSAGES})
     assert [c.policy_version for c in client.calls("step-7")] == [6, 7]
     assert [c.policy_version for c in client.calls("no-step")] == [6]
     assert client.get_rollout("step-7").policy_version == 7  # the declared step is kept on the rollout
@@ -130,30 +132,39 @@ def test_an_aborted_call_goes_to_an_endpoint_registered_while_it_waited(
     assert serving.requests[0]["model"] == "m-served" and call.request["model"] == "m-served"
 
 
-def test_a_call_aborted_past_abort_retry_s_reaches_the_agent_as_it_came(
+def test_a_call_aborted_past_abort_retry_s_fails_the_attempt_as_infrastructure(
         db_path: str, server_key: str, upstream: Any) -> None:
+    """An aborted answer is empty: handed to the agent it would score 0 and train as a wrong
+    answer. Past abort_retry_s the attempt fails (model_aborted, retried) and the agent gets a 503."""
     server = start_server_thread(db_path, server_key, abort_retry_s=2.0, upstream_backoff_s=0.01)
     try:
         with CalcxClient(server.url, server_key, timeout=10.0) as client:
             client.put_models("m", [upstream.url], policy_version=1)
             claim = running_claims(client)[0]
+            rid, aid = claim.rollout.rollout_id, claim.attempt_id
             upstream.abort_next = 1000
             started = time.monotonic()
-            answer = client.chat_completions(claim.rollout.rollout_id, claim.attempt_id,
-                                             {"model": "m", "messages": MESSAGES})
+            with pytest.raises(CalcxAPIError) as err:
+                client.chat_completions(rid, aid, {"model": "m", "messages": MESSAGES})
             waited = time.monotonic() - started
-            assert answer["choices"][0]["finish_reason"] == "abort"
+            assert err.value.status == 503 and err.value.code == MODEL_ABORTED
             resent = len(upstream.requests) - 1
             assert resent >= 1 and f'calcx_gateway_upstream_errors_total{{kind="abort"}} {resent + 1}.0' in (
                 client.metrics_text())  # sent again, each abort counted, then given up on
             assert waited < 60  # bounded by abort_retry_s (2 s + one try and backoff); 30x margin
-            calls = client.calls(claim.rollout.rollout_id)
-            assert len(calls) == 1 and calls[0].status_code == 200 and calls[0].response_token_ids == []
+            calls = client.calls(rid)
+            assert len(calls) == 1 and calls[0].status_code == 503 and calls[0].response_token_ids == []
+            rollout = client.get_rollout(rid)
+            assert rollout.state == "FAILED" and rollout.attempts[-1].reason == MODEL_ABORTED
+            with pytest.raises(CalcxAPIError) as late:  # a reward after the failure cannot score it
+                client.post_event(rid, aid, "reward", {"value": 0.0})
+            assert late.value.status == 409
+            assert client.retry(rid).state == "QUEUED"  # infrastructure: retried, not trained
     finally:
         server.stop()
 
 
-def test_abort_retry_s_zero_hands_the_aborted_answer_over_at_once(
+def test_abort_retry_s_zero_fails_the_attempt_at_once(
         db_path: str, server_key: str, upstream: Any) -> None:
     server = start_server_thread(db_path, server_key, abort_retry_s=0.0)
     try:
@@ -161,9 +172,11 @@ def test_abort_retry_s_zero_hands_the_aborted_answer_over_at_once(
             client.put_models("m", [upstream.url])
             claim = running_claims(client)[0]
             upstream.abort_next = 1
-            answer = client.chat_completions(claim.rollout.rollout_id, claim.attempt_id,
-                                             {"model": "m", "messages": MESSAGES})
-            assert answer["choices"][0]["finish_reason"] == "abort" and len(upstream.requests) == 1
+            with pytest.raises(CalcxAPIError) as err:
+                client.chat_completions(claim.rollout.rollout_id, claim.attempt_id,
+                                        {"model": "m", "messages": MESSAGES})
+            assert err.value.code == MODEL_ABORTED and len(upstream.requests) == 1
+            assert client.get_rollout(claim.rollout.rollout_id).state == "FAILED"
     finally:
         server.stop()
 
@@ -231,3 +244,30 @@ def test_endpoint_choice_is_sticky_per_rollout(client: CalcxClient, make_upstrea
     per_rollout = {c.rollout.rollout_id: {x.endpoint for x in client.calls(c.rollout.rollout_id)} for c in claims}
     assert all(len(endpoints) == 1 for endpoints in per_rollout.values())
     assert set().union(*per_rollout.values()) == {f.url for f in fakes}
+
+
+def test_a_call_the_agent_sent_again_is_recorded_once_with_the_answer_it_used(
+        client: CalcxClient, upstream: Any) -> None:
+    """The agent's client times out on a slow answer and sends the call again: the late answer to
+    the first send reaches nobody. One record, the answer the agent got; never two trained turns."""
+    client.put_models("m", [upstream.url], policy_version=1)
+    claim = running_claims(client)[0]
+    first_answered = threading.Event()
+    slow = [True]
+
+    def slow_first_answer() -> None:
+        if slow.pop() if slow else False:
+            time.sleep(2.5)
+            first_answered.set()
+
+    upstream.before_answer = slow_first_answer
+    oa = openai.OpenAI(base_url=claim.env["AGL_OPENAI_BASE_URL"], api_key=claim.env["AGL_KEY"], max_retries=1,
+                       timeout=1.0)
+    used = oa.chat.completions.create(model="m", messages=MESSAGES)
+    assert first_answered.wait(10)
+    time.sleep(0.5)  # the late answer's turn to be recorded
+    assert len(upstream.requests) == 2 and upstream.requests[0] == upstream.requests[1]
+    calls = client.calls(claim.rollout.rollout_id)
+    assert len(calls) == 1, [(c.seq, c.status_code) for c in calls]
+    assert calls[0].status_code == 200 and calls[0].response is not None and calls[0].response["id"] == used.id
+    assert calls[0].latency_s < 2.0  # the resend's quick answer, not the 2.5 s one nobody read

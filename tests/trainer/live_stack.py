@@ -47,3 +47,15 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def start_server(work: Path, key: str, *extra: str) -> tuple[ManagedProcess, str]:
+    """`python -m calcx.server` on a free port with a database in `work`; (process, URL)."""
+    from calcx.contract.ready import SERVER_READY
+
+    server = ManagedProcess("calcx server", [SERVICES_PYTHON, "-m", "calcx.server", "--host", "127.0.0.1", "--port",
+                                             "0", "--db", str(work / "calcx.db"), *extra],
+                            work / "server.log", {**os.environ, "PYTHONPATH": str(CALCX_SRC), "CALCX_KEY": key})
+    server.start(SERVER_READY, 60)
+    assert server.match is not None
+    return server, server.match.group(1).rstrip("/")

@@ -18,7 +18,7 @@ def _call(rid: str, aid: str, seq: int, prompt: list[int], response: list[int], 
           version: int = 3) -> dict:
     return {
         "call_id": f"{rid}-{aid}-{seq}", "rollout_id": rid, "attempt_id": aid, "seq": seq,
-        "request": {"messages": []}, "response": {"choices": []},
+        "request": {"messages": [{"role": "user", "content": str(prompt)}]}, "response": {"choices": []},
         "prompt_token_ids": prompt, "response_token_ids": response,
         "response_logprobs": [-0.1 * (i + 1) for i in range(len(response))],
         "latency_s": 0.25, "policy_version": version, "endpoint": "http://127.0.0.1:1/v1",
@@ -95,6 +95,17 @@ def test_non_200_and_empty_calls_are_skipped() -> None:
     calls.append(_call(rollout["rollout_id"], "2", 3, [5, 6], []))
     out = translate_rollout(rollout, calls, max_prompt_length=4096, max_response_length=2048)
     assert len(out.samples) == 2 and out.skipped_calls == 3
+
+
+def test_a_call_the_client_sent_again_is_trained_once_with_its_last_answer() -> None:
+    """The agent's client resends a call (its timeout, a 502): the same request twice in one
+    attempt. Training both answers would train the turn twice, once on an answer nobody used."""
+    rollout, calls = _two_turn_rollout("u1", 0, 1.0)
+    first = calls[2]
+    calls.append(_call(rollout["rollout_id"], "2", 2, first["prompt_token_ids"], [4, 4, 4]))
+    out = translate_rollout(rollout, calls, max_prompt_length=4096, max_response_length=2048)
+    assert len(out.samples) == 2 and out.skipped_calls == 2
+    assert [s.response_ids for s in out.samples] == [calls[1]["response_token_ids"], [4, 4, 4]]
 
 
 def test_verl_grpo_advantages_on_translated_outputs() -> None:

@@ -5,7 +5,8 @@ exact match after stripping; multiple-choice letters normalised (``C``, ``(c)``,
 ``C)``); otherwise both sides read as numbers and compared with ``math.isclose``.
 Numbers may be fractions (``2/3``), have thousands separators (``1,000``,
 ``1_000``), a percent sign, a currency sign, simple LaTeX (``\\frac{1}{4}``,
-``\\boxed{x}``) or Calc-X's `` = around X`` suffix. Nothing from the model's text
+``\\boxed{x}``) or Calc-X's `` = around X`` suffix: ``A = around B`` is one number only when
+its two sides agree, so ``3 = around 5`` matches neither 3 nor 5. Nothing from the model's text
 is ever executed: numbers go through :mod:`calcx.agent.numeric`, whose input,
 exponents and magnitudes are bounded, so hostile answers return ``False`` fast.
 """
@@ -48,30 +49,45 @@ def _clean_number_text(text: str) -> str:
     return text.strip().rstrip(".").strip()
 
 
-def number_candidates(text: str) -> list[float]:
-    """The values ``text`` could sensibly mean as a number (possibly none)."""
+def _part_values(part: str) -> list[float]:
+    """The values one side of an answer could mean: the number, and for ``x%`` also ``x``."""
+    part = part.strip()
+    if not part:
+        return []
+    values: list[float] = []
+    value = try_evaluate(part)
+    if value is not None:
+        values.append(value)
+    if part.endswith("%"):
+        whole = try_evaluate(part.rstrip("%"))
+        if whole is not None:
+            values.append(whole)
+    return values
+
+
+def _any_close(left: list[float], right: list[float], rel_tol: float) -> bool:
+    return any(math.isclose(a, b, rel_tol=rel_tol) for a in left for b in right)
+
+
+def number_candidates(text: str, rel_tol: float = 1e-2) -> list[float]:
+    """The values ``text`` could sensibly mean as a number (possibly none).
+
+    ``A = around B`` (Calc-X's way of writing a rounded fraction) means A only when B agrees
+    with it: a text whose two sides disagree is no number at all, so it can match neither.
+    ``lhs = value`` means the value, the part after the last ``=``.
+    """
     if len(text) > MAX_COMPARED_CHARS:
         return []
     text = _clean_number_text(text)
-    parts = [text]
     around = _AROUND_RE.split(text)
     if len(around) == 2:
-        parts = [around[0], around[1]]
-    elif "=" in text:
-        parts = [text.rsplit("=", 1)[1]]
-    values: list[float] = []
-    for part in parts:
-        part = part.strip()
-        if not part:
-            continue
-        value = try_evaluate(part)
-        if value is not None:
-            values.append(value)
-        if part.endswith("%"):
-            whole = try_evaluate(part.rstrip("%"))
-            if whole is not None:
-                values.append(whole)
-    return values
+        left, right = _part_values(around[0]), _part_values(around[1])
+        if left and right and not _any_close(left, right, rel_tol):
+            return []
+        return left or right
+    if "=" in text:
+        text = text.rsplit("=", 1)[1]
+    return _part_values(text)
 
 
 def scalar_are_results_same(pred: str, true: str, rel_tol: float = 1e-2) -> bool:
@@ -86,10 +102,10 @@ def scalar_are_results_same(pred: str, true: str, rel_tol: float = 1e-2) -> bool
     true_letter = choice_letter(true_s, strict=True)
     if true_letter is not None:
         return choice_letter(pred_s) == true_letter
-    true_values = number_candidates(true_s)
+    true_values = number_candidates(true_s, rel_tol)
     if not true_values:
         return False
-    pred_values = number_candidates(pred_s)
+    pred_values = number_candidates(pred_s, rel_tol)
     return any(math.isclose(p, t, rel_tol=rel_tol) for p in pred_values for t in true_values)
 
 

@@ -24,6 +24,7 @@ from calcx.api import endpoints as api
 from calcx.api.endpoints import POLL_MARGIN_S, Endpoint
 from calcx.api.errors import BAD_RESPONSE, CalcxAPIError
 from calcx.api.models import (
+    AttemptRef,
     ClaimsResponse,
     Health,
     HeartbeatResponse,
@@ -221,6 +222,15 @@ class _Endpoints:
     @endpoint
     def retry(self, rollout_id: str) -> Call[Rollout]:
         return Call(api.RETRY, {"rid": rollout_id})
+
+    @endpoint
+    def cancel(self, run: str | None = None, rollout_ids: Iterable[str] | None = None,
+               detail: str | None = None) -> Call[list[AttemptRef]]:
+        """FAIL (reason cancelled) the QUEUED and RUNNING attempts of run `run` or of `rollout_ids`;
+        their controllers stop the running ones. Returns the attempts cancelled."""
+        body: dict[str, Any] = {"run": run, "rollout_ids": None if rollout_ids is None else list(rollout_ids),
+                                "detail": detail}
+        return Call(api.CANCEL, body=body, pick=lambda answer: answer.cancelled)
 
     @endpoint
     def calls(self, rollout_id: str, attempt_id: str | None = None) -> Call[list[RecordedCall]]:

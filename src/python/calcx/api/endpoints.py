@@ -14,6 +14,8 @@ from pydantic import BaseModel
 
 from calcx.api.models import (
     CallList,
+    CancelRequest,
+    CancelResponse,
     ClaimRequest,
     ClaimsResponse,
     CreateRolloutsRequest,
@@ -81,6 +83,10 @@ WAIT = Endpoint(
     "wait", "POST", "/v1/rollouts/{rid}/wait", Auth.SERVER_KEY, "trainer", WaitRequest, Rollout, long_poll=True,
 )
 RETRY = Endpoint("retry", "POST", "/v1/rollouts/{rid}/retry", Auth.SERVER_KEY, "trainer", None, Rollout)
+CANCEL = Endpoint(
+    "cancel", "POST", "/v1/cancel", Auth.SERVER_KEY, "trainer (what a previous run left), tools", CancelRequest,
+    CancelResponse,
+)
 CALLS = Endpoint("calls", "GET", "/v1/rollouts/{rid}/calls", Auth.SERVER_KEY, "trainer", None, CallList)
 TERMINAL = Endpoint(
     "terminal", "GET", "/v1/terminal", Auth.SERVER_KEY, "rehearsal, benchmarks", None, TerminalPage, long_poll=True,
@@ -113,7 +119,7 @@ PUT_MODELS = Endpoint(
 GET_MODELS = Endpoint("get_models", "GET", "/v1/models", Auth.SERVER_KEY, "tests, tools", None, ModelRegistry)
 
 ENDPOINTS: tuple[Endpoint, ...] = (
-    HEALTH, METRICS, CREATE_ROLLOUTS, LIST_ROLLOUTS, GET_ROLLOUT, WAIT, RETRY, CALLS, TERMINAL, CLAIM, HEARTBEAT,
+    HEALTH, METRICS, CREATE_ROLLOUTS, LIST_ROLLOUTS, GET_ROLLOUT, WAIT, RETRY, CANCEL, CALLS, TERMINAL, CLAIM, HEARTBEAT,
     FINISH, POST_EVENT, CHAT_COMPLETIONS, OPENAI_MODELS, PUT_MODELS, GET_MODELS,
 )
 

@@ -211,6 +211,31 @@ class HeartbeatResponse(_Model):
     lost: list[AttemptRef]
 
 
+#: The rollout label that names the training run a rollout belongs to (`calcx train` sets it to
+#: `trainer.experiment_name`); the cancel API finds a run's rollouts by it.
+RUN_LABEL = "run"
+#: The most rollout ids one cancel request may name.
+MAX_CANCEL_IDS = 10_000
+
+
+class CancelRequest(_StrictBody):
+    """Cancel the QUEUED and RUNNING attempts of one run (`run`) or of the rollouts named."""
+
+    run: str | None = Field(default=None, min_length=1, max_length=200)
+    rollout_ids: list[str] | None = Field(default=None, min_length=1, max_length=MAX_CANCEL_IDS)
+    detail: str | None = Field(default=None, max_length=1000)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "CancelRequest":
+        if (self.run is None) == (self.rollout_ids is None):
+            raise ValueError("name what to cancel: either run (a run label) or rollout_ids, not both")
+        return self
+
+
+class CancelResponse(_Model):
+    cancelled: list[AttemptRef]
+
+
 class FinishRequest(_StrictBody):
     state: TerminalState
     reason: str | None = None

@@ -9,6 +9,12 @@ exit status.
 
 from __future__ import annotations
 
+#: The server's own reason for an attempt whose model call the model server kept aborting past
+#: the gateway's `abort_retry_s` (a weight update that outlasted it): infrastructure, retried.
+MODEL_ABORTED = "model_aborted"
+#: The reason of an attempt ended by the cancel API (and by a controller that shuts down).
+CANCELLED = "cancelled"
+
 #: Every reason a FAILED attempt may carry (the server refuses any other).
 FAILURE_REASONS: frozenset[str] = frozenset(
     {
@@ -21,7 +27,8 @@ FAILURE_REASONS: frozenset[str] = frozenset(
         "image_pull",
         "config_error",
         "controller_lost",
-        "cancelled",
+        CANCELLED,
+        MODEL_ABORTED,
     }
 )
 

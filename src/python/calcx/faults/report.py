@@ -14,7 +14,7 @@ from calcx.faults.plan import PLANNED
 
 
 def render_markdown(args: argparse.Namespace, res: dict[str, Any], queued: dict[str, Any] | None,
-                    command: str) -> str:
+                    command: str, killed: dict[str, Any] | None = None) -> str:
     a = res["audit"]
     h = res["hostile"]
     rows = {k: sum(v.values()) for k, v in a["planned_outcomes"].items() if k != "clean"}
@@ -123,5 +123,9 @@ def render_markdown(args: argparse.Namespace, res: dict[str, Any], queued: dict[
         lines += ["", f"After {q['drain_s']:.0f} s with one controller: "
                   f"{', '.join(f'{k} {v}' for k, v in sorted(q['states_after_drain'].items()))} "
                   f"(100 FAILED `cancelled` are the claim-latency probes); lost: {q['lost']}.", ""]
+    if killed:
+        from calcx.faults.killed_trainer import render
+
+        lines += render(killed)
     lines += ["## How the faults are made", "", "See [docs/faults.md](../docs/faults.md).", ""]
     return "\n".join(lines)

@@ -11,7 +11,10 @@ that way when the trainer pauses generation for a weight update (verl's asynchro
 gateway sends such a call again, to the endpoints registered by then, until `abort_retry_s` has
 passed, and records only the answer the agent gets, with the policy version registered when it
 arrived; an agent outside the trainer would otherwise end its session on an empty answer, and its
-GRPO group would be left out of the step.
+GRPO group would be left out of the step. Past `abort_retry_s` the aborted answer never reaches
+the agent: it would read as an empty answer, score 0 and be trained as a wrong one. The call is
+recorded as a 503 `model_aborted` and the caller fails the attempt with that reason
+(infrastructure, retried).
 
 A rollout created with `sampling` has those parameters put into every upstream request over the
 agent's own; the recorded request is the one forwarded.
@@ -25,12 +28,13 @@ import logging
 import random
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from calcx.contract.failures import MODEL_ABORTED
 from calcx.server.errors import APIError
 from calcx.server.metrics import ServerMetrics
 from calcx.server.settings import ServerSettings
@@ -40,6 +44,19 @@ from calcx.server.upstream import LeanHTTPTransport
 log = logging.getLogger("calcx.server.gateway")
 
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+#: The status recorded for an answer whose agent hung up before it came (nginx's "client closed
+#: request"): never trained; the agent's resend of the call is the one recorded.
+CLIENT_CLOSED = 499
+
+
+@dataclass
+class Forwarded:
+    """What the agent gets; `failure` names the attempt's infrastructure failure when there is one."""
+
+    status: int
+    content: bytes
+    failure: str | None = None
+    detail: str = ""
 
 
 @dataclass
@@ -223,10 +240,13 @@ class Gateway:
         attempt_id: str,
         request: dict[str, Any],
         registry_now: Callable[[], dict[str, Any]],
-    ) -> tuple[int, bytes]:
-        """Send with retries, record the call, return (status, body) for the agent. `registry_now`
-        gives the model registry as it is at the time: an aborted answer is sent again, to the
-        registry of that moment, until `abort_retry_s` has passed since the first try."""
+        agent_gone: Callable[[], Awaitable[bool]] | None = None,
+    ) -> Forwarded:
+        """Send with retries, record the call, return what the agent gets. `registry_now` gives
+        the model registry as it is at the time: an aborted answer is sent again, to the registry
+        of that moment, until `abort_retry_s` has passed since the first try; after that the
+        answer is a 503 and `failure` is `model_aborted`. An answer that arrives after the agent
+        hung up (`agent_gone`) is recorded as 499, only until the agent's resend is."""
         s = self.settings
         started = time.perf_counter()
         registry = registry_now()
@@ -241,10 +261,9 @@ class Gateway:
                 break
             self.metrics.upstream_errors.labels("abort").inc()
             if time.perf_counter() - started >= s.abort_retry_s:
-                log.warning("rollout %s attempt %s: the model server aborted this call %d times in %.0f s; "
-                            "handing the aborted answer to the agent", rollout_id, attempt_id, aborts + 1,
-                            time.perf_counter() - started)
-                break
+                return self._give_up_aborted(
+                    rollout_id, attempt_id, body, aborts + 1, time.perf_counter() - started, registry, result
+                )
             await self._back_off(aborts)
             aborts += 1
             current = registry_now()
@@ -271,21 +290,27 @@ class Gateway:
             ids: tuple[list[int], list[int], list[float]] = ([], [], [])
             if result.status == 200 and payload is not None:
                 ids = extract_tokens(payload)
+            status = result.status
+            abandoned = agent_gone is not None and await agent_gone()
+            if abandoned:
+                log.info("rollout %s attempt %s: the agent hung up before the answer came; recorded as %d",
+                         rollout_id, attempt_id, CLIENT_CLOSED)
+                status = CLIENT_CLOSED
             try:
                 self.store.calls.record(
                     rollout_id, attempt_id, body, result.content if payload is not None else None,
-                    ids[0], ids[1], ids[2], latency, policy_version, result.endpoint, result.status,
+                    ids[0], ids[1], ids[2], latency, policy_version, result.endpoint, status, abandoned=abandoned,
                 )
             except (TypeError, OverflowError):
                 # token ids that are not int32 integers: keep the call, without them
                 log.warning("rollout %s: upstream token ids are not integers; recorded without them", rollout_id)
                 self.store.calls.record(
                     rollout_id, attempt_id, body, result.content if payload is not None else None,
-                    [], [], [], latency, policy_version, result.endpoint, result.status,
+                    [], [], [], latency, policy_version, result.endpoint, status, abandoned=abandoned,
                 )
             self.metrics.gateway_calls.labels(str(result.status)).inc()
             self.metrics.gateway_latency.observe(latency)
-            return result.status, result.content
+            return Forwarded(result.status, result.content)
 
         message = f"model endpoint failed after {tries} tries; last error: {last_error}"
         log.warning("rollout %s attempt %s: %s", rollout_id, attempt_id, message)
@@ -293,4 +318,20 @@ class Gateway:
         self.store.calls.record(rollout_id, attempt_id, body, error, [], [], [], latency, policy_version, endpoint, 502)
         self.metrics.gateway_calls.labels("502").inc()
         self.metrics.gateway_latency.observe(latency)
-        return 502, error
+        return Forwarded(502, error)
+
+    def _give_up_aborted(
+        self, rollout_id: str, attempt_id: str, body: bytes, tries: int, waited: float,
+        registry: dict[str, Any], result: UpstreamResult,
+    ) -> Forwarded:
+        """An answer the model server aborted through all of `abort_retry_s`: recorded as a 503
+        (never trained), and a `model_aborted` failure for the attempt instead of an empty answer."""
+        detail = (f"the model server aborted this call {tries} times in {waited:.0f} s (abort_retry_s="
+                  f"{self.settings.abort_retry_s:g}); a weight update outlasted the resend window")
+        log.warning("rollout %s attempt %s: %s; failing the attempt (%s)", rollout_id, attempt_id, detail,
+                    MODEL_ABORTED)
+        error = json.dumps({"error": {"code": MODEL_ABORTED, "message": detail}}).encode()
+        self.store.calls.record(rollout_id, attempt_id, body, error, [], [], [], 0.0,
+                                registry.get("policy_version"), result.endpoint, 503)
+        self.metrics.gateway_calls.labels("503").inc()
+        return Forwarded(503, error, failure=MODEL_ABORTED, detail=detail)

@@ -17,6 +17,7 @@ from typing import Any
 
 from calcx.api.models import (
     TERMINAL_STATES,
+    CancelRequest,
     ClaimRequest,
     CreateRolloutsRequest,
     EventCreate,
@@ -34,11 +35,12 @@ from calcx.contract.env import (
     DEFAULT_ENV_MAP,
     env_value,
 )
+from calcx.contract.failures import CANCELLED
 from calcx.server.errors import APIError
 from calcx.server.metrics import ServerMetrics
 from calcx.server.settings import ServerSettings
 from calcx.server.signals import Signals
-from calcx.server.store import RolloutStore
+from calcx.server.store import Conflict, RolloutStore
 
 log = logging.getLogger("calcx.server")
 
@@ -255,6 +257,33 @@ class RolloutService:
         self.signals.rollout_terminal.fire(rid)
         self.signals.terminal.fire()
         return self.rollout(rid)
+
+    def cancel(self, request: CancelRequest) -> dict[str, Any]:
+        """FAIL (reason cancelled) the QUEUED and RUNNING attempts of a run or of given rollouts.
+        A cancelled RUNNING attempt is lost to its controller, whose next heartbeat stops it."""
+        detail = request.detail or (
+            f"cancelled with run {request.run!r}" if request.run is not None else "cancelled by rollout id"
+        )
+        cancelled = self.db.attempts.cancel(request.run, request.rollout_ids, detail)
+        for rid, _ in cancelled:
+            self.metrics.finished.labels("FAILED", CANCELLED).inc()
+            self.signals.rollout_terminal.fire(rid)
+        if cancelled:
+            self.signals.terminal.fire()
+            log.warning("cancelled %d attempt(s): %s", len(cancelled), detail)
+        return {"cancelled": _refs(cancelled)}
+
+    def fail(self, rid: str, aid: str, reason: str, detail: str) -> bool:
+        """The server's own verdict on a RUNNING attempt: FAILED with an infrastructure `reason`
+        (so the trainer retries it, never trains it). False when it was no longer RUNNING."""
+        try:
+            self.db.attempts.finish(rid, aid, "FAILED", reason, None, None, detail)
+        except Conflict:
+            return False
+        self.metrics.finished.labels("FAILED", reason).inc()
+        self.signals.rollout_terminal.fire(rid)
+        self.signals.terminal.fire()
+        return True
 
     # ---- agents ---------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
-from calcx.api.models import Rollout
+from calcx.api.models import RUN_LABEL, Rollout
 from calcx.trainer.translate import RolloutIncomplete, rollout_create_body, rollout_id_for
 
 
@@ -34,6 +34,7 @@ class GroupSpec:
     wait_timeout_s: float
     group_timeout_s: float
     sampling: Mapping[str, float | int] | None = None  # applied by the gateway to every model call
+    run: str | None = None  # the training run's name: every rollout's RUN_LABEL (what the cancel API finds)
 
     def rollout_ids(self) -> list[str]:
         return [rollout_id_for(self.partition, self.step, self.uid, j) for j in range(self.n)]
@@ -43,6 +44,8 @@ class GroupSpec:
 
     def bodies(self) -> list[dict[str, Any]]:
         labels = {"uid": self.uid, "step": str(self.step), "partition": self.partition}
+        if self.run:
+            labels[RUN_LABEL] = self.run
         return [
             rollout_create_body(rollout_id=rid, group_id=self.uid, row=self.row, policy_version=self.step,
                                 env_map=self.env_map, deadline_s=self.deadline_s,

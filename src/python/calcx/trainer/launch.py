@@ -123,6 +123,16 @@ def preflight(server_url: str, key: str) -> None:
         raise LaunchError(f"calcx server at {server_url} is not usable: {exc}; {hint}") from exc
 
 
+def _cancel_leftovers(cfg: DictConfig) -> None:
+    """Before any work of this run: cancel what an earlier run of the same name left (a killed
+    trainer's QUEUED and RUNNING rollouts), so that it neither runs first nor is trained."""
+    from calcx.trainer.leftovers import cancel_previous_run
+
+    run = str(cfg.calcx.get("run") or "")
+    if run:
+        cancel_previous_run(str(cfg.calcx.server_url), str(cfg.calcx.key or ""), run)
+
+
 @contextlib.contextmanager
 def rollout_services(cfg: DictConfig, report_dir: Path) -> Iterator[LocalServices | None]:
     """Start the server and controller unless `calcx.server_url` is set; fill in URL and key."""
@@ -131,6 +141,7 @@ def rollout_services(cfg: DictConfig, report_dir: Path) -> Iterator[LocalService
         with open_dict(cfg):
             cfg.calcx.key = key  # resolved here: Ray workers may not see the driver's CALCX_KEY
         preflight(str(cfg.calcx.server_url), key)
+        _cancel_leftovers(cfg)
         yield None
         return
     try:
@@ -149,6 +160,7 @@ def rollout_services(cfg: DictConfig, report_dir: Path) -> Iterator[LocalService
         with open_dict(cfg):
             cfg.calcx.server_url = services.server_url
             cfg.calcx.key = services.key
+        _cancel_leftovers(cfg)
         yield services
     finally:
         services.stop()

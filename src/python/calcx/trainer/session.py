@@ -79,6 +79,7 @@ def session_spec(calcx_cfg: Any, rollout_cfg: Any, sampling_params: Mapping[str,
         wait_timeout_s=float(calcx_cfg.wait_timeout_s),
         group_timeout_s=float(calcx_cfg.group_timeout_s),
         sampling=rollout_sampling(rollout_cfg, validate=validate),
+        run=str(calcx_cfg.get("run") or "") or None,
     )
 
 

@@ -1,14 +1,16 @@
 """Turn a finished rollout and its recorded model calls into per-call training samples.
 
 Pure functions over the server's JSON (no verl, no torch, no ray) so that the rules that decide
-what is trained on can be tested anywhere: only the latest attempt's calls count, each call is one
-sample (prompt ids, response ids, mask of ones, log-probs), every sample of a rollout carries the
+what is trained on can be tested anywhere: only the latest attempt's calls count, a call the agent's
+client sent again (the same request twice in one attempt) counts once, with its last answer, each
+call is one sample (prompt ids, response ids, mask of ones, log-probs), every sample of a rollout carries the
 rollout's reward, and a rollout that cannot be trained on faithfully raises `RolloutIncomplete`
 instead of being turned into a reward of 0.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -62,6 +64,15 @@ def _int_list(value: Any, what: str, rollout_id: str) -> list[int]:
     return list(value)
 
 
+def _resent(ordered: Sequence[Mapping[str, Any]]) -> set[int]:
+    """Indexes of calls whose request a later call of the attempt repeats: the client sent it
+    again and went on with the later answer, so only that one is trained."""
+    last: dict[str, int] = {}
+    for index, call in enumerate(ordered):
+        last[json.dumps(call.get("request"), sort_keys=True)] = index
+    return set(range(len(ordered))) - set(last.values())
+
+
 def translate_rollout(
     rollout: Mapping[str, Any],
     calls: Sequence[Mapping[str, Any]],
@@ -102,7 +113,11 @@ def translate_rollout(
         (c for c in calls if str(c.get("attempt_id")) == attempt_id), key=lambda c: int(c.get("seq", 0))
     )
     skipped += sum(1 for c in calls if str(c.get("attempt_id")) != attempt_id)
-    for call in ordered:
+    resent = _resent(ordered)
+    skipped += len(resent)
+    for index, call in enumerate(ordered):
+        if index in resent:
+            continue
         status = call.get("status_code")
         if status not in (None, 200):
             skipped += 1

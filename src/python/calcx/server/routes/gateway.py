@@ -47,8 +47,12 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     upstream_request = gateway.apply_sampling(gateway.prepare(payload, registry), sampling, rid)
     # The gateway reads the registry again when it resends a call the model server aborted
     # (generation paused for a weight update).
-    status, content = await gateway.forward(rid, aid, upstream_request, lambda: state.registry)
-    return Response(content=content, status_code=status, media_type="application/json")
+    answer = await gateway.forward(rid, aid, upstream_request, lambda: state.registry, request.is_disconnected)
+    if answer.failure is not None:
+        # e.g. model_aborted: the attempt fails as infrastructure before the agent could score an
+        # empty answer, whatever the agent does with the error it gets.
+        state.service.fail(rid, aid, answer.failure, answer.detail)
+    return Response(content=answer.content, status_code=answer.status, media_type="application/json")
 
 
 @router.get("/v1/rollouts/{rid}/attempts/{aid}/v1/models")

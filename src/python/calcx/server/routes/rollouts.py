@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import Response
 
-from calcx.api.models import ROLLOUT_STATES, CreateRolloutsRequest, WaitRequest
+from calcx.api.models import ROLLOUT_STATES, CancelRequest, CreateRolloutsRequest, WaitRequest
 from calcx.server.auth import server_key
 from calcx.server.errors import APIError, json_response, query_float, query_int, read_model
 from calcx.server.routing import Router
@@ -52,6 +52,12 @@ async def wait_rollout(request: Request, state: ServerState) -> Response:
 @router.post("/v1/rollouts/{rid}/retry")
 async def retry_rollout(request: Request, state: ServerState) -> Response:
     return json_response(state.service.retry(request.path_params["rid"]))
+
+
+@router.post("/v1/cancel")
+async def cancel(request: Request, state: ServerState) -> Response:
+    body = await read_model(request, CancelRequest, state.settings.max_body_bytes)
+    return json_response(state.service.cancel(body))
 
 
 @router.get("/v1/rollouts/{rid}/calls")

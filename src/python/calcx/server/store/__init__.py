@@ -24,9 +24,11 @@ __all__ = ["Conflict", "ExpiredAttempt", "NotFound", "RolloutStore", "StoreError
 class RolloutStore:
     """Persistent rollout state, one attribute per group of tables."""
 
-    def __init__(self, path: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, path: str, clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
         self.path = path
-        self._db = Database(path, clock)
+        self._db = Database(path, clock, monotonic)
         self.rollouts = Rollouts(self._db)
         self.attempts = Attempts(self._db)
         self.events = Events(self._db, self.attempts)

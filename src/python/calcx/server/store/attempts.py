@@ -12,7 +12,12 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from calcx.api.models import RUN_LABEL
+from calcx.contract.failures import CANCELLED
 from calcx.server.store.database import Conflict, Database, NotFound, parse_attempt_id
+
+# ids per `IN (...)` query: well under SQLite's limit on bound parameters
+_CHUNK = 500
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class Attempts:
     def claim(self, controller_id: str, max_count: int, lease_s: float) -> list[tuple[str, str]]:
         """Move up to `max_count` QUEUED rollouts (oldest first) to RUNNING for `controller_id`."""
         now = self._db.clock()
+        lease_until = self._db.monotonic() + lease_s
         with self._db.tx() as db:
             picked = db.execute(
                 "SELECT rollout_id, latest_attempt FROM rollouts WHERE state = 'QUEUED' ORDER BY seq LIMIT ?",
@@ -59,7 +65,7 @@ class Attempts:
             db.executemany(
                 "UPDATE attempts SET state = 'RUNNING', started_at = ?, controller_id = ?, lease_expires_at = ? "
                 "WHERE rollout_id = ? AND attempt_no = ?",
-                [(now, controller_id, now + lease_s, rid, no) for rid, no in picked],
+                [(now, controller_id, lease_until, rid, no) for rid, no in picked],
             )
             db.executemany(
                 "UPDATE rollouts SET state = 'RUNNING' WHERE rollout_id = ?", [(rid,) for rid, _ in picked]
@@ -90,8 +96,7 @@ class Attempts:
         With `refs` None every RUNNING attempt of the controller is extended. Otherwise only the
         listed ones, and those that are no longer RUNNING under this controller come back as lost.
         """
-        now = self._db.clock()
-        expires = now + lease_s
+        expires = self._db.monotonic() + lease_s
         with self._db.tx() as db:
             if refs is None:
                 held = [
@@ -165,13 +170,42 @@ class Attempts:
             )
         return str(latest + 1)
 
+    def cancel(
+        self, run: str | None, rollout_ids: Sequence[str] | None, detail: str
+    ) -> list[tuple[str, str]]:
+        """FAIL (reason cancelled) the QUEUED and RUNNING latest attempts of the rollouts labelled
+        `run`, or of `rollout_ids`; returns them. Terminal ones are left as they are."""
+        now = self._db.clock()
+        with self._db.tx() as db:
+            if run is not None:
+                rows = db.execute(
+                    "SELECT rollout_id, latest_attempt FROM rollouts WHERE state IN ('QUEUED', 'RUNNING') "
+                    "AND json_extract(spec, ?) = ? ORDER BY seq",
+                    (f'$.labels."{RUN_LABEL}"', run),
+                ).fetchall()
+            else:
+                rows = []
+                ids = list(dict.fromkeys(rollout_ids or ()))
+                for start in range(0, len(ids), _CHUNK):
+                    chunk = ids[start : start + _CHUNK]
+                    marks = ",".join("?" * len(chunk))
+                    rows += db.execute(
+                        f"SELECT rollout_id, latest_attempt FROM rollouts WHERE state IN ('QUEUED', 'RUNNING') "
+                        f"AND rollout_id IN ({marks}) ORDER BY seq",
+                        chunk,
+                    ).fetchall()
+            for rid, no in rows:
+                _finish_locked(db, rid, no, "FAILED", CANCELLED, None, None, detail, now)
+        return [(rid, str(no)) for rid, no in rows]
+
     def expire_leases(self) -> list[ExpiredAttempt]:
-        """FAIL (reason controller_lost) every RUNNING attempt whose lease has passed."""
+        """FAIL (reason controller_lost) every RUNNING attempt whose lease has passed (on the
+        monotonic clock: a wall-clock jump expires nothing)."""
         now = self._db.clock()
         rows = self._db.execute(
             "SELECT rollout_id, attempt_no, controller_id, lease_expires_at FROM attempts "
             "WHERE state = 'RUNNING' AND lease_expires_at < ?",
-            (now,),
+            (self._db.monotonic(),),
         ).fetchall()
         if not rows:
             return []
@@ -179,18 +213,19 @@ class Attempts:
             for rid, no, controller, expired_at in rows:
                 detail = (
                     f"controller {controller!r} sent no heartbeat for this attempt; its lease expired at "
-                    f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(expired_at))}"
+                    f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self._db.wall_time(expired_at)))}"
                 )
                 _finish_locked(db, rid, no, "FAILED", "controller_lost", None, None, detail, now)
         return [ExpiredAttempt(rid, str(no), controller) for rid, no, controller, _ in rows]
 
     def renew_running_leases(self, lease_s: float) -> int:
-        """At startup: give every RUNNING attempt a fresh lease so live controllers can heartbeat."""
-        now = self._db.clock()
+        """At startup: give every RUNNING attempt a fresh lease so live controllers can heartbeat.
+        (A deadline stored by an earlier process is on that process's monotonic clock, which a
+        reboot restarts: it is replaced, not compared.)"""
         with self._db.tx() as db:
             cur = db.execute(
-                "UPDATE attempts SET lease_expires_at = MAX(COALESCE(lease_expires_at, 0), ?) WHERE state = 'RUNNING'",
-                (now + lease_s,),
+                "UPDATE attempts SET lease_expires_at = ? WHERE state = 'RUNNING'",
+                (self._db.monotonic() + lease_s,),
             )
             return cur.rowcount
 

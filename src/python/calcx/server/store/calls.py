@@ -44,11 +44,45 @@ class Calls:
         policy_version: int | None,
         endpoint: str | None,
         status_code: int,
+        *,
+        abandoned: bool = False,
     ) -> int:
-        """Store one gateway call; request and response are the JSON bytes as sent and received."""
+        """Store one gateway call; request and response are the JSON bytes as sent and received.
+
+        A call whose request is byte for byte one this attempt already made is the agent's client
+        sending it again (its retry after a timeout or an error answer): it replaces that record,
+        keeping its place (`seq`) and id, so a resent call is recorded, and trained, once, with the
+        answer the agent went on with. An `abandoned` answer (its caller hung up before it came,
+        and resends it) is kept only when nothing else of that request is, and never replaces."""
         now = self._db.clock()
         no = int(attempt_id)
+        answer = (
+            response_json,
+            _pack("i", prompt_token_ids),
+            _pack("i", response_token_ids),
+            _pack("d", response_logprobs),
+            latency_s,
+            policy_version,
+            endpoint,
+            status_code,
+            now,
+        )
         with self._db.tx() as db:
+            earlier = db.execute(
+                "SELECT call_id FROM calls WHERE rollout_id = ? AND attempt_no = ? AND request = ? "
+                "ORDER BY seq DESC LIMIT 1",
+                (rollout_id, no, request_json),
+            ).fetchone()
+            if earlier is not None and abandoned:
+                return int(earlier[0])
+            if earlier is not None:
+                db.execute(
+                    "UPDATE calls SET response = ?, prompt_token_ids = ?, response_token_ids = ?, "
+                    "response_logprobs = ?, latency_s = ?, policy_version = ?, endpoint = ?, status_code = ?, "
+                    "created_at = ? WHERE call_id = ?",
+                    (*answer, earlier[0]),
+                )
+                return int(earlier[0])
             seq_row = db.execute(
                 "SELECT COALESCE(MAX(seq) + 1, 0) FROM calls WHERE rollout_id = ? AND attempt_no = ?",
                 (rollout_id, no),
@@ -57,21 +91,7 @@ class Calls:
                 "INSERT INTO calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
                 "response_token_ids, response_logprobs, latency_s, policy_version, endpoint, status_code, "
                 "created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    rollout_id,
-                    no,
-                    seq_row[0],
-                    request_json,
-                    response_json,
-                    _pack("i", prompt_token_ids),
-                    _pack("i", response_token_ids),
-                    _pack("d", response_logprobs),
-                    latency_s,
-                    policy_version,
-                    endpoint,
-                    status_code,
-                    now,
-                ),
+                (rollout_id, no, seq_row[0], request_json, *answer),
             )
         return int(cur.lastrowid or 0)
 

@@ -35,13 +35,27 @@ class Conflict(StoreError):
 
 class Database:
     """WAL journal, `synchronous=NORMAL`: a committed transaction survives a crash of the server
-    process (only an OS crash or power loss can undo the last commits)."""
+    process (only an OS crash or power loss can undo the last commits).
 
-    def __init__(self, path: str, clock: Callable[[], float] = time.time) -> None:
+    Two clocks: `clock` (wall time) stamps what a person reads (created_at, finished_at);
+    `monotonic` times leases, so that a wall-clock jump (NTP, a VM resumed) never expires or
+    stretches one. Lease deadlines are monotonic seconds of this process, renewed at startup."""
+
+    def __init__(
+        self, path: str, clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
         self.path = path
         self.clock = clock
+        self.monotonic = monotonic
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
-        self.conn.execute("PRAGMA journal_mode=WAL")
+        mode = str(self.conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
+        if mode != "wal":
+            self.conn.close()
+            raise StoreError(
+                f"SQLite kept journal_mode={mode} for {path!r} (WAL was asked for): the store needs WAL for "
+                "readers beside the writer and for its crash guarantees; put the database on a local file "
+                "system (WAL does not work on network file systems or in memory)"
+            )
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.execute("PRAGMA foreign_keys=OFF")
         self.conn.execute("PRAGMA busy_timeout=5000")
@@ -57,6 +71,9 @@ class Database:
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction. A COMMIT that fails (disk full, I/O error, a deferred
+        constraint) leaves SQLite's transaction open; it is rolled back, so the one connection is
+        never wedged inside it (every later BEGIN would fail) and nothing half-done is kept."""
         db = self.conn
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -64,7 +81,16 @@ class Database:
         except BaseException:
             db.execute("ROLLBACK")
             raise
-        db.execute("COMMIT")
+        try:
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    def wall_time(self, monotonic_time: float) -> float:
+        """A monotonic instant of this process (a lease deadline) as wall time, for people."""
+        return self.clock() + (monotonic_time - self.monotonic())
 
     def require_rollout(self, rollout_id: str) -> None:
         if self.execute("SELECT 1 FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone() is None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from calcx.api.models import RolloutCreate
@@ -28,7 +28,8 @@ def canonical_spec(spec: RolloutCreate) -> str:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def _attempt_dict(row: Sequence[Any]) -> dict[str, Any]:
+def _attempt_dict(row: Sequence[Any], wall_time: Callable[[float], float]) -> dict[str, Any]:
+    """One attempt as the API shows it; the lease deadline (monotonic, in the table) as wall time."""
     return {
         "attempt_id": str(row[0]),
         "state": row[1],
@@ -40,7 +41,7 @@ def _attempt_dict(row: Sequence[Any]) -> dict[str, Any]:
         "exit_code": row[7],
         "agent_seconds": row[8],
         "detail": row[9],
-        "lease_expires_at": row[10],
+        "lease_expires_at": None if row[10] is None else wall_time(row[10]),
     }
 
 
@@ -131,7 +132,7 @@ class Rollouts:
                 "ORDER BY rollout_id, attempt_no",
                 chunk,
             ):
-                attempts.setdefault(row[0], []).append(_attempt_dict(row[1:]))
+                attempts.setdefault(row[0], []).append(_attempt_dict(row[1:], self._db.wall_time))
             for row in db.execute(
                 f"SELECT rollout_id, event_id, attempt_no, event_type, data, created_at FROM events "
                 f"WHERE rollout_id IN ({marks}) ORDER BY event_id",

@@ -1,0 +1,38 @@
+"""The store's SQLite connection: WAL is checked at start, and a failed COMMIT is rolled back."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from calcx.server.store.database import Database, StoreError
+
+
+def test_a_failed_commit_is_rolled_back_and_the_connection_stays_usable(tmp_path: Path) -> None:
+    """A deferred foreign key fails at COMMIT, as a full disk or an I/O error would: SQLite leaves
+    the transaction open, and unrolled it would wedge the server's one connection."""
+    db = Database(str(tmp_path / "calcx.db"))
+    db.execute("PRAGMA foreign_keys=ON")
+    db.execute("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
+    db.execute("CREATE TABLE child (pid INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)")
+    with pytest.raises(sqlite3.IntegrityError):
+        with db.tx() as tx:
+            tx.execute("INSERT INTO child (pid) VALUES (7)")
+    assert not db.conn.in_transaction
+    assert db.execute("SELECT COUNT(*) FROM child").fetchone() == (0,)  # nothing half-done kept
+    with db.tx() as tx:  # the next transaction begins and commits
+        tx.execute("INSERT INTO parent (id) VALUES (7)")
+        tx.execute("INSERT INTO child (pid) VALUES (7)")
+    assert db.execute("SELECT COUNT(*) FROM child").fetchone() == (1,)
+
+
+def test_a_database_that_cannot_use_wal_is_refused_with_a_clear_error() -> None:
+    with pytest.raises(StoreError, match="journal_mode=memory.*WAL"):
+        Database(":memory:")
+
+
+def test_the_store_runs_in_wal_mode(tmp_path: Path) -> None:
+    db = Database(str(tmp_path / "calcx.db"))
+    assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)

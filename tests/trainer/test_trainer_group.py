@@ -1,0 +1,57 @@
+"""settle_group against a real server: a group is trained only when every member SUCCEEDED with
+a reward; one member without a reward leaves the whole group out (never trained short)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from calcx.api.client import AsyncCalcxClient, CalcxClient
+from calcx.api.models import Rollout
+from calcx.trainer.group import GroupSpec, settle_group
+from calcx.trainer.translate import RolloutIncomplete
+from live_stack import needs_services, start_server
+
+pytestmark = needs_services
+
+KEY = "group-test-key-0123456789abcdef0123456789"
+
+
+def _spec() -> GroupSpec:
+    return GroupSpec(uid="u1", session_id=0, n=2, step=1, partition="train", row={"question": "1+1", "result": "2"},
+                     env_map=None, deadline_s=30.0, max_attempts=1, wait_timeout_s=2.0, group_timeout_s=20.0)
+
+
+def _settle(tmp_path: Path, rewarded: set[int]) -> Rollout:
+    """Both members claimed and finished SUCCEEDED; those in `rewarded` posted a reward first."""
+    spec = _spec()
+    server, url = start_server(tmp_path, KEY)
+    try:
+        with CalcxClient(url, KEY) as client:
+            client.create_rollouts(spec.bodies())
+            claims = {c.rollout.rollout_id: c for c in client.claim("ctl", 2, timeout_s=2).claims}
+            for index, rid in enumerate(spec.rollout_ids()):
+                if index in rewarded:
+                    client.post_event(rid, claims[rid].attempt_id, "reward", {"value": 1.0})
+                client.finish(rid, claims[rid].attempt_id, "SUCCEEDED")
+
+        async def settle() -> Rollout:
+            async with AsyncCalcxClient(url, KEY) as client:
+                return await settle_group(client, spec)
+
+        return asyncio.run(settle())
+    finally:
+        server.stop()
+
+
+def test_a_group_whose_members_all_have_rewards_settles(tmp_path: Path) -> None:
+    own = _settle(tmp_path, rewarded={0, 1})
+    assert own.rollout_id == _spec().own_rollout_id() and own.reward == 1.0
+
+
+def test_a_member_that_succeeded_without_a_reward_leaves_the_group_out(tmp_path: Path) -> None:
+    with pytest.raises(RolloutIncomplete) as info:
+        _settle(tmp_path, rewarded={0})
+    assert info.value.reason == "group_incomplete" and "without a reward" in info.value.detail
