@@ -119,19 +119,22 @@ def test_agent_pods_get_no_api_credentials_and_run_unprivileged() -> None:
 
 
 def test_server_key_secret_holds_the_key_and_kustomization_switches_to_it() -> None:
-    with_key = render_static(StaticSettings(), server_key='k"ey: with\nnewline')
-    assert with_key["server-key-secret.yaml"][1]["stringData"] == {"key": 'k"ey: with\nnewline'}
+    hostile_key = 'k"ey: with\nnewline-0123456789-abcdefghij'
+    with_key = render_static(StaticSettings(), server_key=hostile_key)
+    assert with_key["server-key-secret.yaml"][1]["stringData"] == {"key": hostile_key}
     assert "secretGenerator" not in with_key["kustomization.yaml"][1]
     without = render_static(StaticSettings())
     assert "server-key-secret.yaml" not in without
     assert without["kustomization.yaml"][1]["secretGenerator"][0]["envs"] == ["server-key.env"]
     with pytest.raises(RenderError, match="server key is empty"):
         render_static(StaticSettings(), server_key="  ")
+    with pytest.raises(RenderError, match="fewer than 32"):
+        render_static(StaticSettings(), server_key="k" * 31)
 
 
 def test_build_cli_writes_a_valid_directory(tmp_path: Path) -> None:
     key_file = tmp_path / "key.txt"
-    key_file.write_text("0123456789abcdef\n")
+    key_file.write_text("0123456789abcdef0123456789abcdef\n")
     out = tmp_path / "manifests"
     started = time.monotonic()
     proc = subprocess.run(

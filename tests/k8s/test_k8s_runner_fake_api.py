@@ -18,7 +18,7 @@ from calcx.controller.base import RunResult
 from calcx.controller.k8s_runner import K8sRunner, K8sRunnerConfig, TokenBucket
 from calcx.k8s.render import SECRET_KEY_NAME, JobSettings
 
-KEY = "server-key-for-tests"
+KEY = "server-key-for-tests-0123456789-abc"
 SCENARIOS = {
     "fake/agent:slow-start": Scenario([Step(0.6, "running"), Step(0.1, "exit", exit_code=0)]),
 }

@@ -19,7 +19,7 @@ import httpx
 
 from calcx.api.tokens import attempt_token
 
-KEY = "calcx-faults-key"  # the server key of the fault run and of the tests
+KEY = "calcx-faults-key-0123456789-abcdefgh"  # the server key of the fault run and of the tests
 MAX_BODY_BYTES = 1024 * 1024  # the server runs with this --max-body-bytes (oversized = above it)
 
 

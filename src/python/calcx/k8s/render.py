@@ -18,6 +18,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from calcx.api.tokens import key_problem
 from calcx.contract.env import AGL_KEY, env_problem
 from calcx.k8s.escaping import UnsafeValueError, dns_label, label_value, yaml_int, yaml_quote
 
@@ -293,8 +294,9 @@ def render_static(
         _expect(template, "metadata.namespace", obj["metadata"].get("namespace"), settings.namespace)
         out[filename] = (text, obj)
     if server_key is not None:
-        if not server_key.strip():
-            raise RenderError("the server key is empty; generate one, e.g. `openssl rand -hex 32`")
+        problem = key_problem(server_key)
+        if problem is not None:
+            raise RenderError(problem)
         text = render_text("server-key-secret.yaml.j2", directory, name=settings.server_key_secret,
                            namespace=settings.namespace, key=server_key)
         obj = parse_one(text, kind="Secret", source="server-key-secret.yaml.j2")
