@@ -58,12 +58,13 @@ AGENT_INHERITED_NAMES: frozenset[str] = frozenset(
         CALCX_AGENT_TIMEOUT_S, CALCX_MODEL_MAX_RETRIES, CALCX_CALCULATOR_TIMEOUT_S, CALCX_CALCULATOR_CMD,
         CALCX_ZYGOTE_PROFILE_DIR,
         "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP",
-        "SSL_CERT_FILE", "SSL_CERT_DIR",
+        "SSL_CERT_FILE", "SSL_CERT_DIR", "VIRTUAL_ENV",
     }
 )
 #: Prefixes of inherited names: locale (LC_*), the interpreter's own settings (PYTHON*: import
-#: path, hash seed, unbuffered output) and the agent PEX's (PEX_*: where it unpacks).
-AGENT_INHERITED_PREFIXES: tuple[str, ...] = ("LC_", "PYTHON", "PEX_")
+#: path, hash seed, unbuffered output) and a PEX's (PEX_*: where it unpacks; __PEX_*: the import
+#: path a venv-mode PEX hands the processes its interpreter starts).
+AGENT_INHERITED_PREFIXES: tuple[str, ...] = ("LC_", "PYTHON", "PEX_", "__PEX_")
 
 
 def agent_inherits(name: str) -> bool:
