@@ -63,8 +63,8 @@ def test_model_calls_past_the_attempts_count_are_413_and_not_forwarded(
         with CalcxClient(server.url, server_key) as client:
             client.put_models("m", [upstream.url], policy_version=1)
             aid, token = _running(client, "chatty")
-            claim_env = {"base_url": f"{server.url}/v1/rollouts/chatty/attempts/{aid}/v1", "api_key": token}
-            oa = openai.OpenAI(**claim_env, max_retries=0)
+            oa = openai.OpenAI(base_url=f"{server.url}/v1/rollouts/chatty/attempts/{aid}/v1", api_key=token,
+                               max_retries=0)
             for _ in range(2):
                 oa.chat.completions.create(model="m", messages=MESSAGES)
             sent = len(upstream.requests)
