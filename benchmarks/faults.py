@@ -7,15 +7,16 @@ of N rollouts, and while it runs:
 - rows carry failure markers: the stub's ``[stub:error500]``, ``[stub:hang=S]``,
   ``[stub:badjson]``, the proxy's ``[fault:reflect-tool]`` (a tool call in the reflection turn),
   ``[fault:garbage]`` (a 200 whose body is not JSON) and hostile final answers
-  (``__import__(...)``, ``9**9**9``, 10 MB); rows whose calculator expression is ``9**9**8``
-  hang the calculator; hostile question texts (YAML/JSON/shell breakers) must reach the agent
-  byte for byte;
+  (``__import__(...)``, ``9**9**9``, 10 MB); calculator bombs (``9**9**8``, ``'9'*10**8``)
+  must get a tool error and the rollout finish; hostile question texts (YAML/JSON/shell
+  breakers) must reach the agent byte for byte;
 - an injector kills agents and calculators by pid (descendants of the controller, matched to
   rollouts through the controller's log and the calculator's pipes), restarts the server
   (SIGTERM and SIGKILL, same port and database), SIGKILLs and restarts the controller, and runs
   a second controller for a while;
 - a hostile client hits every endpoint with wrong or missing keys, malformed, oversized and
-  unknown events, events for unknown and finished rollouts and cross-rollout gateway calls, and
+  unknown events, out-of-range rewards, an event flood past the per-attempt cap, events for
+  unknown and finished rollouts and cross-rollout gateway calls, and
   checks each status code.
 
 At the end it audits the store: every rollout terminal, every FAILED attempt with a reason,

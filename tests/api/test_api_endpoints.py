@@ -12,7 +12,7 @@ from calcx.api.endpoints import ENDPOINTS, Auth
 from calcx.api.tokens import attempt_token
 from calcx.server.serve import ServerThread, start_server_thread
 
-KEY = "api-table-key-0123456789"
+KEY = "api-table-key-0123456789-abcdefgh"
 
 
 @pytest.fixture(scope="module")

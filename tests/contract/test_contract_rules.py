@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from calcx.contract.env import MAX_ENV_BYTES, REQUIRED_VARIABLES, env_problem
+from calcx.contract.env import (
+    AGL_KEY,
+    CALCX_KEY,
+    MAX_ENV_BYTES,
+    REQUIRED_VARIABLES,
+    agent_base_env,
+    agent_inherits,
+    env_problem,
+)
 from calcx.contract.failures import (
     EXIT_CODES,
     EXIT_OK,
@@ -75,3 +83,15 @@ def test_ready_lines_match_their_patterns() -> None:
     assert stub is not None and stub.group(1) == f"{url}/v1"
     assert CONTROLLER_READY.search(controller_ready_line("local"))
     assert not STUB_LLM_READY.search(server_ready_line(url, url, "db"))
+
+
+def test_an_agent_inherits_what_python_needs_and_no_secret() -> None:
+    runner_env = {"PATH": "/bin", "HOME": "/h", "LANG": "C.UTF-8", "LC_ALL": "C", "TMPDIR": "/t",
+                  "PYTHONPATH": "/src", "PEX_ROOT": "/p", "__PEX_EXTRA_SYS_PATH__": "src/python",
+                  "CALCX_CALCULATOR_TIMEOUT_S": "5",
+                  "CALCX_KEY": "s" * 40, "CALCX_SERVER": "http://x", "WANDB_API_KEY": "w", "HF_TOKEN": "h",
+                  "AWS_SECRET_ACCESS_KEY": "a", "HTTPS_PROXY": "http://user:pw@proxy", "AGL_KEY": "stale"}
+    kept = agent_base_env(runner_env)
+    assert set(kept) == {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "PEX_ROOT",
+                         "__PEX_EXTRA_SYS_PATH__", "CALCX_CALCULATOR_TIMEOUT_S"}
+    assert not any(agent_inherits(name) for name in (CALCX_KEY, AGL_KEY))

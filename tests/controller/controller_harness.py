@@ -16,7 +16,7 @@ from calcx.procs.managed import ManagedProcess
 from calcx.procs.procutil import descendants, pid_alive, process_name
 from calcx.rehearse.stack import Stack, StackConfig
 
-KEY = "controller-test-key"
+KEY = "controller-test-key-0123456789-abc"
 
 
 def make_stack(workdir: Path, rows: int = 16, concurrency: int = 4, **kw: Any) -> tuple[Stack, list[dict[str, Any]]]:

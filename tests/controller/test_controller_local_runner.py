@@ -175,5 +175,42 @@ def test_controller_without_a_key_says_what_to_do(monkeypatch: pytest.MonkeyPatc
     monkeypatch.delenv("CALCX_KEY", raising=False)
     assert controller_main(["--server", "http://127.0.0.1:9"]) == 2
     assert "CALCX_KEY" in capsys.readouterr().err
-    monkeypatch.setenv("CALCX_KEY", "k")
+    monkeypatch.setenv("CALCX_KEY", "k" * 31)
+    assert controller_main(["--concurrency", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "fewer than 32" in err and "calcx server --new-key" in err
+    monkeypatch.setenv("CALCX_KEY", "k" * 32)
     assert controller_main(["--concurrency", "0"]) == 2
+
+
+#: Secrets a trainer's environment holds: none may reach an agent or its calculator.
+CONTROLLER_SECRETS = {"CALCX_KEY": "s" * 40, "WANDB_API_KEY": "wandb-secret", "AWS_SECRET_ACCESS_KEY": "aws-secret"}
+DUMP_ENV = "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"
+
+
+@pytest.mark.parametrize("prefork", [True, False], ids=["forked", "spawned"])
+def test_an_agent_and_its_calculator_inherit_only_the_allowlist(tmp_path, prefork: bool) -> None:
+    """The runner's secrets stay with the runner: a forked agent's calculator (started by the
+    real agent in the worker) and a spawned agent see the allowlist plus the claim's variables."""
+    dump = tmp_path / "env.json"
+    calc = json.dumps([sys.executable, "-c", DUMP_ENV, str(dump)])
+    claim_env = {"QUESTION": "1+1", "RESULT": "2", "AGL_OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+                 "AGL_EVENT_URL": "http://127.0.0.1:9/events", "AGL_KEY": "attempt-token",
+                 "CALCX_CALCULATOR_CMD": calc, "CALCX_CALCULATOR_TIMEOUT_S": "5"}
+
+    async def go() -> RunResult:
+        env = {**os.environ, **CONTROLLER_SECRETS, "LC_ALL": "C.UTF-8"}
+        agent_cmd = None if prefork else [sys.executable, "-c", DUMP_ENV, str(dump)]
+        runner = LocalRunner(env=env, prefork=prefork, agent_cmd=agent_cmd, fallback_to_spawn=False)
+        await runner.start()
+        try:
+            return await runner.run(claim(env=claim_env))
+        finally:
+            await runner.close()
+
+    asyncio.run(go())
+    seen = json.loads(dump.read_text())
+    assert not set(CONTROLLER_SECRETS) & set(seen), sorted(seen)
+    assert not any(value in CONTROLLER_SECRETS.values() for value in seen.values())
+    assert seen["PATH"] == os.environ["PATH"] and seen["LC_ALL"] == "C.UTF-8"
+    assert seen["CALCX_CALCULATOR_TIMEOUT_S"] == "5"  # the claim's own variables still arrive

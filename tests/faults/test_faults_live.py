@@ -13,13 +13,16 @@ from typing import Any
 
 import pytest
 
+from calcx.faults.hostile import MAX_EVENTS_PER_ATTEMPT
 from calcx.faults.plan import PLANNED, outcome_name
 from calcx.faults.run import run_faults
 
-N = 24
+N = 28
 KINDS = [
     "agent-killed-mid-rollout",
-    "calculator-killed-mid-call",
+    "calculator-killed-mid-rollout",
+    "calculator-bomb-9**9**8",
+    "calculator-bomb-string",
     "answer-import",
     "question-yaml-structure",
     "question-yaml-tags",
@@ -71,7 +74,7 @@ def test_rewards_are_kept_and_failures_carry_their_reason(live: dict[str, Any]) 
 
 def test_every_planned_fault_was_injected_and_ended_as_planned(live: dict[str, Any]) -> None:
     kinds = {e["kind"].split(" (")[0] for e in live["events"]}
-    assert {"agent killed", "calculator killed mid-call", "server restarted", "controller restarted"} <= kinds
+    assert {"agent killed", "calculator killed mid-rollout", "server restarted", "controller restarted"} <= kinds
     unexpected = [u for u in live["audit"]["unexpected"] if "nul-byte" not in u]
     assert unexpected == []
     assert not live["canary_exists"]
@@ -94,6 +97,15 @@ def test_hostile_client_got_the_right_answers_during_the_faults(live: dict[str, 
     hostile = live["hostile"]
     assert hostile["wrong"] == []
     assert hostile["right"] >= 90
+    # the event flood reached the per-attempt cap, and nothing past it was stored
+    assert hostile["flood_refused"] > 0 and hostile["flood_stored"] <= MAX_EVENTS_PER_ATTEMPT
+
+
+def test_calculator_bombs_get_a_tool_error_and_the_rollout_finishes(live: dict[str, Any]) -> None:
+    """9**9**8 and '9'*10**8 once hung or filled the calculator: now refused at once, the
+    model reads the refusal, and the rollout ends SUCCEEDED (its answer scored), not FAILED."""
+    for kind in ("calculator-bomb-9**9**8", "calculator-bomb-string"):
+        assert live["audit"]["planned_outcomes"][kind] == {"SUCCEEDED": 1}, kind
 
 
 def test_service_recovers_after_each_restart(live: dict[str, Any]) -> None:

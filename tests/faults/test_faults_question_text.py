@@ -103,8 +103,8 @@ def test_k8s_refuses_text_no_environment_can_carry() -> None:
 
 
 DUMP_ENV = (
-    "import json, os; "
-    "open(os.path.join(os.environ['DUMP_DIR'], os.environ['CALCX_ROLLOUT_ID'] + '.json'), 'w', encoding='utf-8')"
+    "import json, os, sys; "
+    "open(os.path.join(sys.argv[1], os.environ['CALCX_ROLLOUT_ID'] + '.json'), 'w', encoding='utf-8')"
     ".write(json.dumps({k: os.environ.get(k) for k in ('QUESTION', 'RESULT')}))"
 )
 
@@ -112,8 +112,10 @@ DUMP_ENV = (
 def test_local_runner_hands_the_exact_text_to_a_spawned_agent(claims: dict[str, Claim],
                                                              tmp_path: Path) -> None:
     texts = hostile_texts()
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "DUMP_DIR": str(tmp_path)}
-    runner = LocalRunner(agent_cmd=[sys.executable, "-S", "-c", DUMP_ENV], prefork=False, env=env)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    # the dump directory on the command line: the runner passes agents no variable of its own
+    # environment outside the allowlist (calcx.contract.env)
+    runner = LocalRunner(agent_cmd=[sys.executable, "-S", "-c", DUMP_ENV, str(tmp_path)], prefork=False, env=env)
 
     async def run_all() -> list[Any]:
         await runner.start()

@@ -24,7 +24,7 @@ from calcx.k8s.render import SECRET_KEY_NAME
 from calcx.procs.managed import ManagedProcess
 from calcx.server.serve import ServerThread, start_server_thread
 
-KEY = "k8s-controller-process-key"
+KEY = "k8s-controller-process-key-0123456789"
 SRC = str(Path(calcx.__file__).resolve().parents[1])
 
 

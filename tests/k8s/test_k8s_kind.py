@@ -97,7 +97,7 @@ def kind_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     try:
         run("kind", "load", "docker-image", AGENT_IMAGE, "--name", name)
         out = tmp_path_factory.mktemp("manifests")
-        build(out, StaticSettings(namespace=NAMESPACE, agent_image=AGENT_IMAGE), "kind-test-key", "1.31")
+        build(out, StaticSettings(namespace=NAMESPACE, agent_image=AGENT_IMAGE), "kind-test-key-0123456789-abcdefghij", "1.31")
         run("kubectl", "--kubeconfig", str(kubeconfig), "create", "namespace", NAMESPACE)
         run("kubectl", "--kubeconfig", str(kubeconfig), "apply", "-k", str(out))
         yield kubeconfig
@@ -109,7 +109,7 @@ def _claim(rid: str, deadline_s: float = 120) -> Claim:
     rollout = Rollout(rollout_id=rid, row={"question": "What is 2 + 3?", "result": "5"}, state="RUNNING",
                       attempts=[Attempt(attempt_id="1", state="RUNNING", created_at=0.0)], created_at=0.0)
     base = f"http://127.0.0.1:9/v1/rollouts/{rid}/attempts/1"  # nothing listens there inside the pod
-    token = attempt_token("kind-test-key", rid, "1")
+    token = attempt_token("kind-test-key-0123456789-abcdefghij", rid, "1")
     env = {"QUESTION": "What is 2 + 3?", "RESULT": "5", "AGL_OPENAI_BASE_URL": f"{base}/v1",
            "AGL_EVENT_URL": f"{base}/events", "CALCX_MODEL_MAX_RETRIES": "0"}
     return Claim(rollout=rollout, attempt_id="1", token=token, env=env, deadline_s=deadline_s)

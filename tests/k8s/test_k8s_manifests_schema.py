@@ -30,7 +30,8 @@ def test_all_rendered_manifests_pass_the_strict_schema() -> None:
     objects["job"] = attempt.job
     objects["secret"] = attempt.secret
     validate_all(objects)
-    assert {o["kind"] for o in objects.values()} >= {"Job", "Secret", "Deployment", "ServiceAccount", "Role", "RoleBinding"}
+    assert {o["kind"] for o in objects.values()} >= {"Job", "Secret", "Deployment", "ServiceAccount", "Role", "RoleBinding",
+                                                    "Namespace", "NetworkPolicy"}
 
 
 def _broken_copy(tmp_path: Path, original: str, broken: str) -> Path:
@@ -96,9 +97,9 @@ def test_rbac_is_namespaced_and_limited_to_what_the_runner_uses() -> None:
     granted = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
     assert granted == {
         ("batch", "jobs"): {"create", "get", "list", "watch", "delete"},
-        ("", "pods"): {"get", "list", "watch"},
+        ("", "pods"): {"list", "watch"},
         ("", "pods/log"): {"get"},
-        ("", "secrets"): {"create", "get", "patch", "delete"},
+        ("", "secrets"): {"create", "patch", "delete"},  # no get: the server key's Secret is unreadable
     }
     all_verbs = set().union(*granted.values())
     assert "*" not in all_verbs and "escalate" not in all_verbs and "bind" not in all_verbs
@@ -119,19 +120,22 @@ def test_agent_pods_get_no_api_credentials_and_run_unprivileged() -> None:
 
 
 def test_server_key_secret_holds_the_key_and_kustomization_switches_to_it() -> None:
-    with_key = render_static(StaticSettings(), server_key='k"ey: with\nnewline')
-    assert with_key["server-key-secret.yaml"][1]["stringData"] == {"key": 'k"ey: with\nnewline'}
+    hostile_key = 'k"ey: with\nnewline-0123456789-abcdefghij'
+    with_key = render_static(StaticSettings(), server_key=hostile_key)
+    assert with_key["server-key-secret.yaml"][1]["stringData"] == {"key": hostile_key}
     assert "secretGenerator" not in with_key["kustomization.yaml"][1]
     without = render_static(StaticSettings())
     assert "server-key-secret.yaml" not in without
     assert without["kustomization.yaml"][1]["secretGenerator"][0]["envs"] == ["server-key.env"]
     with pytest.raises(RenderError, match="server key is empty"):
         render_static(StaticSettings(), server_key="  ")
+    with pytest.raises(RenderError, match="fewer than 32"):
+        render_static(StaticSettings(), server_key="k" * 31)
 
 
 def test_build_cli_writes_a_valid_directory(tmp_path: Path) -> None:
     key_file = tmp_path / "key.txt"
-    key_file.write_text("0123456789abcdef\n")
+    key_file.write_text("0123456789abcdef0123456789abcdef\n")
     out = tmp_path / "manifests"
     started = time.monotonic()
     proc = subprocess.run(
@@ -147,7 +151,7 @@ def test_build_cli_writes_a_valid_directory(tmp_path: Path) -> None:
     for resource in kustomization["resources"]:
         obj = yaml.safe_load((out / resource).read_text())
         validate_manifest(obj, source=resource)
-        assert obj["metadata"]["namespace"] == "ml"
+        assert obj["metadata"].get("namespace", obj["metadata"]["name"]) == "ml"  # a Namespace is named so
     assert "server-key-secret.yaml" in kustomization["resources"]
     example = yaml.safe_load((out / "examples/agent-job.yaml").read_text())
     assert example["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/calcx/agent:1.2"
@@ -160,3 +164,40 @@ def test_build_cli_reports_an_unreadable_key_file(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2 and "--server-key-file" in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_the_namespace_enforces_the_restricted_pod_security_standard() -> None:
+    namespace = render_static(StaticSettings(namespace="team-a"))["namespace.yaml"][1]
+    assert namespace["metadata"]["name"] == "team-a"
+    labels = namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    # what `restricted` demands of every pod, the agent's and the controller's have
+    for pod in (_attempt().job["spec"]["template"]["spec"],
+                render_static(StaticSettings())["controller-deployment.yaml"][1]["spec"]["template"]["spec"]):
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in pod["containers"]:
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+            assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+
+
+@pytest.mark.parametrize(
+    ("server_url", "peer", "port"),
+    [
+        ("http://calcx-server:8000", {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "calcx-server"}}}, 8000),
+        ("http://172.18.0.1:8123", {"ipBlock": {"cidr": "172.18.0.1/32"}}, 8123),
+        ("https://calcx.example", {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "calcx-server"}}}, 443),
+    ],
+)
+def test_agent_pods_may_reach_only_the_server_and_dns(server_url: str, peer: dict, port: int) -> None:
+    policy = render_static(StaticSettings(server_url=server_url))["networkpolicy.yaml"][1]
+    spec = policy["spec"]
+    pod_labels = _attempt().job["spec"]["template"]["metadata"]["labels"]
+    assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()  # it selects the agent pods
+    assert spec["policyTypes"] == ["Ingress", "Egress"] and spec["ingress"] == []
+    server, dns = spec["egress"]
+    assert server == {"to": [peer], "ports": [{"protocol": "TCP", "port": port}]}
+    assert dns["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    assert dns["to"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]
+    with pytest.raises(RenderError, match="must be http"):
+        render_static(StaticSettings(server_url="calcx-server:8000"))

@@ -16,9 +16,9 @@ from calcx.api.models import Attempt, Claim, Rollout
 from calcx.api.tokens import attempt_token
 from calcx.controller.base import RunResult
 from calcx.controller.k8s_runner import K8sRunner, K8sRunnerConfig, TokenBucket
-from calcx.k8s.render import SECRET_KEY_NAME, JobSettings
+from calcx.k8s.render import SECRET_KEY_NAME, JobSettings, StaticSettings, render_static
 
-KEY = "server-key-for-tests"
+KEY = "server-key-for-tests-0123456789-abc"
 SCENARIOS = {
     "fake/agent:slow-start": Scenario([Step(0.6, "running"), Step(0.1, "exit", exit_code=0)]),
 }
@@ -315,3 +315,46 @@ def test_wrong_credentials_fail_start_with_a_clear_message(api: FakeApiServer, t
 
     with pytest.raises(RuntimeError, match=r"cannot list Jobs in namespace 'calcx' \(401"):
         asyncio.run(main())
+
+
+def _rbac_request(method: str, path: str, query: dict[str, str]) -> tuple[str, str, str]:
+    """(apiGroup, resource, verb) that Kubernetes' RBAC checks for one API request."""
+    parts = path.strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    assert rest[0] == "namespaces", path  # the runner makes namespaced calls only
+    resource, named = rest[2], len(rest) > 3
+    if len(rest) > 4:
+        resource = f"{resource}/{rest[4]}"
+    watch = query.get("watch") in ("true", "1", "True")
+    verb = {"POST": "create", "PATCH": "patch", "PUT": "update"}.get(method) or (
+        ("delete" if named else "deletecollection") if method == "DELETE"
+        else "watch" if watch else "get" if named else "list")
+    return group, resource, verb
+
+
+def test_every_call_the_runner_makes_is_granted_by_the_shipped_role(api: FakeApiServer, tmp_path: Path) -> None:
+    """The Role is the narrowest the runner needs: what a run, a failure and a close call is
+    granted, and nothing else is (no reading or listing Secrets, such as the server key's)."""
+    async def main() -> None:
+        runner = make_runner(api, tmp_path, "fake/agent:ok")
+        await runner.start()
+        try:
+            await run_one(runner, make_claim("r-ok"))
+        finally:
+            await runner.close()
+        failing = make_runner(api, tmp_path, "fake/agent:exit-13-log-only")  # its detail comes from the log
+        await failing.start()
+        try:
+            await run_one(failing, make_claim("r-11"))
+        finally:
+            await failing.close()
+
+    asyncio.run(main())
+    role = render_static(StaticSettings(namespace="calcx"))["role.yaml"][1]
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    used = {_rbac_request(method, path, query) for _, method, path, _, query in api.requests}
+    assert used <= granted, sorted(used - granted)
+    # read_namespaced_job: only when the runner's deadline backstop looks at a Job the cluster never reported
+    assert granted - used <= {("batch", "jobs", "get")}, f"granted but never used: {sorted(granted - used)}"
+    assert not {v for g, r, v in granted if r == "secrets"} & {"get", "list", "watch"}

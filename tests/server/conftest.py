@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from calcx.api.client import CalcxClient
 from calcx.server.serve import ServerThread, bind_socket, start_server_thread
 
-KEY = "test-server-key-0123456789"
+KEY = "test-server-key-0123456789-abcdef"
 
 
 @dataclass

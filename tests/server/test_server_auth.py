@@ -34,7 +34,7 @@ ATTEMPT_SCOPED = [
 ALL = SERVER_KEY_ONLY + ATTEMPT_SCOPED
 
 
-KEY = "test-server-key-0123456789"  # the conftest key (module-scoped fixtures cannot take server_key)
+KEY = "test-server-key-0123456789-abcdef"  # the conftest key (module-scoped fixtures cannot take server_key)
 
 
 @pytest.fixture(scope="module")

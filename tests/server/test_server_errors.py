@@ -11,7 +11,7 @@ import pytest
 from calcx.api.client import CalcxClient
 from calcx.server.serve import start_server_thread
 
-KEY = "errors-test-key"
+KEY = "errors-test-key-0123456789-abcdef"
 LIMIT = 4096
 
 
@@ -120,6 +120,9 @@ def test_bad_rewards_are_422_and_not_stored(http: httpx.Client, running: tuple[s
     assert "finite" in error(
         http.post(path, content=b'{"event_type": "reward", "data": {"value": 1e999}}'), 422, "invalid_reward"
     )
+    for value in (1e39, -1e39, 1.0000001, -0.5):  # 1e39 passed once and turned an update into NaN
+        assert "outside the reward range [0, 1]" in error(
+            http.post(path, json={"event_type": "reward", "data": {"value": value}}), 422, "invalid_reward")
     error(http.post(path, json={"event_type": "", "data": {}}), 422, "invalid_body")
     error(http.post(path, json={"event_type": "reward", "data": 3}), 422, "invalid_body")
     rollout = http.get(f"/v1/rollouts/{rid}").json()

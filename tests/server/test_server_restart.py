@@ -191,7 +191,7 @@ def test_shutdown_answers_pending_long_polls(tmp_path: Path, server_key: str) ->
 def test_refuses_a_store_it_cannot_use(tmp_path: Path) -> None:
     not_a_db = tmp_path / "notes.db"
     not_a_db.write_text("these are notes, not a database " * 10)
-    env = {**os.environ, "PYTHONPATH": SRC, "CALCX_KEY": "k"}
+    env = {**os.environ, "PYTHONPATH": SRC, "CALCX_KEY": "k" * 32}
     for db in (str(not_a_db), str(tmp_path / "missing-dir" / "x.db")):
         result = subprocess.run(
             [sys.executable, "-m", "calcx.server", "--port", "0", "--db", db],

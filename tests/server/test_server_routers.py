@@ -22,7 +22,7 @@ def _declared() -> dict[tuple[str, str], object]:
 
 
 def test_the_app_serves_exactly_the_declared_routes() -> None:
-    app = create_app(ServerSettings(key="k" * 20, public_url="http://127.0.0.1:1"))
+    app = create_app(ServerSettings(key="k" * 32, public_url="http://127.0.0.1:1"))
     served = {(m, r.path) for r in app.routes if isinstance(r, Route) for m in (r.methods or ()) if m != "HEAD"}
     assert served == set(_declared())
 

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from calcx.api.client import CalcxClient
+from calcx.api.client import CalcxAPIError, CalcxClient
+from calcx.api.tokens import key_problem
 from calcx.server.__main__ import build_parser, main
+from calcx.server.app import create_app
 from calcx.server.serve import start_server_thread
 from calcx.server.settings import DEFAULTS, ServerSettings
 
@@ -27,6 +29,13 @@ FLAGS = {
     "abort_retry_s": "abort_retry_s",
     "log_level": "log_level",
     "access_log": "access_log",
+    "max_events_per_attempt": "max_events_per_attempt",
+    "max_event_bytes_per_attempt": "max_event_bytes_per_attempt",
+    "max_calls_per_attempt": "max_calls_per_attempt",
+    "max_call_bytes_per_attempt": "max_call_bytes_per_attempt",
+    "retain_s": "retain_s",
+    "reward_min": "reward_min",
+    "reward_max": "reward_max",
 }
 
 
@@ -49,7 +58,7 @@ def test_poll_timeouts_are_cut_to_the_longest_poll() -> None:
 
 
 def test_start_server_thread_passes_settings_through(tmp_path: Path) -> None:
-    key = "settings-test-key-0123456789"
+    key = "settings-test-key-0123456789-abcdef"
     thread = start_server_thread(str(tmp_path / "s.db"), key, lease_s=7.0)
     try:
         with CalcxClient(thread.url, key) as c:
@@ -60,5 +69,38 @@ def test_start_server_thread_passes_settings_through(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", ["-1", "nan", "inf"])
 def test_abort_retry_s_must_be_a_finite_number_not_below_zero(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--key", "settings-test-key-0123456789", "--abort-retry-s", bad]) == 2
+    assert main(["--key", "settings-test-key-0123456789-abcdef", "--abort-retry-s", bad]) == 2
     assert "--abort-retry-s must be a number of seconds >= 0" in capsys.readouterr().err
+
+
+def test_a_short_key_is_refused_with_how_to_make_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a port no server can bind: a key let through fails at once (status 1), it never serves
+    assert main(["--key", "k" * 31, "--port", "-1", "--db", str(tmp_path / "x.db")]) == 2
+    err = capsys.readouterr().err
+    assert "31 characters, fewer than 32" in err and "calcx server --new-key" in err
+    with pytest.raises(ValueError, match="fewer than 32"):
+        create_app(ServerSettings(key="k" * 31, public_url="http://127.0.0.1:1"))
+    create_app(ServerSettings(key="k" * 32, public_url="http://127.0.0.1:1"))  # the shortest key accepted
+
+
+def test_new_key_prints_a_fresh_key_the_server_accepts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--new-key"]) == 0
+    first = capsys.readouterr().out.strip()
+    assert main(["--new-key"]) == 0
+    second = capsys.readouterr().out.strip()
+    assert first != second and len(first) >= 32 and key_problem(first) is None
+
+
+def test_the_configured_reward_range_is_the_one_enforced(tmp_path: Path) -> None:
+    key = "settings-test-key-0123456789-abcdef"
+    thread = start_server_thread(str(tmp_path / "r.db"), key, reward_min=-1.0, reward_max=10.0)
+    try:
+        with CalcxClient(thread.url, key) as c:
+            c.create_rollouts([{"rollout_id": "r", "row": {"question": "q", "result": "1"}}])
+            claim = c.claim("ctl", max=1, timeout_s=5).claims[0]
+            c.post_reward("r", claim.attempt_id, 7.5)  # outside Calc-X's [0, 1], inside this server's range
+            with pytest.raises(CalcxAPIError, match=r"outside the reward range \[-1, 10\]"):
+                c.post_reward("r", claim.attempt_id, 10.5)
+            assert c.get_rollout("r").reward == 7.5
+    finally:
+        thread.stop()

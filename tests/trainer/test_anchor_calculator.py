@@ -17,6 +17,7 @@ from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 from mcp_server_calculator.calculator import evaluate
 
+from calcx.agent.calculator_limits import bounded_evaluate
 from calcx.anchor.calculator import calculator_tool_entry, openai_tool
 from calcx.anchor.config import TOOLS_FILE
 from calcx.trainer.services import CALCX_SRC
@@ -84,15 +85,22 @@ def test_tool_answers_exactly_as_the_agents_calculator_over_stdio() -> None:
     assert tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) == openai_tool(listed[0])
 
 
-def test_arithmetic_is_the_packages_own_evaluate() -> None:
+def test_arithmetic_is_the_packages_own_evaluate_within_the_agents_bounds() -> None:
+    assert evaluate is not bounded_evaluate  # the package's own, imported before the anchor installed the bounds
     tool = _verl_tool()
     for expression, (text, is_error) in zip(EXPRESSIONS, asyncio.run(_tool_answers(
             tool, [{"expression": e} for e in EXPRESSIONS]))):
         try:
-            expected, failed = evaluate(expression), False
+            expected, failed = bounded_evaluate(expression), False
         except Exception as exc:  # noqa: BLE001 - whatever evaluate raises is the calculator's answer
             expected, failed = f"Error executing tool calculate: {exc}", True
         assert (text, is_error) == (expected, failed), expression
+        if expression != "2**20000":  # past the bounds: refused before the package would compute it
+            try:
+                assert evaluate(expression) == text and not is_error, expression
+            except Exception as exc:  # noqa: BLE001 - the package refuses it too, with the same text
+                assert text == f"Error executing tool calculate: {exc}", expression
+    assert "more than 1000 digits" in asyncio.run(_tool_answers(tool, [{"expression": "9**9**9"}]))[0][0]
 
 
 def test_verl_renders_the_schema_the_agent_sends_key_for_key() -> None:

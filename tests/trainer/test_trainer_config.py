@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import stat
+
 import pytest
 from omegaconf import OmegaConf
 
 from calcx.trainer.config import AGENT_LOOPS_FILE, ComposeRequest, ConfigError, compose, redacted_yaml
+from calcx.trainer.server_key import remove_key_file, server_key, write_key_file
 
 
 @pytest.fixture(scope="module")
@@ -130,11 +133,34 @@ def test_async_sets_verl_v1_colocate_async_knobs() -> None:
     assert cfg.data.train_batch_size == 32  # calcx values still underneath
 
 
-def test_secret_key_is_masked_in_printed_config() -> None:
-    cfg = compose(ComposeRequest(key="s3cret-value"))
-    assert cfg.calcx.key == "s3cret-value"
+SECRET = "s3cret-value-0123456789-abcdefghij"
+
+
+def test_the_server_key_is_never_in_the_composed_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """verl prints the resolved config and sends it to wandb/mlflow: the key must not be in it,
+    resolved or not; the config names only the owner-only file that holds it."""
+    monkeypatch.setenv("CALCX_KEY", SECRET)
+    cfg = compose(ComposeRequest())
+    for text in (OmegaConf.to_yaml(cfg, resolve=True), OmegaConf.to_yaml(cfg), redacted_yaml(cfg)):
+        assert SECRET not in text and "CALCX_KEY" not in text
+    assert cfg.calcx.key_file is None and server_key(cfg.calcx) == ""
+
+
+def test_the_key_file_is_owner_only_and_read_back(tmp_path) -> None:
+    path = write_key_file(SECRET)
+    try:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        cfg = compose(ComposeRequest(dotlist=[f"calcx.key_file={path}"]))
+        assert server_key(cfg.calcx) == SECRET and SECRET not in OmegaConf.to_yaml(cfg, resolve=True)
+    finally:
+        remove_key_file(path)
+    assert not path.parent.exists()
+
+
+def test_a_key_a_user_adds_to_the_config_is_masked_in_printed_config() -> None:
+    cfg = compose(ComposeRequest(dotlist=[f"+calcx.key={SECRET}"]))
     text = redacted_yaml(cfg)
-    assert "s3cret-value" not in text and "key: '***'" in text
+    assert SECRET not in text and "key: '***'" in text
     assert OmegaConf.create(text).algorithm.adv_estimator == "grpo"
 
 

@@ -142,3 +142,5 @@ def test_eval_only_starts_and_ends_its_own_services(tmp_path: Path) -> None:
     url = server_out.split("listening on ")[1].split()[0]
     assert not _port_open(url)  # the server it started is gone
     assert "calcx-run-" not in done.stdout + done.stderr  # the run's key is never printed
+    for path in report.rglob("*"):  # nor written: config, logs, report, metrics, the database
+        assert not path.is_file() or b"calcx-run-" not in path.read_bytes(), path

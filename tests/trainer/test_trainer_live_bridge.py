@@ -28,6 +28,7 @@ from calcx.contract.ready import STUB_LLM_READY
 from calcx.procs.managed import ManagedProcess
 from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.report import count_incomplete
+from calcx.trainer.server_key import write_key_file
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
 from calcx.trainer.translate import RolloutIncomplete
 
@@ -87,9 +88,10 @@ def _not_zombie(pid: int) -> bool:
 
 
 def _config(stack: dict, report_dir: Path, *extra: str):
+    key_file = write_key_file(stack["services"].key)  # as calcx train hands the key to its workers
     cfg = compose(ComposeRequest(model="calcx-stub", server_url=stack["services"].server_url,
-                                 key=stack["services"].key, dotlist=[
-                                     f"calcx.report_dir={report_dir}", "calcx.max_attempts=2", "calcx.deadline_s=90",
+                                 dotlist=[
+                                     f"calcx.key_file={key_file}", f"calcx.report_dir={report_dir}", "calcx.max_attempts=2", "calcx.deadline_s=90",
                                      "calcx.wait_timeout_s=5", "calcx.group_timeout_s=300",
                                      "actor_rollout_ref.rollout.n=4", *extra]))
     from omegaconf import OmegaConf

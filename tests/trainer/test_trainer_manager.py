@@ -25,6 +25,7 @@ import pytest
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.replicas import register_replicas_async
+from calcx.trainer.server_key import write_key_file
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
 from calcx.trainer.translate import rollout_create_body
 from live_stack import SERVICES_PYTHON, alive, needs_services, start_stub
@@ -65,8 +66,8 @@ def _config(server_url: str, key: str, tmp_path: Path, workers: int = 0):
     """calcx's composed config; `workers` agent loop workers (each would need a model to start)."""
     from omegaconf import OmegaConf
 
-    cfg = compose(ComposeRequest(model=MODEL, server_url=server_url, key=key, dotlist=[
-        f"calcx.report_dir={tmp_path / 'report'}", f"actor_rollout_ref.rollout.agent.num_workers={workers}"]))
+    cfg = compose(ComposeRequest(model=MODEL, server_url=server_url, dotlist=[
+        f"calcx.key_file={write_key_file(key)}", f"calcx.report_dir={tmp_path / 'report'}", f"actor_rollout_ref.rollout.agent.num_workers={workers}"]))
     OmegaConf.resolve(cfg)
     return cfg
 

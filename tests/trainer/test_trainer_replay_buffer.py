@@ -29,6 +29,7 @@ import pytest
 from calcx.api.client import AsyncCalcxClient
 from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.data import verl_records
+from calcx.trainer.server_key import write_key_file
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
 from live_stack import SERVICES_PYTHON, alive, needs_services, start_stub
 from verl_v1_cpu import load_v1
@@ -79,7 +80,8 @@ def _config(stack: dict, report_dir: Path):
     from omegaconf import OmegaConf
 
     cfg = compose(ComposeRequest(model="calcx-stub", server_url=stack["services"].server_url,
-                                 key=stack["services"].key, dotlist=[
+                                 dotlist=[
+                                     f"calcx.key_file={write_key_file(stack['services'].key)}",
                                      f"calcx.report_dir={report_dir}", "calcx.max_attempts=2", "calcx.deadline_s=90",
                                      "calcx.wait_timeout_s=5", "calcx.group_timeout_s=300",
                                      f"actor_rollout_ref.rollout.n={N}", f"data.train_batch_size={BATCH}"]))

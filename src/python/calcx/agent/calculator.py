@@ -1,7 +1,8 @@
 """The MCP calculator the agent talks to over stdio.
 
 ``python -m calcx.agent.calculator`` serves the ``calculate`` tool of the
-``mcp_server_calculator`` package on stdin/stdout. The agent starts it with its
+``mcp_server_calculator`` package on stdin/stdout, within the bounds of
+calcx.agent.calculator_limits (expression length, result size, time per call, rlimits). The agent starts it with its
 own interpreter (so no other installation is needed); ``CALCX_CALCULATOR_CMD``
 (a JSON list) replaces the command, e.g. for a runner that hands out
 pre-started calculators.
@@ -55,6 +56,10 @@ def main() -> int:
     """Serve the calculator tool over stdio until stdin closes."""
     from mcp_server_calculator.calculator import mcp
 
+    from calcx.agent.calculator_limits import install, limit_process
+
+    install()  # bounded expressions and results: a bomb gets a tool error, not the machine
+    limit_process()  # and rlimits for whatever the bounds miss
     # FastMCP logs every request at INFO to stderr, which the agent shares; keep it quiet.
     logging.getLogger().setLevel(logging.WARNING)
     mcp.run(transport="stdio")

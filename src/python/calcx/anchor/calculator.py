@@ -2,8 +2,9 @@
 
 The agent reaches `mcp_server_calculator` over stdio (calcx.agent.calculator). Here the same
 package's FastMCP server answers in this process, through the request handlers its stdio
-transport calls, so evaluation, result text and error text are the server's own ("Error executing
-tool calculate: division by zero"). The tool entry is the one the agent's OpenAI request carries:
+transport calls, within the agent's calculator's bounds (calcx.agent.calculator_limits), so
+evaluation, result text and error text are the server's own ("Error executing tool calculate:
+division by zero"). The tool entry is the one the agent's OpenAI request carries:
 AutoGen's McpWorkbench keeps the MCP schema's properties and required list and adds
 `additionalProperties` (false unless the schema sets it), and its OpenAI client wraps that with
 `strict: false`; key order included, since a chat template prints the entry as JSON.
@@ -17,6 +18,10 @@ from typing import Any, Mapping
 
 from mcp import types
 from mcp_server_calculator.calculator import mcp as CALCULATOR_SERVER
+
+from calcx.agent.calculator_limits import install
+
+install()  # the agent's bounds (expression length, result size, time per call) hold here too
 
 
 def _handler(request_type: type) -> Any:

@@ -8,9 +8,29 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 from dataclasses import dataclass
 
 PREFIX = "calcx-at."
+#: The shortest server key accepted: an attempt token is an HMAC of known text under the key, so
+#: a short key could be guessed offline from any one token.
+MIN_KEY_CHARS = 32
+HOW_TO_MAKE_A_KEY = "make one with `export CALCX_KEY=$(calcx server --new-key)` (or `openssl rand -hex 32`)"
+
+
+def new_key() -> str:
+    """A fresh random server key (64 hex characters)."""
+    return secrets.token_hex(32)
+
+
+def key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a server key (None when it can): empty, or shorter than MIN_KEY_CHARS."""
+    if not key or not key.strip():
+        return f"the server key is empty; {HOW_TO_MAKE_A_KEY}"
+    if len(key) < MIN_KEY_CHARS:
+        return (f"the server key has {len(key)} characters, fewer than {MIN_KEY_CHARS}: any attempt token would let "
+                f"it be guessed offline; {HOW_TO_MAKE_A_KEY}")
+    return None
 
 
 @dataclass(frozen=True)

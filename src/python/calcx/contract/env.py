@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Mapping
 
 # -- from the dataset row, through the rollout's env_map --------------------------------------
 QUESTION = "QUESTION"
@@ -42,6 +42,40 @@ CALCX_AGENT_TIMEOUT_S = "CALCX_AGENT_TIMEOUT_S"  # the agent's own bound on the 
 CALCX_MODEL_MAX_RETRIES = "CALCX_MODEL_MAX_RETRIES"
 CALCX_CALCULATOR_TIMEOUT_S = "CALCX_CALCULATOR_TIMEOUT_S"
 CALCX_CALCULATOR_CMD = "CALCX_CALCULATOR_CMD"  # a JSON list: the command that starts the calculator
+
+# -- the controller's own (never an agent's) ----------------------------------------------------
+CALCX_KEY = "CALCX_KEY"  # the server key: server, controller and trainer only
+CALCX_ZYGOTE_PROFILE_DIR = "CALCX_ZYGOTE_PROFILE_DIR"  # tuning aid: where the agent worker dumps profiles
+
+# -- what a local agent inherits from its runner ----------------------------------------------
+#: The runner's own variables a local agent (and its calculator) may inherit: the contract's
+#: settings plus what a Python process needs to start, find its files and decode text. Nothing
+#: else of the controller's environment (the server key, tracker, hub and cloud credentials,
+#: proxies) reaches an agent; the rollout's own variables (the row's, the attempt token) come
+#: from the claim on top. The k8s runner gives a Job only the claim's variables.
+AGENT_INHERITED_NAMES: frozenset[str] = frozenset(
+    {
+        CALCX_AGENT_TIMEOUT_S, CALCX_MODEL_MAX_RETRIES, CALCX_CALCULATOR_TIMEOUT_S, CALCX_CALCULATOR_CMD,
+        CALCX_ZYGOTE_PROFILE_DIR,
+        "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP",
+        "SSL_CERT_FILE", "SSL_CERT_DIR", "VIRTUAL_ENV",
+    }
+)
+#: Prefixes of inherited names: locale (LC_*), the interpreter's own settings (PYTHON*: import
+#: path, hash seed, unbuffered output) and a PEX's (PEX_*: where it unpacks; __PEX_*: the import
+#: path a venv-mode PEX hands the processes its interpreter starts).
+AGENT_INHERITED_PREFIXES: tuple[str, ...] = ("LC_", "PYTHON", "PEX_", "__PEX_")
+
+
+def agent_inherits(name: str) -> bool:
+    """Whether a runner's variable ``name`` may reach a local agent (see AGENT_INHERITED_NAMES)."""
+    return name in AGENT_INHERITED_NAMES or name.startswith(AGENT_INHERITED_PREFIXES)
+
+
+def agent_base_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of a runner's environment ``env`` that a local agent may inherit."""
+    return {name: value for name, value in env.items() if agent_inherits(name)}
+
 
 # -- the rule for values ---------------------------------------------------------------------
 #: Linux refuses one environment string ("NAME=value" plus its NUL) longer than MAX_ARG_STRLEN.

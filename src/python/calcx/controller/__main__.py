@@ -10,6 +10,8 @@ import signal
 import sys
 from typing import Any
 
+from calcx.api.tokens import key_problem
+from calcx.contract.env import CALCX_KEY
 from calcx.contract.ready import controller_ready_line
 from calcx.controller.base import Runner
 
@@ -135,10 +137,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    key = args.key or os.environ.get("CALCX_KEY", "")
+    key = args.key or os.environ.get(CALCX_KEY, "")
     if not key:
-        print("calcx controller: no server key. Pass --key KEY or set CALCX_KEY (the key the server was started with).",
-              file=sys.stderr)
+        print(f"calcx controller: no server key. Pass --key KEY or set {CALCX_KEY} (the key the server was started "
+              "with).", file=sys.stderr)
+        return 2
+    problem = key_problem(key)
+    if problem is not None:
+        print(f"calcx controller: {problem}", file=sys.stderr)
         return 2
     if args.concurrency < 1:
         print("calcx controller: --concurrency must be at least 1", file=sys.stderr)

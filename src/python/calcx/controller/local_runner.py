@@ -23,7 +23,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
-from calcx.contract.env import CALCX_CALCULATOR_CMD, env_problem
+from calcx.contract.env import CALCX_CALCULATOR_CMD, agent_base_env, env_problem
 from calcx.contract.failures import reason_from_agent_exit
 from calcx.controller.base import RunResult
 from calcx.procs.procutil import kill_group
@@ -127,7 +127,8 @@ class LocalRunner:
         self.agent_cmd = list(agent_cmd) if agent_cmd else default_agent_command()
         self.prefork = prefork
         self.zygote_cmd = list(zygote_cmd) if zygote_cmd else default_zygote_command()
-        self.base_env = dict(os.environ if env is None else env)
+        # only what an agent may inherit: never the server key or the controller's credentials
+        self.base_env = agent_base_env(os.environ if env is None else env)
         self.log_dir = log_dir
         self.tail_bytes = tail_bytes
         self.fallback_to_spawn = fallback_to_spawn

@@ -3,7 +3,8 @@
 Question texts that break YAML, JSON, shells and templates (they must reach the agent byte
 for byte), texts no process environment can carry, final answers the reward must survive, and
 requests to every endpoint with wrong or missing keys, malformed, oversized and unknown bodies,
-each with the status and error code the server must answer."""
+out-of-range rewards and an event flood past the per-attempt cap, each with the status and
+error code the server must answer."""
 
 from __future__ import annotations
 
@@ -19,8 +20,12 @@ import httpx
 
 from calcx.api.tokens import attempt_token
 
-KEY = "calcx-faults-key"  # the server key of the fault run and of the tests
+KEY = "calcx-faults-key-0123456789-abcdefgh"  # the server key of the fault run and of the tests
 MAX_BODY_BYTES = 1024 * 1024  # the server runs with this --max-body-bytes (oversized = above it)
+#: The server runs with this --max-events-per-attempt: the hostile client's event flood on its
+#: decoy attempt reaches it within a run, and every event past it must get 413 attempt_limit.
+MAX_EVENTS_PER_ATTEMPT = 40
+FLOOD_EVENTS = 25  # flood events per pass of the hostile client
 
 
 #: Question texts built to break YAML, JSON, shells and templates. Each is appended (as its own
@@ -65,6 +70,8 @@ class Case:
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes | None = None
     code: str | None = None
+    #: another right answer (status, code): a flood event once the attempt holds its cap
+    alt: tuple[int, str] | None = None
 
 
 @dataclass
@@ -151,7 +158,15 @@ def static_cases(key: str, decoy: tuple[str, str], finished: tuple[str, str]) ->
         Case("event: oversized (Content-Length)", "POST", ev, 413, decoy_token,
              _j({"event_type": "log", "data": {"x": "y" * (MAX_BODY_BYTES + 10)}}), "body_too_large"),
         Case("event: unknown type is stored as data", "POST", ev, 200, decoy_token,
-             _j({"event_type": "definitely-unknown-\u202e", "data": {"nested": {"a": [1, 2, {"b": None}]}}})),
+             _j({"event_type": "definitely-unknown-\u202e", "data": {"nested": {"a": [1, 2, {"b": None}]}}}),
+             alt=(413, "attempt_limit")),
+        # rewards out of range (Calc-X: 0..1): 1e39 once turned an update into NaN
+        Case("reward: 1e39", "POST", ev, 422, decoy_token, _j({"event_type": "reward", "data": {"value": 1e39}}),
+             "invalid_reward"),
+        Case("reward: -1", "POST", ev, 422, decoy_token, _j({"event_type": "reward", "data": {"value": -1}}),
+             "invalid_reward"),
+        Case("reward: 1.5", "POST", ev, 422, decoy_token, _j({"event_type": "reward", "data": {"value": 1.5}}),
+             "invalid_reward"),
         Case("event: unknown rollout", "POST", "/v1/rollouts/no-such-rollout/attempts/1/events", 404, server,
              _j({"event_type": "log", "data": {}}), "not_found"),
         Case("event: unknown attempt", "POST", f"/v1/rollouts/{drid}/attempts/99/events", 404, server,
@@ -210,6 +225,9 @@ def static_cases(key: str, decoy: tuple[str, str], finished: tuple[str, str]) ->
         Case("wrong method", "DELETE", "/v1/rollouts", 405, server, None, "method_not_allowed"),
         Case("healthz is open", "GET", "/healthz", 200, none, None),
     ]
+    # an event flood on the decoy: stored up to the per-attempt cap, then refused (413)
+    cases += [Case("event flood", "POST", ev, 200, decoy_token, _j({"event_type": "log", "data": {"flood": i}}),
+                   alt=(413, "attempt_limit")) for i in range(FLOOD_EVENTS)]
     return cases
 
 
@@ -248,7 +266,8 @@ def send(http: httpx.Client, case: Case) -> Outcome:
             code = payload["error"].get("code")
     except ValueError:
         pass
-    ok = resp.status_code == case.expect and (case.code is None or code == case.code)
+    ok = (resp.status_code == case.expect and (case.code is None or code == case.code)) or (
+        case.alt is not None and (resp.status_code, code) == case.alt)
     return Outcome(case, resp.status_code, code, ok)
 
 
@@ -302,5 +321,7 @@ class HostileClient(threading.Thread):
                       for o in wrong][:20],
             "by_status": dict(sorted(by_expect.items())),
             "kinds": len({o.case.name for o in self.outcomes}),
+            "flood_refused": sum(1 for o in self.outcomes if o.case.name == "event flood" and o.status == 413),
+            "flood_stored": sum(1 for o in self.outcomes if o.case.name == "event flood" and o.status == 200),
             "skipped_server_down": self.skipped,
         }

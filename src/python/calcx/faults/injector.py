@@ -51,7 +51,7 @@ class Injector(threading.Thread):
         return [p.log_path for p in self.stack.controllers]
 
     def _kill_targets(self) -> None:
-        wanted = {"agent-killed-mid-rollout", "calculator-killed-mid-call"}
+        wanted = {"agent-killed-mid-rollout", "calculator-killed-mid-rollout"}
         for rid, aid, pid, log_name in started_lines(self._controller_logs()):
             kind = self.plan.kind.get(rid)
             if kind not in wanted or f"{rid}/{aid}" in self._done_kill:
@@ -65,23 +65,15 @@ class Injector(threading.Thread):
                     self._done_kill.add(f"{rid}/{aid}")
                     self.events.append(Event("agent killed (SIGKILL)", time.time(), f"{rid}/{aid} pid {pid}"))
             else:
+                # the stub holds the model call for 3 s: the agent has started its calculator and
+                # waits for the model, then calls the calculator that is gone
                 calc = calculator_of_agent(controller.pid, pid)
-                if calc is None or not self._computing(calc):
+                if calc is None:
                     continue
                 if kill_if_below(controller.pid, calc, "calcx-calc"):
                     self._done_kill.add(f"{rid}/{aid}")
-                    self.events.append(Event("calculator killed mid-call (SIGKILL)", time.time(),
+                    self.events.append(Event("calculator killed mid-rollout (SIGKILL)", time.time(),
                                              f"{rid}/{aid} pid {calc}"))
-
-    @staticmethod
-    def _computing(pid: int) -> bool:
-        """True once the calculator is busy (it is evaluating 9**9**8, state R)."""
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-            return fields[0] == b"R" and (int(fields[11]) + int(fields[12])) > 5
-        except (OSError, ValueError, IndexError):
-            return False
 
     # -- process faults ------------------------------------------------------------------
     def _server_restart(self, sig: int) -> None:

@@ -22,15 +22,19 @@ PLANNED: dict[str, tuple[str, tuple[str, str | None]]] = {
     "answer-eval": ("[fault:answer=eval]", ("SUCCEEDED", None)),
     "answer-9**9**9": ("[fault:answer=power]", ("SUCCEEDED", None)),
     "answer-10MB": ("[fault:answer=huge]", ("SUCCEEDED", None)),
-    "calculator-hang-9**9**8": ("", ("FAILED", "calculator_failed")),
-    "calculator-killed-mid-call": ("", ("FAILED", "calculator_failed")),
+    # calculator bombs: the calculator refuses them at once (a tool error the model reads); the rollout finishes
+    "calculator-bomb-9**9**8": ("", ("SUCCEEDED", None)),
+    "calculator-bomb-string": ("", ("SUCCEEDED", None)),
+    # the stub holds the first model call for 3 s: the calculator is killed while the agent waits
+    "calculator-killed-mid-rollout": ("[stub:slow=3]", ("FAILED", "calculator_failed")),
     "agent-killed-mid-rollout": ("[stub:slow=3]", ("FAILED", "crash")),
 }
 PLANNED.update({f"question-{name}": ("", ("SUCCEEDED", None)) for name in HOSTILE_QUESTION_SUFFIXES})
 # a question no runner could hand to an agent is refused when it is created, never queued
 PLANNED.update({f"question-{name}": ("", ("REFUSED", "422")) for name in UNCARRIABLE_QUESTION_SUFFIXES})
 REFUSED_AT_CREATE = frozenset(kind for kind, (_, (state, _)) in PLANNED.items() if state == "REFUSED")
-HANG_EXPRESSION = "9**9**8"
+#: kind -> the expression the stub hands the calculator: each would take gigabytes or hours unbounded.
+BOMB_EXPRESSIONS = {"calculator-bomb-9**9**8": "9**9**8", "calculator-bomb-string": "'9'*10**8"}
 #: (fraction of rollouts terminal, process fault)
 DEFAULT_SCHEDULE = [(0.10, "second-controller-start"), (0.22, "server-sigterm"), (0.38, "controller-restart"),
                     (0.55, "server-sigkill"), (0.70, "second-controller-stop")]
@@ -91,9 +95,9 @@ def build_plan(n: int, workdir: Path, seed: int = 7, prefix: str = "f", deadline
             name = kind.removeprefix("question-")
             suffix = HOSTILE_QUESTION_SUFFIXES.get(name) or UNCARRIABLE_QUESTION_SUFFIXES[name]
             row["question"] = f"{row['question']}\n\n{suffix}"
-        elif kind in ("calculator-hang-9**9**8", "calculator-killed-mid-call"):
+        elif kind in BOMB_EXPRESSIONS:
             row["question"] = f"{row['question']} (case {i})"
-            script_rows.append({"question": row["question"], "expression": HANG_EXPRESSION})
+            script_rows.append({"question": row["question"], "expression": BOMB_EXPRESSIONS[kind]})
         elif marker:
             row["question"] = f"{row['question']}\n\n{marker}"
         specs.append({"rollout_id": rid, "group_id": f"{prefix}-g{i // 4}", "row": row, "deadline_s": deadline_s,
@@ -102,6 +106,6 @@ def build_plan(n: int, workdir: Path, seed: int = 7, prefix: str = "f", deadline
         questions[rid] = row["question"]
     script = workdir / "rows.jsonl"
     write_jsonl(rows, script)
-    extra = workdir / "hang-script.jsonl"
+    extra = workdir / "bomb-script.jsonl"
     extra.write_text("".join(json.dumps(r) + "\n" for r in script_rows))
     return Plan(specs, kind_of, questions, extra)

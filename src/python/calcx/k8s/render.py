@@ -8,8 +8,10 @@ that changed the structure is an error here, not a surprise in the cluster.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from calcx.api.tokens import key_problem
 from calcx.contract.env import AGL_KEY, env_problem
 from calcx.k8s.escaping import UnsafeValueError, dns_label, label_value, yaml_int, yaml_quote
 
@@ -25,6 +28,10 @@ TEMPLATES_ENV = "CALCX_K8S_TEMPLATES"
 SECRET_KEY_NAME = "agl-key"
 MANAGED_BY = "calcx-controller"
 LABEL_PREFIX = "calcx.dev/"
+#: `app.kubernetes.io/name` of agent pods (the NetworkPolicy selects them by it) and of the
+#: server's pods (the one peer agents may reach, unless the server URL names an IP address).
+AGENT_APP_NAME = "calcx-agent"
+SERVER_APP_NAME = "calcx-server"
 
 
 class RenderError(ValueError):
@@ -126,7 +133,7 @@ class RenderedAttempt:
 
 def attempt_labels(settings: JobSettings, rollout_id: str, attempt_id: str, group_id: str | None) -> dict[str, str]:
     labels = {
-        "app.kubernetes.io/name": "calcx-agent",
+        "app.kubernetes.io/name": AGENT_APP_NAME,
         "app.kubernetes.io/part-of": "calcx",
         "app.kubernetes.io/managed-by": MANAGED_BY,
         LABEL_PREFIX + "controller": label_value(settings.controller_id),
@@ -258,11 +265,26 @@ class StaticSettings:
 
 #: file name -> (template, kind); applied in this order.
 STATIC_MANIFESTS: dict[str, tuple[str, str]] = {
+    "namespace.yaml": ("namespace.yaml.j2", "Namespace"),
     "serviceaccount.yaml": ("serviceaccount.yaml.j2", "ServiceAccount"),
     "role.yaml": ("role.yaml.j2", "Role"),
     "rolebinding.yaml": ("rolebinding.yaml.j2", "RoleBinding"),
     "controller-deployment.yaml": ("controller-deployment.yaml.j2", "Deployment"),
+    "networkpolicy.yaml": ("networkpolicy.yaml.j2", "NetworkPolicy"),
 }
+
+
+def server_peer(server_url: str) -> tuple[str | None, int]:
+    """(CIDR of the server when the URL names an IP address, else None; the server's port)."""
+    parsed = urllib.parse.urlsplit(server_url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise RenderError(f"server URL {server_url!r} must be http(s)://HOST[:PORT]")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        address = ipaddress.ip_address(parsed.hostname)
+    except ValueError:
+        return None, port
+    return f"{address}/{address.max_prefixlen}", port
 
 
 def render_static(
@@ -285,16 +307,22 @@ def render_static(
         "concurrency": settings.concurrency,
         "max_jobs_per_s": repr(float(settings.max_jobs_per_s)),
         "job_ttl_s": str(settings.job_ttl_s),
+        "agent_app_name": AGENT_APP_NAME,
+        "server_app_name": SERVER_APP_NAME,
     }
+    context["server_cidr"], context["server_port"] = server_peer(settings.server_url)
     out: dict[str, tuple[str, dict[str, Any]]] = {}
     for filename, (template, kind) in STATIC_MANIFESTS.items():
         text = render_text(template, directory, **context)
         obj = parse_one(text, kind=kind, source=template)
-        _expect(template, "metadata.namespace", obj["metadata"].get("namespace"), settings.namespace)
+        where = ("metadata.name", obj["metadata"].get("name")) if kind == "Namespace" else (
+            "metadata.namespace", obj["metadata"].get("namespace"))
+        _expect(template, where[0], where[1], settings.namespace)
         out[filename] = (text, obj)
     if server_key is not None:
-        if not server_key.strip():
-            raise RenderError("the server key is empty; generate one, e.g. `openssl rand -hex 32`")
+        problem = key_problem(server_key)
+        if problem is not None:
+            raise RenderError(problem)
         text = render_text("server-key-secret.yaml.j2", directory, name=settings.server_key_secret,
                            namespace=settings.namespace, key=server_key)
         obj = parse_one(text, kind="Secret", source="server-key-secret.yaml.j2")

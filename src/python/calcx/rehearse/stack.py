@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from calcx.api.tokens import new_key
 from calcx.contract.ready import CONTROLLER_READY, SERVER_READY, STUB_LLM_READY
 from calcx.procs.managed import ManagedProcess, ProcessStartError, live_pids, stop_all
 
@@ -32,7 +33,7 @@ def python_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 @dataclass
 class StackConfig:
     workdir: Path
-    key: str = "calcx-rehearsal-key"
+    key: str = field(default_factory=new_key)  # a fresh key per rehearsal
     concurrency: int = 8
     prefork: bool = True
     stub_mode: str = "normal"

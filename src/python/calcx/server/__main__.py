@@ -8,7 +8,9 @@ import math
 import os
 import sys
 
+from calcx.api.tokens import HOW_TO_MAKE_A_KEY, MIN_KEY_CHARS, key_problem, new_key
 from calcx.common.serving import bind_socket
+from calcx.contract.env import CALCX_KEY
 from calcx.contract.ready import server_ready_line
 from calcx.server.serve import CalcxUvicornServer, uvicorn_config
 from calcx.server.settings import DEFAULTS, ServerSettings
@@ -27,7 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"port to listen on (default {d.port}; 0 picks a free one)")
     p.add_argument("--db", default=d.store_path,
                    help=f"SQLite file of the rollout store (default {os.path.join('.', d.store_path)})")
-    p.add_argument("--key", default=None, help="server key (default: $CALCX_KEY); required")
+    p.add_argument("--key", default=None,
+                   help=f"server key, at least {MIN_KEY_CHARS} characters (default: ${CALCX_KEY}); required")
+    p.add_argument("--new-key", action="store_true",
+                   help="print a new random server key and exit (for a local run: "
+                   "`export CALCX_KEY=$(calcx server --new-key)`)")
     p.add_argument(
         "--public-url",
         default=d.public_url,
@@ -49,6 +55,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a call the model server aborted (e.g. paused for a weight update) is sent again until "
                    f"this many seconds have passed, then the agent gets the aborted answer; 0: at once "
                    f"(default {d.abort_retry_s:g})")
+    p.add_argument("--max-events-per-attempt", type=int, default=d.max_events_per_attempt,
+                   help=f"events one attempt may post; past it 413 (default {d.max_events_per_attempt})")
+    p.add_argument("--max-event-bytes-per-attempt", type=int, default=d.max_event_bytes_per_attempt,
+                   help=f"bytes of event data one attempt may post (default {_size(d.max_event_bytes_per_attempt)})")
+    p.add_argument("--max-calls-per-attempt", type=int, default=d.max_calls_per_attempt,
+                   help=f"model calls one attempt may make; past it 413 (default {d.max_calls_per_attempt})")
+    p.add_argument("--max-call-bytes-per-attempt", type=int, default=d.max_call_bytes_per_attempt,
+                   help=f"bytes of recorded requests and answers per attempt (default "
+                   f"{_size(d.max_call_bytes_per_attempt)})")
+    p.add_argument("--retain-s", type=float, default=d.retain_s,
+                   help=f"delete rollouts terminal for longer than this, with their calls and events; 0 keeps "
+                   f"everything (default {d.retain_s:g})")
+    p.add_argument("--reward-min", type=float, default=d.reward_min,
+                   help=f"smallest reward an agent may post; below it the post is refused (default {d.reward_min:g})")
+    p.add_argument("--reward-max", type=float, default=d.reward_max,
+                   help=f"largest reward an agent may post; above it the post is refused (default {d.reward_max:g})")
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"],
                    help=f"(default {d.log_level})")
     p.add_argument("--access-log", action="store_true", default=d.access_log,
@@ -59,13 +81,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    key = args.key or os.environ.get("CALCX_KEY", "")
+    if args.new_key:
+        print(new_key())
+        return 0
+    key = args.key or os.environ.get(CALCX_KEY, "")
     if not key:
         print(
-            "calcx server: no server key. Pass --key KEY or set CALCX_KEY; controllers, trainers and the "
-            "rehearsal use the same key, and agents get per-attempt tokens derived from it.",
+            f"calcx server: no server key. Pass --key KEY or set {CALCX_KEY}; controllers, trainers and the "
+            f"rehearsal use the same key, and agents get per-attempt tokens derived from it; {HOW_TO_MAKE_A_KEY}",
             file=sys.stderr,
         )
+        return 2
+    problem = key_problem(key)
+    if problem is not None:
+        print(f"calcx server: {problem}", file=sys.stderr)
         return 2
     if args.max_tokens_ceiling < 1 or args.max_body_bytes < 1024 or args.lease_s <= 0:
         print(
@@ -76,6 +105,16 @@ def main(argv: list[str] | None = None) -> int:
     if not math.isfinite(args.abort_retry_s) or args.abort_retry_s < 0:
         print(f"calcx server: --abort-retry-s must be a number of seconds >= 0, not {args.abort_retry_s}",
               file=sys.stderr)
+        return 2
+    limits = (args.max_events_per_attempt, args.max_event_bytes_per_attempt, args.max_calls_per_attempt,
+              args.max_call_bytes_per_attempt)
+    if min(limits) < 1 or not math.isfinite(args.retain_s) or args.retain_s < 0:
+        print("calcx server: the --max-*-per-attempt limits must be >= 1 and --retain-s a number >= 0",
+              file=sys.stderr)
+        return 2
+    if not (math.isfinite(args.reward_min) and math.isfinite(args.reward_max) and args.reward_min <= args.reward_max):
+        print(f"calcx server: --reward-min and --reward-max must be finite with min <= max, not "
+              f"{args.reward_min} and {args.reward_max}", file=sys.stderr)
         return 2
     try:  # fail here, with a plain message, rather than inside the server's startup
         from calcx.server.store import RolloutStore
@@ -114,6 +153,13 @@ def main(argv: list[str] | None = None) -> int:
         upstream_timeout_s=args.upstream_timeout_s,
         upstream_retries=args.upstream_retries,
         abort_retry_s=args.abort_retry_s,
+        max_events_per_attempt=args.max_events_per_attempt,
+        max_event_bytes_per_attempt=args.max_event_bytes_per_attempt,
+        max_calls_per_attempt=args.max_calls_per_attempt,
+        max_call_bytes_per_attempt=args.max_call_bytes_per_attempt,
+        retain_s=args.retain_s,
+        reward_min=args.reward_min,
+        reward_max=args.reward_max,
     )
     app = create_app(settings)
     server = CalcxUvicornServer(uvicorn_config(app, log_level=settings.log_level, access_log=settings.access_log))

@@ -52,13 +52,17 @@ def create_app(settings: ServerSettings) -> FastAPI:
         await gateway.start()
         state.gateway = gateway
         reaper = asyncio.create_task(service.reap_leases(), name="calcx-lease-reaper")
+        pruner = asyncio.create_task(service.prune(), name="calcx-retention")
         try:
             yield
         finally:
             service.begin_shutdown()
             reaper.cancel()
+            pruner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
+            with contextlib.suppress(asyncio.CancelledError):
+                await pruner
             await gateway.close()
             state.gateway = None
             service.close()

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from fastapi import Request
 
-from calcx.api.tokens import AttemptScope, verify_attempt_token
+from calcx.api.tokens import AttemptScope, key_problem, verify_attempt_token
 from calcx.server.errors import APIError
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="calcx"'}
@@ -29,8 +29,9 @@ def request_token(request: Request) -> str | None:
 
 class Authenticator:
     def __init__(self, key: str) -> None:
-        if not key:
-            raise ValueError("the server key must not be empty")
+        problem = key_problem(key)
+        if problem is not None:
+            raise ValueError(problem)
         self._key = key
         self._key_bytes = key.encode()
 

@@ -42,6 +42,8 @@ class ServerMetrics:
         )
         self.retries = Counter("calcx_retries", "New attempts queued after a failure", registry=self.registry)
         self.events = Counter("calcx_events", "Events received, by type", ["event_type"], registry=self.registry)
+        self.pruned = Counter("calcx_rollouts_pruned", "Terminal rollouts deleted by retention (--retain-s)",
+                              registry=self.registry)
         self.gateway_calls = Counter(
             "calcx_gateway_calls", "Gateway chat completions, by the status returned to the agent", ["status"],
             registry=self.registry,

@@ -134,6 +134,24 @@ class RolloutService:
             if expired:
                 self.signals.terminal.fire()
 
+    async def prune(self) -> None:
+        """Runs until cancelled: delete rollouts terminal for longer than `retain_s` (0: never)."""
+        s = self.settings
+        if s.retain_s <= 0:
+            return
+        while True:
+            store = self.store
+            if store is not None:
+                try:
+                    pruned = store.retention.prune(s.retain_s)
+                except Exception:  # keep pruning; a transient SQLite error must not end the task
+                    log.exception("retention failed")
+                else:
+                    if pruned:
+                        log.info("retention: deleted %d rollouts terminal for more than %g s", pruned, s.retain_s)
+                        self.metrics.pruned.inc(pruned)
+            await asyncio.sleep(s.retain_check_s)
+
     # ---- rollouts -------------------------------------------------------------------------
 
     def rollout(self, rid: str) -> dict[str, Any]:
@@ -288,14 +306,21 @@ class RolloutService:
     # ---- agents ---------------------------------------------------------------------------
 
     def add_event(self, rid: str, aid: str, event: EventCreate) -> int:
-        """Store an event; a reward needs a finite `data.value` and becomes the rollout's reward."""
+        """Store an event; a reward needs a finite `data.value` within the settings' reward range
+        and becomes the rollout's reward."""
         reward = None
         if event.event_type == "reward":
             try:
                 reward = reward_value(event.data)
             except ValueError as exc:
                 raise APIError(422, "invalid_reward", str(exc)) from None
-        event_id = self.db.events.add(rid, aid, event.event_type, event.data, reward)
+            low, high = self.settings.reward_min, self.settings.reward_max
+            if not low <= reward <= high:
+                raise APIError(422, "invalid_reward", f"data.value {reward:g} is outside the reward range "
+                               f"[{low:g}, {high:g}] this server accepts (calcx server --reward-min/--reward-max)")
+        s = self.settings
+        event_id = self.db.events.add(rid, aid, event.event_type, event.data, reward,
+                                      max_count=s.max_events_per_attempt, max_bytes=s.max_event_bytes_per_attempt)
         kind = event.event_type if event.event_type in _KNOWN_EVENT_TYPES else "other"
         self.metrics.events.labels(kind).inc()
         return event_id

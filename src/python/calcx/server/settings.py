@@ -22,6 +22,15 @@ class ServerSettings:
     max_body_bytes: int = 8 * 1024 * 1024
     page_limit: int = 100  # GET /v1/rollouts and /v1/terminal without ?limit=
     max_page_limit: int = 1000
+    # per attempt: past these an agent's next event or model call is refused (413 attempt_limit)
+    max_events_per_attempt: int = 1000
+    max_event_bytes_per_attempt: int = 1024 * 1024  # the events' data, as stored JSON
+    max_calls_per_attempt: int = 256
+    max_call_bytes_per_attempt: int = 64 * 1024 * 1024  # recorded requests and answers, as JSON bytes
+    # retention: a rollout terminal for longer than this is deleted with its attempts, events and
+    # calls (checked every retain_check_s); 0 keeps everything
+    retain_s: float = 7 * 24 * 3600.0
+    retain_check_s: float = 60.0
     # claims and long polls
     lease_s: float = 30.0
     max_poll_s: float = 300.0  # every long poll is cut to this
@@ -33,6 +42,10 @@ class ServerSettings:
     upstream_retries: int = 3
     upstream_backoff_s: float = 0.2  # doubled at each retry, with jitter
     upstream_backoff_max_s: float = 2.0
+    # rewards: a reward event's data.value outside [reward_min, reward_max] is refused (422) and
+    # never stored, so the attempt is the agent's failure, not a trained reward (Calc-X: 0 or 1)
+    reward_min: float = 0.0
+    reward_max: float = 1.0
     # a call the model server aborted (finish reason "abort": generation paused for a weight
     # update) is sent again until this many seconds have passed since its first try, then the
     # aborted answer goes to the agent; 0: at once

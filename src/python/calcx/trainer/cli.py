@@ -76,7 +76,6 @@ def compose_from_args(args: argparse.Namespace, *, train_files: str | None = Non
         train_files=train_files if train_files is not None else args.train_file,
         val_files=val_files if val_files is not None else args.val_file,
         server_url=args.agl_base_url,
-        key=args.agl_key,
         run_name=args.run_name,
         runner=args.runner,
         async_mode=args.async_mode,
@@ -118,6 +117,7 @@ def _train(args: argparse.Namespace) -> int:
     from calcx.trainer.native_libs import expose_native_libraries
 
     expose_native_libraries()  # before Ray and vLLM start: their processes inherit the environment
+    from calcx.contract.env import CALCX_KEY
     from calcx.trainer import data as data_mod
     from calcx.trainer.launch import LaunchError, run_training
     from calcx.trainer.services import ServicesError
@@ -129,8 +129,9 @@ def _train(args: argparse.Namespace) -> int:
             data_mod.ensure_generated(train_src)
         data_mod.ensure_generated(val_src)
         cfg = compose_from_args(args)
+        key = args.agl_key or os.environ.get(CALCX_KEY, "")  # kept out of cfg: verl prints and uploads it
         return run_training(cfg, train_src=train_src if not args.eval_only else val_src, val_src=val_src,
-                            eval_only=args.eval_only, model_endpoint=args.model_endpoint)
+                            eval_only=args.eval_only, model_endpoint=args.model_endpoint, key=key)
     except (ConfigError, FileNotFoundError, ValueError, LaunchError, ServicesError) as exc:
         print(f"calcx train: {exc}", file=sys.stderr)
         return 2

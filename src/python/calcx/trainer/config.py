@@ -51,7 +51,6 @@ class ComposeRequest:
     train_files: str | None = None
     val_files: str | None = None
     server_url: str | None = None
-    key: str | None = None
     run_name: str | None = None
     runner: str | None = None
     async_mode: bool = False
@@ -221,7 +220,6 @@ def compose(request: ComposeRequest) -> DictConfig:
         "data.train_files": request.train_files,
         "data.val_files": request.val_files,
         "calcx.server_url": request.server_url,
-        "calcx.key": request.key,
         "trainer.experiment_name": request.run_name,
         "calcx.runner": request.runner,
     }

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from calcx.trainer.data import to_verl_parquet, verl_records
 from calcx.trainer.report import count_incomplete, write_report
+from calcx.trainer.server_key import remove_key_file, server_key, write_key_file
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
 
 log = logging.getLogger(__name__)
@@ -123,26 +124,30 @@ def preflight(server_url: str, key: str) -> None:
         raise LaunchError(f"calcx server at {server_url} is not usable: {exc}; {hint}") from exc
 
 
-def _cancel_leftovers(cfg: DictConfig) -> None:
+def _cancel_leftovers(cfg: DictConfig, key: str) -> None:
     """Before any work of this run: cancel what an earlier run of the same name left (a killed
     trainer's QUEUED and RUNNING rollouts), so that it neither runs first nor is trained."""
     from calcx.trainer.leftovers import cancel_previous_run
 
     run = str(cfg.calcx.get("run") or "")
     if run:
-        cancel_previous_run(str(cfg.calcx.server_url), str(cfg.calcx.key or ""), run)
+        cancel_previous_run(str(cfg.calcx.server_url), key, run)
 
 
 @contextlib.contextmanager
-def rollout_services(cfg: DictConfig, report_dir: Path) -> Iterator[LocalServices | None]:
-    """Start the server and controller unless `calcx.server_url` is set; fill in URL and key."""
+def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "") -> Iterator[LocalServices | None]:
+    """Start the server and controller unless `calcx.server_url` is set (then `key` is its key);
+    fill in the URL, and the owner-only file that holds the key (never the key: see server_key)."""
     if cfg.calcx.get("server_url"):
-        key = str(OmegaConf.select(cfg, "calcx.key", default="") or "")  # resolves ${oc.env:CALCX_KEY}
-        with open_dict(cfg):
-            cfg.calcx.key = key  # resolved here: Ray workers may not see the driver's CALCX_KEY
         preflight(str(cfg.calcx.server_url), key)
-        _cancel_leftovers(cfg)
-        yield None
+        _cancel_leftovers(cfg, key)
+        key_file = write_key_file(key)
+        try:
+            with open_dict(cfg):
+                cfg.calcx.key_file = str(key_file)  # Ray workers read it there
+            yield None
+        finally:
+            remove_key_file(key_file)
         return
     try:
         config = ServicesConfig.from_calcx_section(cfg.calcx, report_dir / "services")
@@ -153,24 +158,26 @@ def rollout_services(cfg: DictConfig, report_dir: Path) -> Iterator[LocalService
         config.server_args = [*config.server_args, "--max-tokens-ceiling",
                               str(int(cfg.actor_rollout_ref.rollout.response_length))]
     services = LocalServices(config)
+    key_file = write_key_file(services.key)
     try:
         services.start()
         log.info("calcx train: server %s and controller started (logs in %s)", services.server_url,
                  services.workdir)
         with open_dict(cfg):
             cfg.calcx.server_url = services.server_url
-            cfg.calcx.key = services.key
-        _cancel_leftovers(cfg)
+            cfg.calcx.key_file = str(key_file)
+        _cancel_leftovers(cfg, services.key)
         yield services
     finally:
         services.stop()
+        remove_key_file(key_file)
 
 
 def register_endpoint(cfg: DictConfig, endpoint: str) -> None:
     """`--model-endpoint`: an OpenAI-compatible server (vLLM, the stub) plays the policy."""
     from calcx.trainer.replicas import register_replicas
 
-    register_replicas(str(cfg.calcx.server_url), str(cfg.calcx.key or ""),
+    register_replicas(str(cfg.calcx.server_url), server_key(cfg.calcx),
                       str(cfg.actor_rollout_ref.model.path), [endpoint], policy_version=0)
 
 
@@ -197,7 +204,7 @@ def finish_report(cfg: DictConfig, report_dir: Path, metrics_path: Path) -> Path
     """Read the last validation step back from the server and write eval.md, reward_curve.png, report.md."""
     from calcx.trainer.evaluation import collect_eval
 
-    collection = collect_eval(str(cfg.calcx.server_url), str(cfg.calcx.key or ""))
+    collection = collect_eval(str(cfg.calcx.server_url), server_key(cfg.calcx))
     return write_report(
         report_dir, metrics_path=metrics_path, eval_records=collection.records,
         incomplete_groups=count_incomplete(report_dir / "incomplete_groups.jsonl"),
@@ -206,7 +213,7 @@ def finish_report(cfg: DictConfig, report_dir: Path, metrics_path: Path) -> Path
 
 
 def run_training(cfg: DictConfig, *, train_src: Path, val_src: Path, eval_only: bool = False,
-                 model_endpoint: str | None = None) -> int:
+                 model_endpoint: str | None = None, key: str = "") -> int:
     """Train (or, with `eval_only`, only validate) and write the report; 0 when both succeeded."""
     report_dir = Path(str(cfg.calcx.report_dir)).expanduser().resolve()
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -215,7 +222,7 @@ def run_training(cfg: DictConfig, *, train_src: Path, val_src: Path, eval_only: 
         with open_dict(cfg):
             cfg.trainer.val_before_train = True
             cfg.trainer.val_only = True
-    with rollout_services(cfg, report_dir):
+    with rollout_services(cfg, report_dir, key):
         def run() -> None:
             if model_endpoint is not None:
                 register_endpoint(cfg, model_endpoint)

@@ -14,6 +14,7 @@ from verl.trainer.ppo.v1 import AgentLoopManagerTQ
 from verl.utils.ray_utils import auto_await
 
 from calcx.trainer.replicas import register_replicas, register_replicas_async
+from calcx.trainer.server_key import server_key
 
 
 def replica_addresses(llm_client) -> list[str]:
@@ -32,7 +33,7 @@ class CalcxAgentLoopManager(AgentLoopManagerTQ):
         instance = cls(*args, **kwargs)
         calcx = instance.config.calcx
         instance.calcx_registration = (
-            str(calcx.server_url), str(calcx.key or ""), str(instance.config.actor_rollout_ref.model.path),
+            str(calcx.server_url), server_key(calcx), str(instance.config.actor_rollout_ref.model.path),
             replica_addresses(instance.llm_client),
         )
         server_url, key, model, addresses = instance.calcx_registration

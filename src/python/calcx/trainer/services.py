@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from calcx.contract.env import CALCX_KEY
 from calcx.contract.ready import CONTROLLER_READY, SERVER_READY
 from calcx.procs.managed import ManagedProcess, ProcessStartError, live_pids, stop_all
 from calcx.worker.protocol import WORKER_MODULE
@@ -160,7 +161,7 @@ class LocalServices:
     def start(self) -> "LocalServices":
         c = self.config
         self.workdir.mkdir(parents=True, exist_ok=True)
-        env = _env(c.services_pythonpath, {"CALCX_KEY": c.key})
+        env = _env(c.services_pythonpath, {CALCX_KEY: c.key})
         server_cmd = [c.services_python, "-m", "calcx.server", "--host", "127.0.0.1", "--port", "0",
                       "--db", str(self.db_path), "--log-level", "warning", *c.server_args]
         controller_tail = ["--concurrency", str(c.concurrency), "--controller-id", "calcx-train",

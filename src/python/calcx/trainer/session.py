@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from calcx.trainer.group import GroupSpec, settle_group
+from calcx.trainer.server_key import server_key
 from calcx.api.client import AsyncCalcxClient
 from calcx.trainer.translate import RolloutIncomplete, RolloutSamples, translate_rollout
 
@@ -117,6 +118,6 @@ async def run_session_from_config(config: Any, sampling_params: Mapping[str, Any
     """`run_session` with everything taken from the composed trainer config (what the AgentLoop does)."""
     calcx, rollout = config.calcx, config.actor_rollout_ref.rollout
     spec = session_spec(calcx, rollout, sampling_params, kwargs)
-    return await run_session(spec, server_url=str(calcx.server_url), key=str(calcx.key or ""),
+    return await run_session(spec, server_url=str(calcx.server_url), key=server_key(calcx),
                              report_dir=str(calcx.report_dir), max_prompt_length=int(rollout.prompt_length),
                              max_response_length=int(rollout.response_length))

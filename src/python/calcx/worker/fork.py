@@ -13,6 +13,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+from calcx.contract.env import CALCX_ZYGOTE_PROFILE_DIR
 from calcx.contract.failures import failure_line
 from calcx.procs.procutil import set_parent_death_signal, set_process_name
 from calcx.worker.protocol import MAX_FDS, MAX_LEARN
@@ -155,7 +156,7 @@ class Forking:
     def _agent_child(self, env: dict[str, str | None], out_fd: int) -> int:
         null = os.open(os.devnull, os.O_RDONLY)
         _install_fds([null, out_fd, out_fd])
-        full_env = dict(self.base_env)
+        full_env = dict(self.base_env)  # the allowlisted part of the worker's environment (serve.py)
         for name, value in env.items():
             if value is None:
                 full_env.pop(name, None)
@@ -165,7 +166,7 @@ class Forking:
         os.environ.update(full_env)
         sys.argv = ["calcx-agent"]
         before = set(sys.modules) if self.learn_rounds > 0 else None
-        profile_dir = self.base_env.get("CALCX_ZYGOTE_PROFILE_DIR")
+        profile_dir = self.base_env.get(CALCX_ZYGOTE_PROFILE_DIR)
         if profile_dir:
             code = _profiled(profile_dir, lambda: _run_entry(self.agent_entry, full_env))  # type: ignore[arg-type]
         else:

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from calcx.contract.env import agent_base_env
 from calcx.contract.ready import WORKER_READY_LINE
 from calcx.procs.procutil import kill_group
 from calcx.worker.fork import Forking
@@ -55,7 +56,7 @@ class Zygote(Forking):
         self.agent_entry = agent_entry
         self.calc_module = calc_module
         self.control_fd = control_fd
-        self.base_env = dict(os.environ)
+        self.base_env = agent_base_env(os.environ)  # what every child starts from
         self.pid = os.getpid()
         self.children: dict[int, _Child] = {}
         self.conns: dict[int, _Conn] = {}

@@ -28,6 +28,8 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
             "attempt_not_running",
             f"attempt {aid} of rollout {rid!r} is {current}; the gateway serves only RUNNING attempts",
         )
+    settings = state.settings
+    state.db.calls.require_room(rid, aid, settings.max_calls_per_attempt, settings.max_call_bytes_per_attempt)
     registry = state.registry
     if not registry.get("endpoints"):
         raise APIError(

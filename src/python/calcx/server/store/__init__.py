@@ -1,4 +1,4 @@
-"""Rollout store on SQLite: rollouts, attempts, events, recorded calls, the model registry.
+"""Rollout store on SQLite: rollouts, attempts, events, recorded calls, the model registry, retention.
 
 One connection (`database`), one module per group of tables. Every method is synchronous,
 short and runs on the event loop's thread; the loop therefore serialises them and no
@@ -16,6 +16,7 @@ from calcx.server.store.calls import Calls
 from calcx.server.store.database import Conflict, Database, NotFound, StoreError
 from calcx.server.store.events import Events
 from calcx.server.store.registry import Registry
+from calcx.server.store.retention import Retention
 from calcx.server.store.rollouts import Rollouts
 
 __all__ = ["Conflict", "ExpiredAttempt", "NotFound", "RolloutStore", "StoreError"]
@@ -34,6 +35,7 @@ class RolloutStore:
         self.events = Events(self._db, self.attempts)
         self.calls = Calls(self._db)
         self.registry = Registry(self._db)
+        self.retention = Retention(self._db)
 
     def close(self) -> None:
         self._db.close()

@@ -33,6 +33,13 @@ class Conflict(StoreError):
     code = "conflict"
 
 
+class LimitReached(StoreError):
+    """An attempt has stored as much as one attempt may (events or recorded calls)."""
+
+    status = 413
+    code = "attempt_limit"
+
+
 class Database:
     """WAL journal, `synchronous=NORMAL`: a committed transaction survives a crash of the server
     process (only an OS crash or power loss can undo the last commits).

@@ -1,0 +1,36 @@
+"""The server key on the trainer's side: never in the composed config, which verl prints and
+sends to its trackers (wandb, mlflow). `calcx train` writes the key to an owner-only file and
+names that file in the config (`calcx.key_file`); the driver and the Ray workers read it there."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+KEY_FILE_NAME = "server.key"
+
+
+def write_key_file(key: str) -> Path:
+    """The key in a new file only its owner can read (in a directory only its owner can open)."""
+    directory = Path(tempfile.mkdtemp(prefix="calcx-key-"))  # mode 0700
+    path = directory / KEY_FILE_NAME
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(key)
+    return path
+
+
+def remove_key_file(path: Path) -> None:
+    """Delete the key file and its directory (at the end of the run)."""
+    shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def server_key(calcx: Any) -> str:
+    """The key of the config's `calcx` section: the contents of `calcx.key_file` ('' when none)."""
+    path = calcx.get("key_file") if hasattr(calcx, "get") else None
+    if not path:
+        return ""
+    return Path(str(path)).read_text(encoding="utf-8").strip()
