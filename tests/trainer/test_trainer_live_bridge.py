@@ -205,6 +205,14 @@ def test_grpo_groups_through_the_agent_loop(stack: dict, tmp_path: Path) -> None
     lines = [json.loads(x) for x in (tmp_path / "report" / "incomplete_groups.jsonl").read_text().splitlines()]
     assert {x["uid"] for x in lines} == {"uid-broken"} and len(lines) == N
 
+    # every trained rollout's calculator use, counted from its recorded calls, for the step's
+    # calcx/train/... metrics: the stub called the calculator once and the calculator answered
+    ledger = [json.loads(x) for x in (tmp_path / "report" / "tool_use.jsonl").read_text().splitlines()]
+    assert {x["rollout_id"] for x in ledger} == {f"calcx-train-s1-uid-{g}-{s}" for g in ("good", "wrong")
+                                                 for s in range(N)} and len(ledger) == 2 * N
+    assert all((x["partition"], x["step"], x["calls"], x["successful"], x["parse_failures"]) == ("train", 1, 1, 1, 0)
+               for x in ledger), ledger
+
 
 def test_eval_only_driver_and_report_from_the_server(stack: dict, tmp_path: Path) -> None:
     from calcx.trainer.evaluation import collect_eval, run_validation

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from calcx.trainer.group import GroupSpec, settle_group
 from calcx.api.client import AsyncCalcxClient
+from calcx.trainer.tool_use import attempt_calls, record_tool_use, rollout_tool_use
 from calcx.trainer.translate import RolloutIncomplete, RolloutSamples, translate_rollout
 
 logger = logging.getLogger(__name__)
@@ -94,15 +95,21 @@ def record_incomplete(report_dir: str | os.PathLike[str], exc: RolloutIncomplete
 
 async def run_session(spec: GroupSpec, *, server_url: str, key: str, report_dir: str | os.PathLike[str],
                       max_prompt_length: int, max_response_length: int) -> RolloutSamples:
-    """Create the group, settle it, translate this session's rollout; `RolloutIncomplete` leaves it out."""
+    """Create the group, settle it, translate this session's rollout; `RolloutIncomplete` leaves it out.
+
+    The rollout's calculator use (from its recorded calls) goes to `{report_dir}/tool_use.jsonl`."""
     client = AsyncCalcxClient(server_url, key)
     try:
         own = await settle_group(client, spec)
-        calls = await client.calls(own.rollout_id)
+        calls = [c.model_dump(mode="json") for c in await client.calls(own.rollout_id)]
         # translate reads the server's JSON (plain data, tested without a server)
-        return translate_rollout(own.model_dump(mode="json"), [c.model_dump(mode="json") for c in calls],
-                                 max_prompt_length=max_prompt_length,
-                                 max_response_length=max_response_length, expected_group_id=spec.uid)
+        samples = translate_rollout(own.model_dump(mode="json"), calls, max_prompt_length=max_prompt_length,
+                                    max_response_length=max_response_length, expected_group_id=spec.uid)
+        used = attempt_calls(calls, samples.attempt_id)
+        use = rollout_tool_use(used)
+        record_tool_use(report_dir, partition=spec.partition, step=spec.step, rollout_id=samples.rollout_id,
+                        use=use)
+        return samples
     except RolloutIncomplete as exc:
         record_incomplete(report_dir, exc, uid=spec.uid, step=spec.step)
         logger.warning("calcx: leaving group %s out of step %d: %s", spec.uid, spec.step, exc)
