@@ -17,7 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("calcx.agent.__main__", "run the Calc-X agent once, from the AGL_* environment"),
     "stub-llm": ("calcx.stub_llm.__main__", "scripted OpenAI-compatible model for rehearsals"),
     "rehearse": ("calcx.rehearse.__main__", "server + controller + stub LLM + a dataset, on CPU"),
-    "data": ("calcx.data.__main__", "generate, import (GSM8K, Calc-X) or validate dataset files"),
+    "data": ("calcx.data.__main__", "generate, import (GSM8K, Calc-X) or validate dataset files; GSM8K tool-use traces"),
     "train": ("calcx.trainer.cli", "GRPO training with verl (needs a CUDA GPU)"),
     "anchor": ("calcx.anchor.cli", "the step-time anchor: verl's own ToolAgentLoop, calculator in-process"),
     "k8s": ("calcx.k8s.build", "render and validate the Kubernetes manifests"),
