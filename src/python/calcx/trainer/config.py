@@ -171,7 +171,19 @@ def compose(request: ComposeRequest) -> DictConfig:
     template = request.chat_template if request.chat_template is not None else cfg.calcx.get("chat_template")
     if template:
         apply_chat_template(cfg, str(template))
+    check_reward_options(cfg)
     return cfg
+
+
+def check_reward_options(cfg: DictConfig) -> None:
+    """`calcx.reward` is read in every agent loop session: a bad value stops the run here, by name."""
+    from calcx.trainer.reward_options import RewardOptionError, RewardOptions
+
+    section = OmegaConf.select(cfg, "calcx.reward", default=None)
+    try:
+        RewardOptions.from_config(OmegaConf.to_container(section, resolve=True) if section is not None else None)
+    except RewardOptionError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def resolve_model_path(model: str) -> str:

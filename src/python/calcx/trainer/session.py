@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from calcx.trainer.group import GroupSpec, settle_group
 from calcx.api.client import AsyncCalcxClient
+from calcx.trainer.reward_options import RewardOptions, apply_reward_options
 from calcx.trainer.tool_use import attempt_calls, record_tool_use, rollout_tool_use
 from calcx.trainer.translate import RolloutIncomplete, RolloutSamples, translate_rollout
 
@@ -94,10 +95,12 @@ def record_incomplete(report_dir: str | os.PathLike[str], exc: RolloutIncomplete
 
 
 async def run_session(spec: GroupSpec, *, server_url: str, key: str, report_dir: str | os.PathLike[str],
-                      max_prompt_length: int, max_response_length: int) -> RolloutSamples:
+                      max_prompt_length: int, max_response_length: int,
+                      reward_options: RewardOptions | None = None) -> RolloutSamples:
     """Create the group, settle it, translate this session's rollout; `RolloutIncomplete` leaves it out.
 
-    The rollout's calculator use (from its recorded calls) goes to `{report_dir}/tool_use.jsonl`."""
+    The rollout's calculator use (from its recorded calls) goes to `{report_dir}/tool_use.jsonl`;
+    `reward_options` (`calcx.reward`) shape a training rollout's samples, never a validation one's."""
     client = AsyncCalcxClient(server_url, key)
     try:
         own = await settle_group(client, spec)
@@ -109,6 +112,8 @@ async def run_session(spec: GroupSpec, *, server_url: str, key: str, report_dir:
         use = rollout_tool_use(used)
         record_tool_use(report_dir, partition=spec.partition, step=spec.step, rollout_id=samples.rollout_id,
                         use=use)
+        if spec.partition == "train" and reward_options is not None:
+            samples = apply_reward_options(samples, used, use, reward_options)
         return samples
     except RolloutIncomplete as exc:
         record_incomplete(report_dir, exc, uid=spec.uid, step=spec.step)
@@ -123,6 +128,8 @@ async def run_session_from_config(config: Any, sampling_params: Mapping[str, Any
     """`run_session` with everything taken from the composed trainer config (what the AgentLoop does)."""
     calcx, rollout = config.calcx, config.actor_rollout_ref.rollout
     spec = session_spec(calcx, rollout, sampling_params, kwargs)
+    reward = calcx.get("reward")
+    options = RewardOptions.from_config(dict(reward) if reward is not None else None)
     return await run_session(spec, server_url=str(calcx.server_url), key=str(calcx.key or ""),
                              report_dir=str(calcx.report_dir), max_prompt_length=int(rollout.prompt_length),
-                             max_response_length=int(rollout.response_length))
+                             max_response_length=int(rollout.response_length), reward_options=options)
