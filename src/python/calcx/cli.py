@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "rehearse": ("calcx.rehearse.__main__", "server + controller + stub LLM + a dataset, on CPU"),
     "data": ("calcx.data.__main__", "generate, import (GSM8K, Calc-X) or validate dataset files; GSM8K tool-use traces"),
     "train": ("calcx.trainer.cli", "GRPO training with verl (needs a CUDA GPU)"),
+    "warmup": ("calcx.trainer.warmup", "supervised warm-up on tool-use traces with verl's SFT trainer (needs a CUDA GPU)"),
     "anchor": ("calcx.anchor.cli", "the step-time anchor: verl's own ToolAgentLoop, calculator in-process"),
     "k8s": ("calcx.k8s.build", "render and validate the Kubernetes manifests"),
     "model": ("calcx.model.__main__", "convert a GGUF file into a Hugging Face model directory"),

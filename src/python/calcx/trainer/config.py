@@ -82,24 +82,25 @@ def _has_key(cfg: DictConfig | ListConfig, dotted: str) -> bool:
     return True
 
 
-def _set(cfg: DictConfig, dotted: str, value: Any, *, must_exist: bool, origin: str) -> None:
+def _set(cfg: DictConfig, dotted: str, value: Any, *, must_exist: bool, origin: str,
+         config_name: str = VERL_CONFIG_NAME) -> None:
     if must_exist and not _has_key(cfg, dotted):
         raise ConfigError(
-            f"{origin}: '{dotted}' is not a key of verl's {VERL_CONFIG_NAME} config; "
+            f"{origin}: '{dotted}' is not a key of verl's {config_name} config; "
             f"check the spelling, or write '+{dotted}=...' to add a new key"
         )
     with open_dict(cfg):
         OmegaConf.update(cfg, dotted, value, merge=False, force_add=True)
 
 
-def _apply_file(cfg: DictConfig, path: Path) -> None:
+def _apply_file(cfg: DictConfig, path: Path, config_name: str = VERL_CONFIG_NAME) -> None:
     data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     if not isinstance(data, dict) or set(data) - {"overrides", "additions"}:
         raise ConfigError(f"{path}: expected a mapping with 'overrides' and 'additions' sections")
     for dotted, value in _leaves(data.get("overrides") or {}):
-        _set(cfg, dotted, value, must_exist=True, origin=str(path))
+        _set(cfg, dotted, value, must_exist=True, origin=str(path), config_name=config_name)
     for dotted, value in _leaves(data.get("additions") or {}):
-        _set(cfg, dotted, value, must_exist=False, origin=str(path))
+        _set(cfg, dotted, value, must_exist=False, origin=str(path), config_name=config_name)
 
 
 def parse_dotlist_item(item: str) -> tuple[str, Any, bool]:
