@@ -134,5 +134,7 @@ REAL_GSM8K = Path(os.environ.get("CALCX_GSM8K_FILE", "") or "/nonexistent/gsm8k/
 def test_the_real_gsm8k_train_file(tmp_path: Path, capsys) -> None:
     out = tmp_path / "traces.parquet"
     assert main(["data", "traces", str(REAL_GSM8K), "--out", str(out)]) == 0
-    summary = capsys.readouterr().out.splitlines()[-1]
-    assert summary.endswith("7473 rows read, 7378 kept, 95 skipped"), summary
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1] == (f"wrote {out} (7368 traces, 23690 calculator calls); 7473 rows read, "
+                                             "7368 kept, 105 skipped")
+    assert "skipped 105 rows (calculator_error 10, no_annotation 95)" in captured.err
