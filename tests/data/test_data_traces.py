@@ -24,7 +24,7 @@ from calcx.agent.calculator import calculator_environment
 from calcx.agent.reward import reward
 from calcx.anchor.calculator import calculator_tool_entry
 from calcx.cli import main
-from calcx.data.traces import annotations, same_result
+from calcx.data.traces import annotation_pairs, same_result
 
 # Made-up problems in GSM8K's layout (the real file stays out of the repository).
 GOOD = [
@@ -120,7 +120,7 @@ def test_jsonl_output_and_refusals(tmp_path: Path, capsys) -> None:
 
 
 def test_annotation_rules() -> None:
-    assert annotations("a <<1+2=3>>3 b <<3*4=12>>12") == [("1+2", "3"), ("3*4", "12")]
+    assert annotation_pairs("a <<1+2=3>>3 b <<3*4=12>>12") == [("1+2", "3"), ("3*4", "12")]
     assert same_result("3.33", "3.3333333333333335") and same_result("24", "24.0") and same_result("2,000", "2000")
     assert same_result("3.3", "3.3333333333333335")  # rounded to the one decimal it shows
     assert not same_result("3.4", "3.3333333333333335") and not same_result("7", "6") and not same_result("x", "6")

@@ -57,7 +57,8 @@ def test_a_line_a_step_and_the_curve_at_each_validation(tmp_path: Path) -> None:
 
 
 def test_the_watch_runs_beside_training_and_never_stops_it(tmp_path: Path) -> None:
-    metrics, shown = tmp_path / "metrics.jsonl", []
+    metrics = tmp_path / "metrics.jsonl"
+    shown: list[str] = []
     not_a_dir = tmp_path / "report"
     not_a_dir.write_text("a file where the report directory should be")
     watch = ProgressWatch(metrics, not_a_dir, total_steps=None, emit=shown.append)

@@ -40,7 +40,7 @@ def response(content: str | None = None, tool_calls: list | None = None) -> dict
     return {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}]}
 
 
-def recorded(seq: int, messages: list, answer: dict, attempt: str = "a1", status: int = 200) -> dict[str, Any]:
+def recorded(seq: int, messages: list, answer: dict | None, attempt: str = "a1", status: int = 200) -> dict[str, Any]:
     return {"seq": seq, "attempt_id": attempt, "status_code": status,
             "request": {"model": "m", "messages": messages}, "response": answer}
 

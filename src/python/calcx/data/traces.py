@@ -68,7 +68,7 @@ class TraceError(ValueError):
         self.detail = detail
 
 
-def annotations(chain: str) -> list[tuple[str, str]]:
+def annotation_pairs(chain: str) -> list[tuple[str, str]]:
     """(expression, result) of every `<<expression=result>>` in order; TraceError when a mark is
     broken or there is none."""
     found = ANNOTATION_RE.findall(chain)
@@ -132,7 +132,7 @@ def reasoning(chain: str) -> str:
 
 async def build_trace(row: dict[str, Any], tools: list[dict[str, Any]]) -> tuple[dict[str, Any], int]:
     """(trace row, calculator calls) for one imported GSM8K row, or TraceError."""
-    pairs = annotations(str(row["chain"]))
+    pairs = annotation_pairs(str(row["chain"]))
     tool_calls, answers = [], []
     for index, (expression, annotated) in enumerate(pairs):
         check_bounded(expression)

@@ -181,8 +181,11 @@ def check_reward_options(cfg: DictConfig) -> None:
     from calcx.trainer.reward_options import RewardOptionError, RewardOptions
 
     section = OmegaConf.select(cfg, "calcx.reward", default=None)
+    container = OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else section
+    if container is not None and not isinstance(container, dict):
+        raise ConfigError(f"calcx.reward must be a mapping of options, not {container!r}")
     try:
-        RewardOptions.from_config(OmegaConf.to_container(section, resolve=True) if section is not None else None)
+        RewardOptions.from_config({str(k): v for k, v in container.items()} if container is not None else None)
     except RewardOptionError as exc:
         raise ConfigError(str(exc)) from None
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from calcx.agent.answer import ANSWER_RE
 from calcx.trainer.tool_use import TOOL_CALL_TAG, ToolUse, message_of, text_of
@@ -77,7 +77,7 @@ def is_void_turn(response: Any) -> bool:
     return not message.get("tool_calls") and TOOL_CALL_TAG not in text and ANSWER_RE.search(text) is None
 
 
-def apply_reward_options(samples: RolloutSamples, calls: list[Mapping[str, Any]], use: ToolUse,
+def apply_reward_options(samples: RolloutSamples, calls: Sequence[Mapping[str, Any]], use: ToolUse,
                          options: RewardOptions) -> RolloutSamples:
     """The rollout's samples with the options applied (the input is not changed). `calls` are the
     recorded calls the samples were made from (matched by call id)."""
