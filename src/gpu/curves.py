@@ -1,5 +1,7 @@
-"""One picture of GPU runs side by side: training reward per step (left) and validation accuracy
-(right), one line per run, from verl's metrics files (the `file` logger's JSONL).
+"""One picture of GPU runs side by side: training reward per step (left), validation accuracy
+(middle) and, when the runs logged it, calculator use (right: the share of rollouts with a
+successful calculator call, `calcx/train/tool_use` solid, `calcx/val/tool_use` dashed), one line
+per run, from verl's metrics files (the `file` logger's JSONL).
 
     python3 src/gpu/curves.py --out docs/gpu-run/curves.png sync=docs/gpu-run/sync_metrics.jsonl [async=...]
 """
@@ -12,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from calcx.trainer.report import read_metrics, reward_series, validation_series  # noqa: E402
+from calcx.trainer.report import TOOL_USE_SERIES, metric_series, read_metrics, reward_series, validation_series  # noqa: E402
 
 
 def draw(runs: list[tuple[str, Path]], out: Path, title: str) -> Path:
@@ -21,12 +23,20 @@ def draw(runs: list[tuple[str, Path]], out: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (reward_ax, val_ax) = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
+    loaded = [(label, read_metrics(path)) for label, path in runs]
+    with_tool_use = any(metric_series(metrics, key) for _, metrics in loaded for key, _ in TOOL_USE_SERIES)
+    fig, axes = plt.subplots(1, 3 if with_tool_use else 2, figsize=(16 if with_tool_use else 11, 4), dpi=100)
+    reward_ax, val_ax = axes[0], axes[1]
     labelled: dict[int, list[tuple[float, str]]] = {}  # step -> (accuracy, colour) of every run
-    for label, path in runs:
-        metrics = read_metrics(path)
+    for label, metrics in loaded:
         _, steps, values = reward_series(metrics)
-        reward_ax.plot(steps, values, "o-", markersize=3, label=label)
+        reward_line, = reward_ax.plot(steps, values, "o-", markersize=3, label=label)
+        if with_tool_use:
+            for (key, _), style in zip(TOOL_USE_SERIES, ("o-", "s--")):
+                points = metric_series(metrics, key)
+                if points:
+                    axes[2].plot([p[0] for p in points], [p[1] for p in points], style, markersize=3,
+                                 color=reward_line.get_color(), label=f"{label} {key.split('/')[1]}")
         points = validation_series(metrics)
         line, = val_ax.plot([p[0] for p in points], [p[1] for p in points], "s--", markersize=5, label=label)
         for step, acc in points:
@@ -42,7 +52,9 @@ def draw(runs: list[tuple[str, Path]], out: Path, title: str) -> Path:
                             xytext=offset, ha=align)
     reward_ax.set(title="training reward (mean of 32 x 4 rollouts)", xlabel="step", ylabel="reward", ylim=(0, 1))
     val_ax.set(title="validation accuracy (held-out problems)", xlabel="step", ylabel="accuracy", ylim=(0, 1))
-    for ax in (reward_ax, val_ax):
+    if with_tool_use:
+        axes[2].set(title="calculator use (share of rollouts)", xlabel="step", ylabel="share", ylim=(0, 1))
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")
     fig.suptitle(title)

@@ -5,9 +5,10 @@
 With `--calls` (the calcx server's SQLite store), the GPU's idle share of each step while it
 waited for agents is measured from the recorded model calls: the generation phase minus the union
 of the intervals in which at least one call was inside vLLM, over the whole step; and the store's
-agent table follows the step table: per step, the training rollouts, the share that called the
-calculator, tool-call parse failures (a `<tool_call>` in the text that vLLM's parser did not turn
-into a call), failed attempts (retried as new ones) and the largest policy-version lag of a call:
+agent table follows the step table: per step, the training rollouts, the share with a successful
+calculator call, tool calls per rollout, tool-call parse failures (a `<tool_call>` in the text that
+vLLM's parser did not turn into a call; all three counted by `calcx.trainer.tool_use`, as the
+trainer's `calcx/train/...` metrics are), failed attempts (retried as new ones) and the largest policy-version lag of a call:
 how many weight syncs behind the weights its rollout's step starts from (step - 1) the version that
 answered it was (the server records the version it serves at the time of each call). With
 `--incomplete` too, what the calls of the rollouts left out of their steps came back with.
@@ -23,6 +24,10 @@ import statistics
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+from calcx.trainer.tool_use import ToolUse, rollout_tool_use, tool_use_metrics  # noqa: E402
 
 
 def read_metrics(path: Path) -> dict[int, dict]:
@@ -60,37 +65,43 @@ _TRAIN_ID = re.compile(r"^calcx-train-s(\d+)-")
 
 
 def agent_stats(db: Path) -> dict[int, dict[str, float]]:
-    """Per training step, from the recorded calls and attempts of `calcx-train-s{step}-*` rollouts."""
+    """Per training step, from the recorded calls and attempts of `calcx-train-s{step}-*` rollouts.
+    Calculator use is counted by `calcx.trainer.tool_use` (what the trainer logs as
+    `calcx/train/...`), over each rollout's latest attempt that recorded calls."""
     con = sqlite3.connect(db)
     stats: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    tool_users: dict[int, set[str]] = defaultdict(set)
-    rollouts: dict[int, set[str]] = defaultdict(set)
-    for rid, response, version in con.execute(
-            "select rollout_id, response, policy_version from calls where status_code = 200"):
+    by_attempt: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    for rid, attempt_no, seq, request, response, version in con.execute(
+            "select rollout_id, attempt_no, seq, request, response, policy_version from calls "
+            "where status_code = 200"):
         match = _TRAIN_ID.match(str(rid))
         if not match:
             continue
         step = int(match.group(1))
-        rollouts[step].add(rid)
-        try:
-            message = json.loads(response)["choices"][0]["message"]
-        except (TypeError, ValueError, KeyError, IndexError):
-            continue
-        if message.get("tool_calls"):
-            tool_users[step].add(rid)
-        elif "<tool_call>" in str(message.get("content") or ""):
-            stats[step]["parse_failures"] += 1
+        by_attempt[(str(rid), int(attempt_no))].append({"seq": seq, "request": request, "response": response})
         if version is not None:
             # a step-s rollout is on-policy when version s - 1 (the weights after step s - 1's
             # update) answers it; the lag is how many versions older the answering one was
             stats[step]["max_lag"] = max(stats[step]["max_lag"], (step - 1) - int(version))
+    latest: dict[str, int] = {}
+    for rid, attempt_no in by_attempt:
+        latest[rid] = max(latest.get(rid, attempt_no), attempt_no)
+    uses: dict[int, list[ToolUse]] = defaultdict(list)
+    for rid, attempt_no in latest.items():
+        calls = sorted(by_attempt[(rid, attempt_no)], key=lambda c: int(c["seq"]))
+        match = _TRAIN_ID.match(rid)
+        assert match is not None
+        uses[int(match.group(1))].append(rollout_tool_use(calls))
     for rid, state in con.execute("select rollout_id, state from attempts"):
         match = _TRAIN_ID.match(str(rid))
         if match and state == "FAILED":
             stats[int(match.group(1))]["failed_attempts"] += 1
-    for step in rollouts:
-        stats[step]["rollouts"] = len(rollouts[step])
-        stats[step]["tool_share"] = len(tool_users[step]) / len(rollouts[step])
+    for step, items in uses.items():
+        measured = tool_use_metrics(items, "train")
+        stats[step]["rollouts"] = len(items)
+        stats[step]["tool_share"] = measured["calcx/train/tool_use"]
+        stats[step]["calls_per_rollout"] = measured["calcx/train/tool_calls_per_rollout"]
+        stats[step]["parse_failures"] = measured["calcx/train/tool_parse_failures"]
     return {k: dict(v) for k, v in stats.items()}
 
 
@@ -119,14 +130,36 @@ def evicted_calls(db: Path, incomplete: Path) -> str:
 
 
 def agent_table(stats: dict[int, dict[str, float]]) -> str:
-    head = ["step", "rollouts", "called the calculator", "tool-call parse failures", "failed attempts",
-            "max policy lag"]
+    head = ["step", "rollouts", "successful calculator call", "tool calls / rollout", "tool-call parse failures",
+            "failed attempts", "max policy lag"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for step in sorted(stats):
         m = stats[step]
         lines.append(f"| {step} | {int(m.get('rollouts', 0))} | {m.get('tool_share', 0.0):.0%} | "
-                     f"{int(m.get('parse_failures', 0))} | {int(m.get('failed_attempts', 0))} | "
-                     f"{int(m.get('max_lag', 0))} |")
+                     f"{m.get('calls_per_rollout', 0.0):.2f} | {int(m.get('parse_failures', 0))} | "
+                     f"{int(m.get('failed_attempts', 0))} | {int(m.get('max_lag', 0))} |")
+    return "\n".join(lines)
+
+
+TOOL_USE_COLUMNS = (("train tool use", "calcx/train/tool_use", "{:.0%}"),
+                    ("train calls / rollout", "calcx/train/tool_calls_per_rollout", "{:.2f}"),
+                    ("train parse failures", "calcx/train/tool_parse_failures", "{:.0f}"),
+                    ("val tool use", "calcx/val/tool_use", "{:.0%}"),
+                    ("val calls / rollout", "calcx/val/tool_calls_per_rollout", "{:.2f}"),
+                    ("val parse failures", "calcx/val/tool_parse_failures", "{:.0f}"))
+
+
+def tool_use_table(steps: dict[int, dict]) -> str:
+    """The trainer's own `calcx/{train,val}/...` tool-use metrics per step ("" when the run logged
+    none: an older run, or verl's own agent loop)."""
+    rows = [(step, m) for step, m in sorted(steps.items()) if any(key in m for _, key, _ in TOOL_USE_COLUMNS)]
+    if not rows:
+        return ""
+    lines = ["| step | " + " | ".join(name for name, _, _ in TOOL_USE_COLUMNS) + " |",
+             "|" + "---:|" * (len(TOOL_USE_COLUMNS) + 1)]
+    for step, m in rows:
+        cells = [fmt.format(m[key]) if key in m else "-" for _, key, fmt in TOOL_USE_COLUMNS]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -179,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     steps = read_metrics(args.metrics)
     print(table(steps, busy_seconds_by_step(args.calls) if args.calls else None))
+    tool_use = tool_use_table(steps)
+    if tool_use:
+        print()
+        print(tool_use)
     if args.calls:
         print()
         print(agent_table(agent_stats(args.calls)))

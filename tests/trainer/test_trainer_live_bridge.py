@@ -207,6 +207,37 @@ def test_grpo_groups_through_the_agent_loop(stack: dict, tmp_path: Path) -> None
     lines = [json.loads(x) for x in (tmp_path / "report" / "incomplete_groups.jsonl").read_text().splitlines()]
     assert {x["uid"] for x in lines} == {"uid-broken"} and len(lines) == N
 
+    # every trained rollout's calculator use, counted from its recorded calls, for the step's
+    # calcx/train/... metrics: the stub called the calculator once and the calculator answered
+    ledger = [json.loads(x) for x in (tmp_path / "report" / "tool_use.jsonl").read_text().splitlines()]
+    assert {x["rollout_id"] for x in ledger} == {f"calcx-train-s1-uid-{g}-{s}" for g in ("good", "wrong")
+                                                 for s in range(N)} and len(ledger) == 2 * N
+    assert all((x["partition"], x["step"], x["calls"], x["successful"], x["parse_failures"]) == ("train", 1, 1, 1, 0)
+               for x in ledger), ledger
+
+
+def test_reward_options_shape_training_rollouts_not_validation(stack: dict, tmp_path: Path) -> None:
+    """`calcx.reward.tool_bonus`: a right answer reached with the calculator trains with 1 + bonus;
+    the same row validated keeps the agent's reward, and the server keeps what the agent posted."""
+    from calcx.trainer.evaluation import val_session_kwargs
+    from calcx.trainer.session import run_session_from_config
+
+    cfg = _config(stack, tmp_path / "report", "calcx.reward.tool_bonus=0.5")
+    good = stack["rows"][0]
+
+    async def scenario():
+        await _register(stack, "calcx-stub")
+        train = await _group(cfg, good, "uid-bonus", 3)
+        val = await run_session_from_config(cfg, {}, val_session_kwargs(good, uid="uid-bonus-val", session_id=0, step=3))
+        return train, val
+
+    train, val = asyncio.run(scenario())
+    assert all(isinstance(outputs, list) and outputs for outputs in train), train
+    assert {out.reward_score for outputs in train for out in outputs} == {1.5}
+    assert {sample.reward for sample in val.samples} == {1.0}
+    rollouts = asyncio.run(_rollouts(stack))
+    assert {rollouts[f"calcx-train-s3-uid-bonus-{i}"]["reward"] for i in range(N)} == {1.0}
+
 
 def test_eval_only_driver_and_report_from_the_server(stack: dict, tmp_path: Path) -> None:
     from calcx.trainer.evaluation import collect_eval, run_validation

@@ -65,3 +65,32 @@ def test_replica_addresses_become_openai_base_urls() -> None:
         "http://10.0.0.5:8001/v1", "http://[fd00::1]:8002/v1", "http://h:1/v1"]
     with pytest.raises(ValueError, match="no vLLM replica"):
         openai_endpoints(["", " "])
+
+
+def test_report_draws_and_states_calculator_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`calcx/{train,val}/tool_use` go on the reward figure (as lines beside the reward) and into
+    report.md; a run without them keeps the old figure and text."""
+    from calcx.trainer import report as report_module
+
+    lines = [{"step": s, "data": {"critic/score/mean": 0.1 * s, "calcx/train/tool_use": 0.5 / s}} for s in (1, 2)]
+    lines.append({"step": 2, "data": {"calcx/val/tool_use": 0.25, "calcx/val/tool_parse_failures": 4.0,
+                                      "val-core/gsm8k/reward/mean@1": 0.5}})
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    drawn: list[list[str]] = []
+    save = report_module._save_reward_axes
+
+    def spy(fig, ax, title, out, **kwargs):  # type: ignore[no-untyped-def]
+        drawn.append([line.get_label() for line in ax.get_lines()])
+        return save(fig, ax, title, out, **kwargs)
+
+    monkeypatch.setattr(report_module, "_save_reward_axes", spy)
+    text = write_report(tmp_path / "out", metrics_path=metrics, eval_records=None).read_text()
+    assert drawn[-1] == ["critic/score/mean", "validation", "train tool use", "validation tool use"]
+    assert "train tool use (share of rollouts with a successful calculator call): first 50.0% (step 1), " \
+           "last 25.0% (step 2)" in text
+    assert "validation tool use (share of rollouts with a successful calculator call): first 25.0% (step 2)" in text
+    assert "tool-call parse failures at the last validation (step 2): 4" in text
+
+    text = write_report(tmp_path / "old", metrics_path=_metrics(tmp_path / "old.jsonl"), eval_records=None).read_text()
+    assert drawn[-1] == ["critic/score/mean", "validation"] and "tool use" not in text

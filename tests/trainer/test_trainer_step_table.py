@@ -131,3 +131,57 @@ def test_step_table_says_what_the_calls_of_left_out_rollouts_came_back_with(tmp_
     assert lines[0] == "4 rollouts left out; 1 of them recorded no call"
     rows = {tuple(cell.strip() for cell in line.strip("|").split("|")) for line in lines[4:]}
     assert rows == {("200", "abort", "none", "2"), ("200", "stop", "some", "1"), ("502", "(no choice)", "none", "1")}
+
+
+def test_step_tables_count_calculator_use_as_the_trainer_does(tmp_path: Path) -> None:
+    """The agent table reads the store with `calcx.trainer.tool_use` (the trainer's own counting):
+    a successful call, a refused one, a `<tool_call>` left as text, and only the latest attempt;
+    the metrics file's `calcx/{train,val}/...` columns come out as logged."""
+    import sqlite3
+    from array import array
+
+    db = tmp_path / "calcx.db"
+    con = sqlite3.connect(db)
+    con.executescript(_store_schema())
+
+    def call(rid: str, attempt: int, seq: int, messages: list, message: dict) -> None:
+        con.execute("insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
+                    "response_token_ids, response_logprobs, latency_s, policy_version, endpoint, status_code, "
+                    "created_at) values (?, ?, ?, ?, ?, ?, ?, ?, 0.5, 0, 'http://r/v1', 200, 0)",
+                    (rid, attempt, seq, json.dumps({"messages": messages}).encode(),
+                     json.dumps({"choices": [{"message": message}]}).encode(),
+                     array("i", [1]).tobytes(), array("i", [2]).tobytes(), array("d", [0.0]).tobytes()))
+
+    def calc(cid: str) -> dict:
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": cid, "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "2*3"}'}}]}
+
+    user = {"role": "user", "content": "q"}
+    call("calcx-train-s1-u-0", 1, 0, [user], calc("a"))
+    call("calcx-train-s1-u-0", 1, 1, [user, calc("a"), {"role": "tool", "tool_call_id": "a", "content": "6"}],
+         {"role": "assistant", "content": "### ANSWER: 6 ###"})
+    call("calcx-train-s1-u-1", 1, 0, [user], calc("b"))
+    call("calcx-train-s1-u-1", 1, 1, [user, calc("b"), {"role": "tool", "tool_call_id": "b",
+                                                         "content": "Error executing tool calculate: bad"}],
+         {"role": "assistant", "content": "### ANSWER: 6 ###"})
+    call("calcx-train-s1-u-2", 1, 0, [user], calc("c"))  # attempt 1 was retried: attempt 2 counts
+    call("calcx-train-s1-u-2", 2, 0, [user], {"role": "assistant", "content": "<tool_call>\n{\"name\": </tool_call>"})
+    call("calcx-train-s1-u-3", 1, 0, [user], {"role": "assistant", "content": "### ANSWER: 6 ###"})
+    con.commit()
+
+    stats = _step_table().agent_stats(db)
+    assert stats[1]["rollouts"] == 4 and stats[1]["tool_share"] == 0.25
+    assert stats[1]["calls_per_rollout"] == 0.5 and stats[1]["parse_failures"] == 1
+    row = _step_table().agent_table(stats).splitlines()[2]
+    assert [c.strip() for c in row.strip("|").split("|")][:5] == ["1", "4", "25%", "0.50", "1"]
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("\n".join(json.dumps(r) for r in [
+        {"step": 0, "data": {"calcx/val/tool_use": 0.1, "calcx/val/tool_parse_failures": 3.0}},
+        {"step": 1, "data": {"timing_s/step": 2.0, "calcx/train/tool_use": 0.25,
+                             "calcx/train/tool_calls_per_rollout": 0.5}}]) + "\n")
+    table = _step_table().tool_use_table(_step_table().read_metrics(log)).splitlines()
+    assert table[0].startswith("| step | train tool use |")
+    assert [c.strip() for c in table[2].strip("|").split("|")] == ["0", "-", "-", "-", "10%", "-", "3"]
+    assert [c.strip() for c in table[3].strip("|").split("|")] == ["1", "25%", "0.50", "-", "-", "-", "-"]
+    assert _step_table().tool_use_table({1: {"timing_s/step": 2.0}}) == ""

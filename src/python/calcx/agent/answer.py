@@ -29,6 +29,17 @@ def build_task(question: str) -> str:
     return f"{question.strip()}\n\n{INSTRUCTION}"
 
 
+def prompt_messages(question: str) -> list[dict[str, str]]:
+    """The system and user messages the agent's first model call starts with (AutoGen sends the
+    system message, then the task as the user turn)."""
+    return [{"role": "system", "content": SYSTEM_MESSAGE}, {"role": "user", "content": build_task(question)}]
+
+
+def format_answer(answer: str) -> str:
+    """A final answer in the format the instruction asks for and `extract_answer` reads back."""
+    return f"### ANSWER: {answer} ###"
+
+
 def bound_text(text: str) -> str:
     """Keep the last MAX_MESSAGE_CHARS characters and cap whitespace runs."""
     if len(text) > MAX_MESSAGE_CHARS:

@@ -11,16 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from calcx.agent.answer import SYSTEM_MESSAGE, build_task
+from calcx.agent.answer import prompt_messages
 from calcx.trainer.data import verl_record
 
 # verl 0.9.1 registers its ToolAgentLoop under this name
 TOOL_AGENT = "tool_agent"
-
-
-def prompt_messages(question: str) -> list[dict[str, str]]:
-    """The system and user messages the calcx agent's first model call starts with."""
-    return [{"role": "system", "content": SYSTEM_MESSAGE}, {"role": "user", "content": build_task(question)}]
 
 
 def anchor_records(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""``calcx data``: generate a Calc-X-style dataset, import GSM8K or Calc-X files, or validate files."""
+"""``calcx data``: generate a Calc-X-style dataset, import GSM8K or Calc-X files, validate files, or
+turn GSM8K's calculator annotations into the agent's chat traces (a warm-up set)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--force", action="store_true", help="overwrite existing files")
     val = sub.add_parser("validate", help="check that files follow the Calc-X row schema")
     val.add_argument("files", nargs="+", help=".parquet or .jsonl files")
+    tr = sub.add_parser(
+        "traces", help="turn GSM8K calculator annotations into agent-format chat traces (supervised warm-up)",
+        description="Read GSM8K jsonl/parquet and write one chat trace per row in the agent's own format: its "
+                    "system and user messages, one turn calling the calculate tool per <<expression=result>> "
+                    "annotation, the MCP calculator's answers, then the reasoning and ### ANSWER: x ###. Rows "
+                    "whose annotations cannot make a faithful trace are skipped and named.")
+    tr.add_argument("files", nargs="+", help="GSM8K .jsonl or .parquet files ({question, answer})")
+    tr.add_argument("--out", required=True, help="traces file: .parquet (verl's SFT trainer) or .jsonl")
+    tr.add_argument("--force", action="store_true", help="overwrite an existing file")
     return parser
 
 
@@ -141,12 +151,50 @@ def _validate(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _traces(args: argparse.Namespace) -> int:
+    from calcx.data.importers import import_files
+    from calcx.data.schema import DataError
+    from calcx.data.traces import TRACE_SUFFIXES, Skipped, build_traces, write_traces
+
+    out = Path(args.out)
+    if out.suffix not in TRACE_SUFFIXES:
+        print(f"calcx data: error: --out {out} must end in {' or '.join(TRACE_SUFFIXES)}", file=sys.stderr)
+        return 2
+    if out.exists() and not args.force:
+        print(f"calcx data: error: {out} already exists; pass --force to overwrite", file=sys.stderr)
+        return 2
+    try:
+        imported = import_files(args.files, "gsm8k")
+    except DataError as exc:
+        print(f"calcx data: error: {exc}", file=sys.stderr)
+        return 2
+    result = build_traces(imported.rows, [f"{o.file}: {o.unit} {o.line}" for o in imported.origins])
+    skipped = [Skipped(f"{p.file}: {p.unit} {p.line}", "bad_row", f"field '{p.field}' {p.reason}" if p.field else p.reason)
+               for p in imported.problems] + result.skipped
+    if skipped:
+        reasons: dict[str, int] = {}
+        for item in skipped:
+            reasons[item.reason] = reasons.get(item.reason, 0) + 1
+        shown = ", ".join(f"{reason} {count}" for reason, count in sorted(reasons.items()))
+        print(f"calcx data: skipped {len(skipped)} row{'s' if len(skipped) != 1 else ''} ({shown}):", file=sys.stderr)
+        _list_problems(skipped)
+    if not result.traces:
+        print(f"calcx data: error: no row of {', '.join(args.files)} made a trace; nothing written", file=sys.stderr)
+        return 1
+    write_traces(result.traces, out)
+    print(f"wrote {out} ({len(result.traces)} traces, {result.calls} calculator calls); "
+          f"{imported.read} rows read, {len(result.traces)} kept, {len(skipped)} skipped")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "generate":
         return _generate(args)
     if args.command == "import":
         return _import(args)
+    if args.command == "traces":
+        return _traces(args)
     return _validate(args)
 
 

@@ -84,10 +84,11 @@ def _has_key(cfg: DictConfig | ListConfig, dotted: str) -> bool:
     return True
 
 
-def _set(cfg: DictConfig, dotted: str, value: Any, *, must_exist: bool, origin: str) -> None:
+def _set(cfg: DictConfig, dotted: str, value: Any, *, must_exist: bool, origin: str,
+         config_name: str = VERL_CONFIG_NAME) -> None:
     if must_exist and not _has_key(cfg, dotted):
         raise ConfigError(
-            f"{origin}: '{dotted}' is not a key of verl's {VERL_CONFIG_NAME} config; "
+            f"{origin}: '{dotted}' is not a key of verl's {config_name} config; "
             f"check the spelling, or write '+{dotted}=...' to add a new key"
         )
     with open_dict(cfg):
@@ -102,18 +103,19 @@ def _load_sections(path: Path) -> dict[str, Any]:
     return {str(k): v for k, v in data.items()}
 
 
-def _apply_sections(cfg: DictConfig, data: dict[str, Any], origin: str) -> None:
+def _apply_sections(cfg: DictConfig, data: dict[str, Any], origin: str,
+                    config_name: str = VERL_CONFIG_NAME) -> None:
     for dotted, value in _leaves(data.get("overrides") or {}):
-        _set(cfg, dotted, value, must_exist=True, origin=origin)
+        _set(cfg, dotted, value, must_exist=True, origin=origin, config_name=config_name)
     for dotted, value in _leaves(data.get("additions") or {}):
-        _set(cfg, dotted, value, must_exist=False, origin=origin)
+        _set(cfg, dotted, value, must_exist=False, origin=origin, config_name=config_name)
 
 
-def _apply_file(cfg: DictConfig, path: Path) -> None:
+def _apply_file(cfg: DictConfig, path: Path, config_name: str = VERL_CONFIG_NAME) -> None:
     data = _load_sections(path)
     if "gpu_profiles" in data:
         raise ConfigError(f"{path}: 'gpu_profiles' belongs in calcx.yaml alone")
-    _apply_sections(cfg, data, str(path))
+    _apply_sections(cfg, data, str(path), config_name)
 
 
 def gpu_memory_gib() -> float:
@@ -234,7 +236,22 @@ def compose(request: ComposeRequest) -> DictConfig:
     template = request.chat_template if request.chat_template is not None else cfg.calcx.get("chat_template")
     if template:
         apply_chat_template(cfg, str(template))
+    check_reward_options(cfg)
     return cfg
+
+
+def check_reward_options(cfg: DictConfig) -> None:
+    """`calcx.reward` is read in every agent loop session: a bad value stops the run here, by name."""
+    from calcx.trainer.reward_options import RewardOptionError, RewardOptions
+
+    section = OmegaConf.select(cfg, "calcx.reward", default=None)
+    container = OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else section
+    if container is not None and not isinstance(container, dict):
+        raise ConfigError(f"calcx.reward must be a mapping of options, not {container!r}")
+    try:
+        RewardOptions.from_config({str(k): v for k, v in container.items()} if container is not None else None)
+    except RewardOptionError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def resolve_model_path(model: str) -> str:

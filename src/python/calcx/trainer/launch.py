@@ -3,7 +3,8 @@
 Order: Calc-X files -> verl's layout; the calcx server + controller are started (unless
 `calcx.server_url` names running ones) and their URL and key written into the config; Ray workers
 get calcx's import path and the metrics file through `ray_kwargs.ray_init.runtime_env.env_vars`;
-verl's own checks; verl's V1 trainer. Whatever happens, the validation rollouts are read back from
+verl's own checks; verl's V1 trainer, with a progress line a step on the console and the curve
+redrawn at each validation (calcx.trainer.progress). Whatever happens, the validation rollouts are read back from
 the server and `eval.md`, `reward_curve.png` and `report.md` are written, then every process this
 run started is ended.
 """
@@ -20,6 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from calcx.trainer.data import to_verl_parquet, verl_records
+from calcx.trainer.progress import ProgressWatch, total_training_steps
 from calcx.trainer.report import count_incomplete, write_report
 from calcx.trainer.server_key import remove_key_file, server_key, write_key_file
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
@@ -229,13 +231,26 @@ def run_training(cfg: DictConfig, *, train_src: Path, val_src: Path, eval_only: 
                 counts = run_eval_driver(cfg, val_src)
                 log.info("calcx train --eval-only: %s", counts)
             else:
-                run_verl(cfg)
+                watch = ProgressWatch(metrics_path, report_dir, total_steps=training_steps(cfg))
+                with watch.running():  # one console line a step, the curve redrawn at each validation
+                    run_verl(cfg)
 
         def report() -> str:
             return f"report in {finish_report(cfg, report_dir, metrics_path)} (eval table {report_dir / 'eval.md'})"
 
         run_then_report("calcx train", run, report)
     return 0
+
+
+def training_steps(cfg: DictConfig) -> int | None:
+    """The number of steps verl will train, from the verl-layout train file's rows (None when unknown)."""
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.ParquetFile(str(cfg.data.train_files)).metadata.num_rows
+    except (OSError, ValueError):
+        return None
+    return total_training_steps(cfg, rows)
 
 
 def run_then_report(prog: str, run: Callable[[], object], report: Callable[[], str]) -> None:

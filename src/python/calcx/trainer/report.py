@@ -16,18 +16,39 @@ from typing import Any, Iterable, Mapping, Sequence
 # First key found wins: verl's mean sequence score, then the rehearsal's name.
 REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean", "reward/mean")
 VAL_KEY_PREFIX = "val-core/"
+# the share of rollouts with >= 1 successful calculator call (calcx.trainer.tool_use), drawn beside
+# the reward: (metrics key, legend label)
+TOOL_USE_SERIES = (("calcx/train/tool_use", "train tool use"), ("calcx/val/tool_use", "validation tool use"))
 
 
 class ReportError(ValueError):
     """The metrics or eval input cannot make a report."""
 
 
-def _save_reward_axes(fig, ax, title: str, out: Path) -> Path:  # type: ignore[no-untyped-def]
+def metric_series(metrics: Sequence[Mapping[str, Any]], key: str) -> list[tuple[int, float]]:
+    """(step, value) of every finite number logged under `key`, by step."""
+    return sorted((int(m["step"]), float(m[key])) for m in metrics
+                  if isinstance(m.get(key), (int, float)) and not isinstance(m.get(key), bool)
+                  and math.isfinite(float(m[key])))
+
+
+def _plot_tool_use(ax, metrics: Sequence[Mapping[str, Any]]) -> bool:  # type: ignore[no-untyped-def]
+    """Tool-use shares on the reward axes (both are in [0, 1]); whether any was drawn."""
+    drawn = False
+    for key, label in TOOL_USE_SERIES:
+        points = metric_series(metrics, key)
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], "^:", markersize=4, label=label)
+            drawn = True
+    return drawn
+
+
+def _save_reward_axes(fig, ax, title: str, out: Path, *, tool_use: bool = False) -> Path:  # type: ignore[no-untyped-def]
     """Label, title and write a reward figure as PNG; close it."""
     import matplotlib.pyplot as plt
 
     ax.set_xlabel("training step")
-    ax.set_ylabel("mean reward")
+    ax.set_ylabel("mean reward / share of rollouts" if tool_use else "mean reward")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best")
@@ -82,7 +103,7 @@ def plot_reward_curve(metrics: Sequence[Mapping[str, Any]], out_png: str | Path,
                         if k.startswith(VAL_KEY_PREFIX) and k.endswith("/mean@1") and isinstance(v, (int, float)))
     if val_points:
         ax.plot([p[0] for p in val_points], [p[1] for p in val_points], "s--", markersize=4, label="validation")
-    return _save_reward_axes(fig, ax, title, out)
+    return _save_reward_axes(fig, ax, title, out, tool_use=_plot_tool_use(ax, metrics))
 
 
 @dataclass
@@ -183,12 +204,13 @@ def write_report(out_dir: str | Path, *, metrics_path: str | Path | None,
     elif allow_no_reward:
         val = validation_series(metrics or [])
         if val:
-            plot_validation_curve(val, out / "reward_curve.png")
+            plot_validation_curve(val, out / "reward_curve.png", metrics=metrics or [])
             parts += [f"No training step recorded a reward; validation reward over {len(val)} point(s).", "",
                       "![reward curve](reward_curve.png)", ""]
         else:
             plot_placeholder(out / "reward_curve.png", "no training step recorded a reward")
             parts += ["No training step recorded a reward (see the run's logs).", ""]
+    parts += tool_use_lines(metrics or [])
     if incomplete_groups is not None:
         parts += [f"GRPO groups left out as incomplete: {incomplete_groups}.", ""]
     if eval_records is not None:
@@ -199,6 +221,22 @@ def write_report(out_dir: str | Path, *, metrics_path: str | Path | None,
     path = out / "report.md"
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
+
+
+def tool_use_lines(metrics: Sequence[Mapping[str, Any]]) -> list[str]:
+    """report.md's tool-use sentence: first and last share of rollouts with a successful calculator
+    call, and the last validation's parse failures ([] when the run logged no tool use)."""
+    parts = []
+    for key, label in TOOL_USE_SERIES:
+        points = metric_series(metrics, key)
+        if points:
+            parts.append(f"{label} (share of rollouts with a successful calculator call): first {points[0][1]:.1%} "
+                         f"(step {points[0][0]}), last {points[-1][1]:.1%} (step {points[-1][0]})")
+    failures = metric_series(metrics, "calcx/val/tool_parse_failures")
+    if failures:
+        parts.append(f"tool-call parse failures at the last validation (step {failures[-1][0]}): "
+                     f"{failures[-1][1]:.0f}")
+    return ["; ".join(parts) + ".", ""] if parts else []
 
 
 def validation_series(metrics: Sequence[Mapping[str, Any]]) -> list[tuple[int, float]]:
@@ -213,7 +251,8 @@ def validation_series(metrics: Sequence[Mapping[str, Any]]) -> list[tuple[int, f
 
 
 def plot_validation_curve(points: Sequence[tuple[int, float]], out_png: str | Path,
-                          title: str = "Calc-X validation reward") -> Path:
+                          title: str = "Calc-X validation reward",
+                          metrics: Sequence[Mapping[str, Any]] | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -223,7 +262,7 @@ def plot_validation_curve(points: Sequence[tuple[int, float]], out_png: str | Pa
     out.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     ax.plot([p[0] for p in points], [p[1] for p in points], "s--", markersize=5, label="validation")
-    return _save_reward_axes(fig, ax, title, out)
+    return _save_reward_axes(fig, ax, title, out, tool_use=_plot_tool_use(ax, metrics or []))
 
 
 def count_incomplete(path: str | Path) -> int:

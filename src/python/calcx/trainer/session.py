@@ -17,6 +17,8 @@ from typing import Any, Mapping
 from calcx.trainer.group import GroupSpec, settle_group
 from calcx.trainer.server_key import server_key
 from calcx.api.client import AsyncCalcxClient
+from calcx.trainer.reward_options import RewardOptions, apply_reward_options
+from calcx.trainer.tool_use import attempt_calls, record_tool_use, rollout_tool_use
 from calcx.trainer.translate import RolloutIncomplete, RolloutSamples, translate_rollout
 
 logger = logging.getLogger(__name__)
@@ -95,16 +97,26 @@ def record_incomplete(report_dir: str | os.PathLike[str], exc: RolloutIncomplete
 
 
 async def run_session(spec: GroupSpec, *, server_url: str, key: str, report_dir: str | os.PathLike[str],
-                      max_prompt_length: int, max_response_length: int) -> RolloutSamples:
-    """Create the group, settle it, translate this session's rollout; `RolloutIncomplete` leaves it out."""
+                      max_prompt_length: int, max_response_length: int,
+                      reward_options: RewardOptions | None = None) -> RolloutSamples:
+    """Create the group, settle it, translate this session's rollout; `RolloutIncomplete` leaves it out.
+
+    The rollout's calculator use (from its recorded calls) goes to `{report_dir}/tool_use.jsonl`;
+    `reward_options` (`calcx.reward`) shape a training rollout's samples, never a validation one's."""
     client = AsyncCalcxClient(server_url, key)
     try:
         own = await settle_group(client, spec)
-        calls = await client.calls(own.rollout_id)
+        calls = [c.model_dump(mode="json") for c in await client.calls(own.rollout_id)]
         # translate reads the server's JSON (plain data, tested without a server)
-        return translate_rollout(own.model_dump(mode="json"), [c.model_dump(mode="json") for c in calls],
-                                 max_prompt_length=max_prompt_length,
-                                 max_response_length=max_response_length, expected_group_id=spec.uid)
+        samples = translate_rollout(own.model_dump(mode="json"), calls, max_prompt_length=max_prompt_length,
+                                    max_response_length=max_response_length, expected_group_id=spec.uid)
+        used = attempt_calls(calls, samples.attempt_id)
+        use = rollout_tool_use(used)
+        record_tool_use(report_dir, partition=spec.partition, step=spec.step, rollout_id=samples.rollout_id,
+                        use=use)
+        if spec.partition == "train" and reward_options is not None:
+            samples = apply_reward_options(samples, used, use, reward_options)
+        return samples
     except RolloutIncomplete as exc:
         record_incomplete(report_dir, exc, uid=spec.uid, step=spec.step)
         logger.warning("calcx: leaving group %s out of step %d: %s", spec.uid, spec.step, exc)
@@ -118,6 +130,8 @@ async def run_session_from_config(config: Any, sampling_params: Mapping[str, Any
     """`run_session` with everything taken from the composed trainer config (what the AgentLoop does)."""
     calcx, rollout = config.calcx, config.actor_rollout_ref.rollout
     spec = session_spec(calcx, rollout, sampling_params, kwargs)
+    reward = calcx.get("reward")
+    options = RewardOptions.from_config(dict(reward) if reward is not None else None)
     return await run_session(spec, server_url=str(calcx.server_url), key=server_key(calcx),
                              report_dir=str(calcx.report_dir), max_prompt_length=int(rollout.prompt_length),
-                             max_response_length=int(rollout.response_length))
+                             max_response_length=int(rollout.response_length), reward_options=options)

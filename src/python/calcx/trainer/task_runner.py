@@ -1,5 +1,7 @@
 """verl 0.9.1's V1 TaskRunner with calcx's duties added: keep the server's policy version current,
-and look for finished rollouts more often than verl's 2 s.
+look for finished rollouts more often than verl's 2 s, and log the agents' calculator use with
+verl's own metrics (`calcx/{train,val}/...`, from the rollouts' recorded calls:
+`calcx.trainer.tool_use`).
 
 verl stamps each of its own samples with the weight version the vLLM replica reports; calcx's
 agents reach vLLM through the server's gateway instead, so the server must be told the version.
@@ -18,11 +20,14 @@ from __future__ import annotations
 
 import functools
 import logging
+from pathlib import Path
 from typing import Any, Callable
 
 import ray
 from omegaconf import OmegaConf
 from verl.trainer.main_ppo import TaskRunnerV1
+
+from calcx.trainer.tool_use import LEDGER_FILE, ToolUseLedger, add_tool_use_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +65,9 @@ class CalcxTaskRunnerBase(_VerlTaskRunner):  # type: ignore[misc,valid-type]
     def init_agent_loop_manager(self) -> None:
         # verl's runner calls this right after the trainer (and its replay buffer) is built
         set_replay_poll(self.trainer.replay_buffer, OmegaConf.select(self.config, "calcx.replay_poll_s", default=None))
+        report_dir = OmegaConf.select(self.config, "calcx.report_dir", default=None)
+        if report_dir:  # the AgentLoop sessions write each rollout's tool use there
+            add_tool_use_metrics(self.trainer, ToolUseLedger(Path(str(report_dir)) / LEDGER_FILE))
         super().init_agent_loop_manager()
         publish = getattr(self.agent_loop_manager, "publish_policy_version", None)
         if publish is None:  # verl's own agent loops (the anchor) read the version from vLLM itself

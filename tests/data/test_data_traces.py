@@ -1,0 +1,140 @@
+"""`calcx data traces`: GSM8K annotations in, the agent's chat traces out, bad annotations named.
+
+The reference for each tool answer is the real MCP calculator the agent starts (`python -m
+calcx.agent.calculator`, spoken to over stdio with MCP's own client); the reference for the
+opening messages and the answer format is the agent's own code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from mcp import ClientSession, StdioServerParameters, types
+from mcp.client.stdio import stdio_client
+
+import calcx.data.__main__  # noqa: F401  (calcx.cli loads it by name; importing it here makes Pants ship it)
+from calcx.agent.answer import SYSTEM_MESSAGE, build_task, extract_answer
+from calcx.agent.calculator import calculator_environment
+from calcx.agent.reward import reward
+from calcx.anchor.calculator import calculator_tool_entry
+from calcx.cli import main
+from calcx.data.traces import annotation_pairs, same_result
+
+# Made-up problems in GSM8K's layout (the real file stays out of the repository).
+GOOD = [
+    {"question": "Ana sold 48 clips in April and half as many in May. How many in all?",
+     "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\nIn all 48+24 = <<48+24=72>>72 clips.\n#### 72"},
+    {"question": "Three friends share 10 dollars. How much each, to the cent?",
+     "answer": "Each gets 10/3 = $<<10/3=3.33>>3.33.\n#### 3.33"},
+    {"question": "A farm sells 1,000 eggs a day for 2 days. How many eggs?",
+     "answer": "It sells 1000*2=<<1000*2=2000>>2000 eggs.\n#### 2,000"},
+]
+BAD = [  # (row, the reason it is skipped for)
+    ({"question": "q1", "answer": "It is 48/2 = <<48/2=24 clips.\n#### 24"}, "unclosed_annotation"),
+    ({"question": "q2", "answer": "It is <<48/2>>24.\n#### 24"}, "no_result"),
+    ({"question": "q3", "answer": "Cost 3*$2 = <<3*$2=6>>6.\n#### 6"}, "bad_expression"),
+    ({"question": "q4", "answer": "Nothing: <<5/0=0>>0.\n#### 0"}, "calculator_error"),
+    ({"question": "q5", "answer": "Wrong: <<2*3=7>>7.\n#### 7"}, "result_mismatch"),
+    ({"question": "q6", "answer": "Huge: <<9**9**9=1>>1.\n#### 1"}, "unbounded_power"),
+    ({"question": "q7", "answer": "Ana has 5 pens.\n#### 5"}, "no_annotation"),
+    ({"question": "q8", "answer": "no final line <<1+1=2>>2"}, "bad_row"),
+]
+
+
+def _write(path: Path) -> Path:
+    rows = [GOOD[0], *[row for row, _ in BAD], *GOOD[1:]]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+async def _calculator(expressions: list[str]) -> list[str]:
+    """What the agent's MCP calculator answers, over stdio as the agent asks it."""
+    params = StdioServerParameters(command=sys.executable, args=["-m", "calcx.agent.calculator"],
+                                   env=calculator_environment())
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        answers = [await session.call_tool("calculate", {"expression": e}) for e in expressions]
+    texts = []
+    for answer in answers:
+        assert not answer.isError
+        texts.append("\n".join(c.text for c in answer.content if isinstance(c, types.TextContent)))
+    return texts
+
+
+def test_traces_in_the_agents_format_with_the_calculators_answers(tmp_path: Path, capsys) -> None:
+    source = _write(tmp_path / "gsm8k.jsonl")
+    out = tmp_path / "traces.parquet"
+    assert main(["data", "traces", str(source), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1] == (f"wrote {out} (3 traces, 4 calculator calls); 11 rows read, 3 kept, "
+                                             "8 skipped")
+    for number, (_, reason) in enumerate(BAD, start=2):  # every bad row named by line and reason
+        assert f"{source}: line {number}: {reason}" in captured.err, (reason, captured.err)
+
+    rows = pq.read_table(out).to_pylist()
+    assert [r["id"] for r in rows] == ["gsm8k-gsm8k-1", "gsm8k-gsm8k-10", "gsm8k-gsm8k-11"]
+    expressions: list[str] = []
+    answers: list[str] = []
+    for row, good in zip(rows, GOOD):
+        messages = row["messages"]
+        assert row["tools"] == [calculator_tool_entry()]
+        assert (messages[0]["role"], messages[0]["content"]) == ("system", SYSTEM_MESSAGE)
+        assert (messages[1]["role"], messages[1]["content"]) == ("user", build_task(good["question"]))
+        calling, *tool_messages, closing = messages[2:]
+        assert calling["role"] == "assistant" and calling["content"] is None
+        calls = calling["tool_calls"]
+        assert [c["function"]["name"] for c in calls] == ["calculate"] * len(calls)
+        assert [m["tool_call_id"] for m in tool_messages] == [c["id"] for c in calls]
+        assert all(m["role"] == "tool" for m in tool_messages)
+        expressions += [json.loads(c["function"]["arguments"])["expression"] for c in calls]
+        answers += [m["content"] for m in tool_messages]
+        # the closing turn: GSM8K's reasoning without the marks, then an answer the agent scores right
+        assert closing["role"] == "assistant" and "<<" not in closing["content"]
+        truth = good["answer"].rpartition("####")[2].strip().replace(",", "")
+        assert extract_answer(closing["content"]) == truth and reward(extract_answer(closing["content"]), truth) == 1.0
+    assert expressions == ["48/2", "48+24", "10/3", "1000*2"]
+    assert rows[0]["messages"][-1]["content"].startswith("In May she sold 48/2 = 24 clips.\nIn all 48+24 = 72 clips.")
+    assert answers == asyncio.run(_calculator(expressions)) == ["24.0", "72", "3.3333333333333335", "2000"]
+
+
+def test_jsonl_output_and_refusals(tmp_path: Path, capsys) -> None:
+    source = tmp_path / "gsm8k.jsonl"
+    source.write_text(json.dumps(GOOD[0]) + "\n")
+    out = tmp_path / "t.jsonl"
+    assert main(["data", "traces", str(source), "--out", str(out)]) == 0
+    [trace] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [m["role"] for m in trace["messages"]] == ["system", "user", "assistant", "tool", "tool", "assistant"]
+    assert main(["data", "traces", str(source), "--out", str(out)]) == 2  # exists: --force to overwrite
+    assert "already exists" in capsys.readouterr().err
+    assert main(["data", "traces", str(source), "--out", str(tmp_path / "t.csv")]) == 2
+    only_bad = tmp_path / "bad.jsonl"
+    only_bad.write_text(json.dumps(BAD[6][0]) + "\n")
+    assert main(["data", "traces", str(only_bad), "--out", str(tmp_path / "none.jsonl")]) == 1
+    assert not (tmp_path / "none.jsonl").exists()
+
+
+def test_annotation_rules() -> None:
+    assert annotation_pairs("a <<1+2=3>>3 b <<3*4=12>>12") == [("1+2", "3"), ("3*4", "12")]
+    assert same_result("3.33", "3.3333333333333335") and same_result("24", "24.0") and same_result("2,000", "2000")
+    assert same_result("3.3", "3.3333333333333335")  # rounded to the one decimal it shows
+    assert not same_result("3.4", "3.3333333333333335") and not same_result("7", "6") and not same_result("x", "6")
+
+
+REAL_GSM8K = Path(os.environ.get("CALCX_GSM8K_FILE", "") or "/nonexistent/gsm8k/train.jsonl")
+
+
+@pytest.mark.skipif(not REAL_GSM8K.is_file(),
+                    reason="needs GSM8K's train.jsonl, which the repository does not ship: set CALCX_GSM8K_FILE to a copy")
+def test_the_real_gsm8k_train_file(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "traces.parquet"
+    assert main(["data", "traces", str(REAL_GSM8K), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1] == (f"wrote {out} (7368 traces, 23690 calculator calls); 7473 rows read, "
+                                             "7368 kept, 105 skipped")
+    assert "skipped 105 rows (calculator_error 10, no_annotation 95)" in captured.err

@@ -1,0 +1,119 @@
+"""`calcx warmup`: verl's own SFT trainer config over `calcx data traces` output, composed and
+checked on CPU (no training): verl's config classes accept it, Hydra reads the written file back as
+the trainer's `--config-name`, and verl's multi-turn SFT dataset turns a trace into tokens whose
+loss covers exactly the agent's own turns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from calcx.data.importers import gsm8k_row
+from calcx.data.traces import build_traces, write_traces
+from calcx.trainer.config import NAMED_TEMPLATES, ConfigError
+from calcx.trainer.warmup import (
+    SFT_MODULE,
+    WarmupRequest,
+    compose_warmup,
+    main,
+    prepare_run,
+    warmup_command,
+)
+
+ROW = {"question": "Ana sold 48 clips in April and half as many in May. How many in all?",
+       "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\nIn all 48+24 = <<48+24=72>>72 clips.\n#### 72"}
+
+
+@pytest.fixture()
+def traces(tmp_path: Path) -> Path:
+    row = gsm8k_row(ROW, file="train.jsonl", stem="train", number=1)
+    result = build_traces([row], ["train.jsonl: line 1"])
+    assert not result.skipped
+    return write_traces(result.traces, tmp_path / "traces.parquet")
+
+
+def _tokenizer():
+    """A byte-level tokenizer with calcx's hermes chat template (no model download)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    core = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                        additional_special_tokens=["<|im_start|>"])
+    tokenizer.chat_template = NAMED_TEMPLATES["hermes"].read_text(encoding="utf-8")
+    return tokenizer
+
+
+def test_config_is_verls_sft_trainer_with_calcx_values(traces: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from verl.utils.config import omega_conf_to_dataclass
+
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_warmup(WarmupRequest(model="Qwen/Qwen2.5-1.5B-Instruct", traces=str(traces), run_name="w1",
+                                       chat_template="hermes", dotlist=["optim.lr=2e-5"]))
+    assert (cfg.data.messages_key, cfg.data.tools_key, cfg.data.train_files) == ("messages", "tools", str(traces))
+    assert cfg.optim.lr == 2e-5 and cfg.trainer.experiment_name == "w1" and cfg.trainer.n_gpus_per_node == 1
+    assert "hf_model" in cfg.checkpoint.save_contents and cfg.model.override_config.attn_implementation == "sdpa"
+    assert cfg.model.custom_chat_template.startswith("{#- calcx's Hermes-style")
+    for section in ("optim", "engine", "checkpoint"):
+        omega_conf_to_dataclass(cfg[section])  # verl's own config classes take the values
+    with pytest.raises(ConfigError, match="'optim.learning_rate' is not a key of verl's sft_trainer_engine config"):
+        compose_warmup(WarmupRequest(dotlist=["optim.learning_rate=1e-5"]))
+
+    composed, env = prepare_run(cfg)
+    assert composed == tmp_path / "runs" / "w1" / "warmup_config.yaml"
+    assert env == {"VERL_FILE_LOGGER_PATH": str(tmp_path / "runs" / "w1" / "warmup_metrics.jsonl")}
+    assert cfg.trainer.default_local_dir == str(tmp_path / "runs" / "w1" / "checkpoints")
+    command = warmup_command(composed, 1, python="/py")
+    assert command[:3] == ["/py", "-m", "torch.distributed.run"] and command[command.index("-m", 3) + 1] == SFT_MODULE
+    config_path, config_name = command[command.index("--config-path") + 1], command[command.index("--config-name") + 1]
+    # what verl's `@hydra.main` will load from those two arguments
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=config_path, version_base=None):
+        loaded = compose(config_name=config_name)
+    GlobalHydra.instance().clear()
+    assert OmegaConf.to_container(loaded) == OmegaConf.to_container(cfg, resolve=True)
+
+    with pytest.raises(ConfigError, match="does not exist; make it with `calcx data traces`"):
+        prepare_run(compose_warmup(WarmupRequest(traces=str(tmp_path / "missing.parquet"))))
+
+
+def test_verls_sft_dataset_trains_on_the_agents_turns_only(traces: Path) -> None:
+    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+
+    cfg = compose_warmup(WarmupRequest(traces=str(traces)))
+    tokenizer = _tokenizer()
+    dataset = MultiTurnSFTDataset(str(traces), tokenizer, cfg.data)  # its sanity check: turns == whole chat
+    item = dataset[0]
+    ids, mask = item["input_ids"].tolist(), item["loss_mask"].tolist()
+    trained = tokenizer.decode([t for t, m in zip(ids, mask) if m])
+    whole = tokenizer.decode(ids)
+    assert '"name": "calculate"' in whole and "48+24" in whole  # the tools entry and the calls
+    # both calls and the closing turn are trained ...
+    assert '{"expression": "48/2"}}' in trained and '{"expression": "48+24"}}' in trained
+    assert "In all 48+24 = 72 clips.\n\n### ANSWER: 72 ###" in trained
+    # ... the tool answers and the question are not
+    assert "<tool_response>" not in trained and "Ana sold 48 clips" not in trained and "24.0" not in trained
+    # verl cuts each assistant turn's first len("<|im_start|>assistant\n") tokens; the hermes template
+    # (rendered with transformers' trim_blocks, as vLLM renders it) writes no newline after
+    # "assistant", so that cut also takes the turn's first token: "<" of the first call, "I" of the
+    # closing turn (docs/trainer.md, Warm-up)
+    assert "<|im_start|>assistant<tool_call>" in whole and trained.startswith("tool_call>")
+
+
+def test_print_config_needs_no_gpu_and_training_refuses_without_one(traces: Path, capsys) -> None:
+    assert main(["--traces", str(traces), "--print-config", "trainer.total_epochs=2"]) == 0
+    assert "total_epochs: 2" in capsys.readouterr().out
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: `calcx warmup` would train")
+    assert main(["--traces", str(traces)]) == 3
+    assert "no CUDA GPU" in capsys.readouterr().err
