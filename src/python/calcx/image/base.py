@@ -3,12 +3,11 @@ it but without the import's time stamp: one layer, a config dated SOURCE_DATE_EP
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from calcx.image.archive import ImageConfig, write_archive
-from calcx.image.build import docker
+from calcx.image.archive import ImageConfig
+from calcx.image.build import load
 from calcx.image.layer import file_diff_id
 from calcx.image.recipes import SYSTEM_PATH
 
@@ -22,9 +21,4 @@ def load_base(rootfs_tar: Path, epoch: int, labels: Mapping[str, str], history: 
               tags: Sequence[str]) -> str:
     """Load the tarball as a one-layer image tagged `tags`; return its image ID."""
     config = base_config(file_diff_id(rootfs_tar), epoch, labels, history)
-    with tempfile.TemporaryDirectory(prefix="calcx-image-base.") as tmp:
-        archive = Path(tmp) / "image.tar"
-        with archive.open("wb") as out:
-            image_id = write_archive(out, config, {config.diff_ids[0]: rootfs_tar}, repo_tags=tags)
-        docker("load", "-q", "-i", str(archive))
-    return image_id
+    return load(config, {config.diff_ids[0]: rootfs_tar}, tags)

@@ -17,11 +17,11 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from calcx.image.archive import ImageConfig, write_archive
+from calcx.image.archive import ImageConfig, image_id, write_archive
 from calcx.image.layer import write_layer
 from calcx.image.recipes import DOCKER_DIR, Recipe
 
@@ -51,6 +51,31 @@ def docker(*args: str, timeout: float = DOCKER_TIMEOUT_S, stdin: bytes | None = 
         err = done.stderr.decode(errors="replace")
         raise BuildError(f"docker {' '.join(args[:2])} failed (exit {done.returncode}):\n{out[-4000:]}{err[-4000:]}")
     return out
+
+
+def load(config: ImageConfig, layers: Mapping[str, Path], tags: Sequence[str] = ()) -> str:
+    """Stream the docker-archive of `config` into `docker load`; return the image ID."""
+    proc = subprocess.Popen(["docker", "load", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    assert proc.stdin is not None
+    try:
+        write_archive(proc.stdin, config, layers, repo_tags=tags)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # docker load stopped reading: its output below says why
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    try:
+        out, _ = proc.communicate(timeout=DOCKER_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        proc.kill()
+        proc.communicate()
+        raise BuildError(f"docker load took over {DOCKER_TIMEOUT_S} s") from exc
+    if proc.returncode != 0:
+        raise BuildError(f"docker load failed (exit {proc.returncode}):\n{out.decode(errors='replace')[-4000:]}")
+    return image_id(config.to_json())
 
 
 def base_diff_ids(base: str) -> tuple[str, ...]:
@@ -131,15 +156,12 @@ def build(recipe: Recipe, pex: Path, base: str, epoch: int, tags: Sequence[str] 
         with layer_path.open("wb") as out:
             layer_id = write_layer(root, out, epoch)
         config = image_config(recipe, base_ids, layer_id, epoch, base)
-        archive_path = Path(tmp) / "image.tar"
-        with archive_path.open("wb") as out:
-            image_id = write_archive(out, config, {layer_id: layer_path})
-        docker("load", "-q", "-i", str(archive_path))
+        loaded = load(config, {layer_id: layer_path})
     try:
-        selftest(recipe, image_id)
+        selftest(recipe, loaded)
     except BuildError:
-        subprocess.run(["docker", "image", "rm", image_id], capture_output=True, timeout=120)
+        subprocess.run(["docker", "image", "rm", loaded], capture_output=True, timeout=120)
         raise
     for tag in tags:
-        docker("tag", image_id, tag)
-    return Built(image_id=image_id, layer_diff_id=layer_id, tags=tuple(tags))
+        docker("tag", loaded, tag)
+    return Built(image_id=loaded, layer_diff_id=layer_id, tags=tuple(tags))
