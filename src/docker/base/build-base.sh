@@ -91,9 +91,9 @@ if [ "$UPDATE_LOCK" -eq 1 ]; then
   log "recorded $(wc -l < "$RESOLVED") packages in $LOCK"
 elif [ ! -f "$LOCK" ]; then
   die "$LOCK is missing; rerun with --update-lock to record the package set"
-elif ! diff -u <(grep -v '^#' "$LOCK") "$RESOLVED" > "$WORK/packages.diff"; then
+elif ! diff -u --label recorded --label "resolved now" <(grep -v '^#' "$LOCK") "$RESOLVED" > "$WORK/packages.diff"; then
   cat "$WORK/packages.diff" >&2
-  die "the mirror resolves another package set than $LOCK records (above: - recorded, + resolved now). Debian published new versions; review, then rerun with --force --update-lock and commit the file"
+  die "the mirror resolves another package set than $LOCK records (above). Debian published new versions; review, then rerun with --force --update-lock and commit the file"
 fi
 log "package set: $(wc -l < "$RESOLVED") packages as $LOCK records"
 

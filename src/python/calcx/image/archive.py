@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
-from typing import BinaryIO, Any
+from typing import IO, Any
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mtime: int) -> None
     tar.addfile(info, BytesIO(data))
 
 
-def write_archive(out: BinaryIO, config: ImageConfig, layers: Mapping[str, Path],
+def write_archive(out: IO[bytes], config: ImageConfig, layers: Mapping[str, Path],
                   repo_tags: Sequence[str] = ()) -> str:
     """Write the docker-archive of `config` to `out`; return the image ID.
 
