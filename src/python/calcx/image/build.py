@@ -59,8 +59,7 @@ def load(config: ImageConfig, layers: Mapping[str, Path], tags: Sequence[str] = 
                             stderr=subprocess.STDOUT)
     assert proc.stdin is not None
     try:
-        write_archive(proc.stdin, config, layers, repo_tags=tags)
-        proc.stdin.close()
+        write_archive(proc.stdin, config, layers, repo_tags=tags)  # communicate() closes stdin
     except BrokenPipeError:
         pass  # docker load stopped reading: its output below says why
     except BaseException:
