@@ -3,13 +3,13 @@ as a container of the real image by Docker (host network; image, env, user, read
 the Secret-held key all taken from the rendered manifests) against a real calcx server and the
 stub LLM on loopback. Proves image + template + env + key + reward path together.
 
-Image under test: $CALCX_AGENT_IMAGE (default calcx/agent:latest, the tag the build gives it).
+Image under test: $CALCX_AGENT_IMAGE when set; otherwise the image calcx.image builds from the agent
+PEX (tagged calcx/agent:latest, as src/docker/build-images.sh tags it).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -22,38 +22,27 @@ from calcx.api.client import CalcxClient
 from calcx.api.models import Claim
 from calcx.contract.failures import EXIT_CODES, FAILURE_PREFIX
 from calcx.controller.k8s_runner import K8sRunner, K8sRunnerConfig
+from calcx.image.build import build
+from calcx.image.recipes import AGENT
 from calcx.k8s.render import JobSettings, RenderedAttempt
 from calcx.k8s.validate import validate_manifest
 from calcx.server.serve import ServerThread, start_server_thread
 from calcx.stub_llm.app import create_app as create_stub_app
 from calcx.common.serving import ThreadedServer
 
-IMAGE = os.environ.get("CALCX_AGENT_IMAGE", "calcx/agent:latest")
+IMAGE = "calcx/agent:latest"
 KEY = "docker-e2e-server-key-0123456789"
 RUN_TIMEOUT_S = 120
 
 
-def _docker_reachable() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    try:
-        return subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                              timeout=15).returncode == 0
-    except subprocess.TimeoutExpired:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _docker_reachable(), reason="docker daemon not reachable")
-
-
 @pytest.fixture(scope="module")
-def image() -> str:
-    found = subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True, timeout=30)
-    if found.returncode != 0:
-        pytest.fail(
-            f"agent image {IMAGE} is not in the local Docker daemon; build it (src/docker/agent/build-image.sh "
-            "--pex <agent.pex> --tag calcx/agent:latest, or `pants package src/docker/agent`) or set CALCX_AGENT_IMAGE"
-        )
+def image(agent_pex: Path, base_image: str, epoch: int) -> str:
+    given = os.environ.get("CALCX_AGENT_IMAGE")
+    if given:
+        if subprocess.run(["docker", "image", "inspect", given], capture_output=True, timeout=30).returncode != 0:
+            pytest.fail(f"CALCX_AGENT_IMAGE={given} is not in the local Docker daemon")
+        return given
+    build(AGENT, agent_pex, base_image, epoch, tags=(IMAGE,))
     return IMAGE
 
 

@@ -1,0 +1,166 @@
+"""Build an image from a PEX without `docker build`, so that its ID depends on its inputs only.
+
+1. A throw-away container of the base image (no network) unpacks the PEX into its venv, byte-
+   compiles it with hash-checked .pyc files (`--invalidation-mode unchecked-hash`, PYTHONHASHSEED=0:
+   no source mtimes inside, sets marshalled in a fixed order) and runs the recipe's import check.
+   The venv lands in a host directory; the container and the PEX leave nothing else behind.
+2. That directory, the recipe's files and passwd/group (the base's, plus the image's numeric user)
+   become one layer (`layer.write_layer`: sorted, owner 0:0, mtimes at SOURCE_DATE_EPOCH).
+3. The config (no build time in it) and the layer go to `docker load` as a docker-archive.
+4. The recipe's self-test runs in the loaded image (no network, read-only root). Only when it
+   passes is the image tagged; otherwise it is removed and the build fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from calcx.image.archive import ImageConfig, image_id, write_archive
+from calcx.image.layer import write_layer
+from calcx.image.recipes import DOCKER_DIR, Recipe
+
+DOCKER_TIMEOUT_S = 900
+SELFTEST_TIMEOUT_S = 180
+
+
+class BuildError(RuntimeError):
+    """A build step failed; the message says which and shows its output."""
+
+
+@dataclass(frozen=True)
+class Built:
+    image_id: str
+    layer_diff_id: str
+    tags: tuple[str, ...]
+
+
+def docker(*args: str, timeout: float = DOCKER_TIMEOUT_S, stdin: bytes | None = None) -> str:
+    """Run the docker CLI; return its stdout, or raise BuildError with its output."""
+    try:
+        done = subprocess.run(["docker", *args], input=stdin, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise BuildError(f"docker {args[0]} took over {timeout:.0f} s") from exc
+    out = done.stdout.decode(errors="replace")
+    if done.returncode != 0:
+        err = done.stderr.decode(errors="replace")
+        raise BuildError(f"docker {' '.join(args[:2])} failed (exit {done.returncode}):\n{out[-4000:]}{err[-4000:]}")
+    return out
+
+
+def load(config: ImageConfig, layers: Mapping[str, Path], tags: Sequence[str] = ()) -> str:
+    """Stream the docker-archive of `config` into `docker load`; return the image ID."""
+    proc = subprocess.Popen(["docker", "load", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    assert proc.stdin is not None
+    try:
+        write_archive(proc.stdin, config, layers, repo_tags=tags)  # communicate() closes stdin
+    except BrokenPipeError:
+        pass  # docker load stopped reading: its output below says why
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    try:
+        out, _ = proc.communicate(timeout=DOCKER_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        proc.kill()
+        proc.communicate()
+        raise BuildError(f"docker load took over {DOCKER_TIMEOUT_S} s") from exc
+    if proc.returncode != 0:
+        raise BuildError(f"docker load failed (exit {proc.returncode}):\n{out.decode(errors='replace')[-4000:]}")
+    return image_id(config.to_json())
+
+
+def base_diff_ids(base: str) -> tuple[str, ...]:
+    try:
+        out = docker("image", "inspect", "--format", "{{range .RootFS.Layers}}{{println .}}{{end}}", base)
+    except BuildError as exc:
+        raise BuildError(f"base image {base} not found: build it with src/docker/base/build-base.sh") from exc
+    return tuple(line for line in out.split() if line)
+
+
+def _venv_script(recipe: Recipe, host_uid: int, host_gid: int) -> str:
+    user = f"calcx:x:{recipe.uid}:{recipe.uid}::/tmp:/usr/sbin/nologin"
+    return "\n".join([
+        "set -eu",
+        'python3 -c \'import sys; assert sys.version_info[:2] == (3, 11), "the PEX needs Python 3.11, base has " + sys.version\'',
+        f"PEX_TOOLS=1 python3 /build/app.pex venv --pex-root /tmp/pex-root {recipe.venv}",
+        f"{recipe.venv}/bin/python -m compileall -q -f --invalidation-mode unchecked-hash -j 0 /opt >/dev/null",
+        f"PYTHONDONTWRITEBYTECODE=1 {recipe.venv}/bin/python -c '{recipe.import_check}'",
+        f"{{ cat /etc/passwd; echo '{user}'; }} > /build/etc/passwd",
+        f"{{ cat /etc/group; echo 'calcx:x:{recipe.uid}:'; }} > /build/etc/group",
+        # the host user owns what it must clean up
+        f"chown -R {host_uid}:{host_gid} /opt /build/etc",
+    ])
+
+
+def populate(recipe: Recipe, pex: Path, base: str, root: Path, epoch: int) -> None:
+    """Fill `root` (the layer's `/`) with the venv, the recipe's files, passwd and group."""
+    (root / "opt").mkdir(parents=True)
+    (root / "etc").mkdir()
+    for image_path, source in recipe.files.items():
+        target = root / image_path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(DOCKER_DIR / source, target)
+    pex_dir = root.parent / "pex"
+    pex_dir.mkdir()
+    shutil.copyfile(pex, pex_dir / "app.pex")
+    docker("run", "--rm", "--network", "none", "--user", "0:0",
+           "-e", "PYTHONHASHSEED=0", "-e", f"SOURCE_DATE_EPOCH={epoch}",
+           "-v", f"{root / 'opt'}:/opt", "-v", f"{root / 'etc'}:/build/etc",
+           "-v", f"{pex_dir / 'app.pex'}:/build/app.pex:ro",
+           "--entrypoint", "/bin/sh", base, "-c", _venv_script(recipe, os.getuid(), os.getgid()))
+
+
+def image_config(recipe: Recipe, base_ids: Sequence[str], layer_id: str, epoch: int, base: str) -> ImageConfig:
+    return ImageConfig(
+        diff_ids=(*base_ids, layer_id),
+        created=epoch,
+        env=recipe.env(),
+        entrypoint=recipe.entrypoint,
+        user=f"{recipe.uid}:{recipe.uid}",
+        workdir="/tmp",
+        labels={"org.opencontainers.image.title": recipe.title,
+                "org.opencontainers.image.description": recipe.description,
+                "org.opencontainers.image.base.name": base},
+        history=(*(f"base {base}" for _ in base_ids), f"calcx.image {recipe.name}: venv {recipe.venv}, user {recipe.uid}"),
+    )
+
+
+def selftest(recipe: Recipe, image: str) -> str:
+    args = ["run", "--rm", "--network", "none", "--read-only", "--tmpfs", "/tmp"]
+    if recipe.selftest_entrypoint:
+        args += ["--entrypoint", recipe.selftest_entrypoint]
+    out = docker(*args, image, *recipe.selftest, timeout=SELFTEST_TIMEOUT_S)
+    if recipe.selftest_expect not in out:
+        raise BuildError(f"{recipe.name} self-test printed no {recipe.selftest_expect!r}:\n{out[-4000:]}")
+    return out
+
+
+def build(recipe: Recipe, pex: Path, base: str, epoch: int, tags: Sequence[str] = ()) -> Built:
+    """Build, load, self-test and tag the image of `recipe` from `pex` over `base`."""
+    if not pex.is_file():
+        raise BuildError(f"PEX {pex} not found (build it with ./pants package)")
+    base_ids = base_diff_ids(base)
+    with tempfile.TemporaryDirectory(prefix=f"calcx-image-{recipe.name}.") as tmp:
+        root = Path(tmp) / "root"
+        populate(recipe, pex, base, root, epoch)
+        layer_path = Path(tmp) / "layer.tar"
+        with layer_path.open("wb") as out:
+            layer_id = write_layer(root, out, epoch)
+        config = image_config(recipe, base_ids, layer_id, epoch, base)
+        loaded = load(config, {layer_id: layer_path})
+    try:
+        selftest(recipe, loaded)
+    except BuildError:
+        subprocess.run(["docker", "image", "rm", loaded], capture_output=True, timeout=120)
+        raise
+    for tag in tags:
+        docker("tag", loaded, tag)
+    return Built(image_id=loaded, layer_diff_id=layer_id, tags=tuple(tags))
