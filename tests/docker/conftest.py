@@ -30,7 +30,7 @@ def _docker_reachable() -> bool:
 @pytest.fixture(scope="session", autouse=True)
 def docker_daemon() -> None:
     if not _docker_reachable():
-        pytest.skip("docker daemon not reachable")
+        pytest.skip(reason="docker daemon not reachable")
 
 
 @pytest.fixture(scope="session")

@@ -114,6 +114,6 @@ def test_print_config_needs_no_gpu_and_training_refuses_without_one(traces: Path
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU: `calcx warmup` would train")
+        pytest.skip(reason="this machine has a GPU: `calcx warmup` would train")
     assert main(["--traces", str(traces)]) == 3
     assert "no CUDA GPU" in capsys.readouterr().err
