@@ -81,6 +81,7 @@ chroot "$ROOTFS" /usr/bin/python3 -c 'import sys, venv, ssl; assert sys.version_
   || die "python3 in the root filesystem is not a working 3.11"
 # The package set, name=version for every installed package, against the recorded one.
 RESOLVED="$WORK/packages.resolved"
+# shellcheck disable=SC2016  # dpkg-query's own format fields, not shell expansions
 chroot "$ROOTFS" dpkg-query -W -f '${db:Status-Abbrev} ${Package}=${Version}\n' \
   | awk '$1 == "ii" { print $2 }' | LC_ALL=C sort > "$RESOLVED"
 if [ "$UPDATE_LOCK" -eq 1 ]; then
