@@ -106,8 +106,8 @@ def varlen_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end <= start:
             continue
-        rows = [t[start:end].transpose(0, 1).unsqueeze(0) for t in (query, key, value)]
-        part = F.scaled_dot_product_attention(*rows, is_causal=True, scale=scale)
+        q, k, v = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (query, key, value))
+        part = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
         out[start:end] = part.squeeze(0).transpose(0, 1)
     return out
 

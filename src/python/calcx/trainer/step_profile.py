@@ -261,7 +261,7 @@ def top_kernels(fn: Any, limit: int = 10) -> list[dict[str, Any]]:
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         _timed(fn)
-    rows = []
+    rows: list[tuple[float, str, int]] = []
     for event in prof.key_averages():
         # the kernels themselves; an aten op's device time is its kernels' again
         if getattr(event, "device_type", None) != DeviceType.CUDA:
@@ -269,8 +269,8 @@ def top_kernels(fn: Any, limit: int = 10) -> list[dict[str, Any]]:
         us = getattr(event, "self_device_time_total", None)
         if us is None:
             us = getattr(event, "self_cuda_time_total", 0)
-        if us > 0:
-            rows.append((us, event.key, event.count))
+        if us and us > 0:
+            rows.append((float(us), str(event.key), int(event.count)))
     total = sum(us for us, _, _ in rows) or 1.0
     rows.sort(reverse=True)
     return [{"kernel": key[:90], "ms": round(us / 1000, 2), "share": round(us / total, 3), "calls": count}
