@@ -65,11 +65,14 @@ def test_model_calls_past_the_attempts_count_are_413_and_not_forwarded(
             aid, token = _running(client, "chatty")
             oa = openai.OpenAI(base_url=f"{server.url}/v1/rollouts/chatty/attempts/{aid}/v1", api_key=token,
                                max_retries=0)
-            for _ in range(2):
-                oa.chat.completions.create(model="m", messages=MESSAGES)
+            # three different calls: a request repeated word for word is a resend, recorded once
+            calls: list[list[ChatCompletionUserMessageParam]] = [
+                [{"role": "user", "content": f"call {i}"}] for i in range(3)]
+            for messages in calls[:2]:
+                oa.chat.completions.create(model="m", messages=messages)
             sent = len(upstream.requests)
             with pytest.raises(openai.APIStatusError) as refused:
-                oa.chat.completions.create(model="m", messages=MESSAGES)
+                oa.chat.completions.create(model="m", messages=calls[2])
             assert refused.value.status_code == 413 and "at most 2 calls" in str(refused.value)
             assert len(upstream.requests) == sent and len(client.calls("chatty")) == 2
     finally:
