@@ -115,7 +115,8 @@ def test_an_unreadable_tool_call_is_the_agents_own_failure() -> None:
     """vLLM's parser left the `<tool_call>` as text: the rollout is trained with the agent's reward
     (not left out as incomplete), counted as a parse failure, and earns no bonus."""
     broken = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "6*7"</tool_call>'
-    calls = [_call(0, USER, broken), _call(1, USER, "### ANSWER: 42 ###")]
+    # the second call carries the first's text back (a request repeated word for word would be a resend)
+    calls = [_call(0, USER, broken), _call(1, [*USER, {"role": "assistant", "content": broken}], "### ANSWER: 42 ###")]
     use = rollout_tool_use(calls)
     assert use == ToolUse(calls=0, successful=0, parse_failures=1)
     samples = _samples(1.0, calls)  # no RolloutIncomplete
@@ -125,7 +126,8 @@ def test_an_unreadable_tool_call_is_the_agents_own_failure() -> None:
 
 
 def test_void_turns_leave_the_loss() -> None:
-    calls = [_call(0, USER, "Let me think about the clips."), *[{**c, "call_id": f"k{c['seq'] + 1}",
+    musing = [USER[0], {"role": "user", "content": "q, asked before the agent's retry"}]  # not a resend of USER
+    calls = [_call(0, musing, "Let me think about the clips."), *[{**c, "call_id": f"k{c['seq'] + 1}",
                                                                    "seq": c["seq"] + 1}
                                                                 for c in tool_then_answer("So it is 42.")]]
     samples = _samples(0.0, calls)
