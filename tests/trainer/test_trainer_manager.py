@@ -223,7 +223,9 @@ def test_task_runner_publishes_the_served_policy_version_at_each_weight_sync(sta
                                                    [cast(Any, replica)]),
         get_llm_client=lambda: _llm_client(cfg, [replica_address]),
         get_teacher_client=lambda: None, get_reward_handles=lambda: [],
-        replay_buffer=SimpleNamespace(poll_interval=2.0))  # verl's built-in interval
+        replay_buffer=SimpleNamespace(poll_interval=2.0),  # verl's built-in interval
+        # what calcx's tool-use metrics wrap (verl's V1 trainer has both)
+        _validate=lambda *args, **kwargs: {}, _compute_metrics=lambda batch, metrics, *args, **kwargs: None)
     runner = CalcxTaskRunnerBase()
     runner.config, runner.trainer = cfg, trainer
 
