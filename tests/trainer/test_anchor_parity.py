@@ -29,7 +29,8 @@ from calcx.anchor.config import compose_anchor
 from calcx.anchor.data import TOOL_AGENT, anchor_records
 from calcx.data.__main__ import main as data_main
 from calcx.data.io import read_rows
-from calcx.trainer.config import NAMED_TEMPLATES, ComposeRequest
+from byte_tokenizer import byte_tokenizer
+from calcx.trainer.config import ComposeRequest
 from calcx.trainer.services import CALCX_SRC
 from live_stack import SERVICES_PYTHON, needs_services
 
@@ -125,19 +126,6 @@ def run_agents(rows: list[dict], endpoint: Endpoint) -> None:
 
 
 # -- the anchor side: verl's ToolAgentLoop and reward manager ------------------------------------------
-def byte_tokenizer():
-    """Every byte a token, plus the ChatML specials (skipped in decoding, as a Qwen tokenizer's)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    core = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    core.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                        additional_special_tokens=["<|im_start|>"])
-    tokenizer.chat_template = NAMED_TEMPLATES["hermes"].read_text(encoding="utf-8")
-    return tokenizer
 
 
 def hermes_turn(text: str, calls: list[str]) -> str:

@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 
 from calcx.data.importers import gsm8k_row
 from calcx.data.traces import build_traces, write_traces
-from calcx.trainer.config import NAMED_TEMPLATES, ConfigError
+from byte_tokenizer import byte_tokenizer
+from calcx.trainer.config import ConfigError
 from calcx.trainer.warmup import (
     SFT_MODULE,
     WarmupRequest,
@@ -32,21 +33,6 @@ def traces(tmp_path: Path) -> Path:
     result = build_traces([row], ["train.jsonl: line 1"])
     assert not result.skipped
     return write_traces(result.traces, tmp_path / "traces.parquet")
-
-
-def _tokenizer():
-    """A byte-level tokenizer with calcx's hermes chat template (no model download)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    core = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    core.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                        additional_special_tokens=["<|im_start|>"])
-    tokenizer.chat_template = NAMED_TEMPLATES["hermes"].read_text(encoding="utf-8")
-    return tokenizer
 
 
 def test_config_is_verls_sft_trainer_with_calcx_values(traces: Path, tmp_path: Path,
@@ -89,7 +75,7 @@ def test_verls_sft_dataset_trains_on_the_agents_turns_only(traces: Path) -> None
     from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
 
     cfg = compose_warmup(WarmupRequest(traces=str(traces)))
-    tokenizer = _tokenizer()
+    tokenizer = byte_tokenizer()
     dataset = MultiTurnSFTDataset(str(traces), tokenizer, cfg.data)  # its sanity check: turns == whole chat
     item = dataset[0]
     ids, mask = item["input_ids"].tolist(), item["loss_mask"].tolist()
