@@ -46,7 +46,9 @@ def test_config_is_verls_sft_trainer_with_calcx_values(traces: Path, tmp_path: P
                                        chat_template="hermes", dotlist=["optim.lr=2e-5"]))
     assert (cfg.data.messages_key, cfg.data.tools_key, cfg.data.train_files) == ("messages", "tools", str(traces))
     assert cfg.optim.lr == 2e-5 and cfg.trainer.experiment_name == "w1" and cfg.trainer.n_gpus_per_node == 1
-    assert "hf_model" in cfg.checkpoint.save_contents and cfg.model.override_config.attn_implementation == "sdpa"
+    assert list(cfg.checkpoint.save_contents) == ["hf_model"]
+    assert cfg.model.override_config.attn_implementation == "calcx_varlen"
+    assert cfg.model.external_lib == "calcx.trainer.packed_attention"
     assert cfg.model.custom_chat_template.startswith("{#- calcx's Hermes-style")
     for section in ("optim", "engine", "checkpoint"):
         omega_conf_to_dataclass(cfg[section])  # verl's own config classes take the values
@@ -71,27 +73,27 @@ def test_config_is_verls_sft_trainer_with_calcx_values(traces: Path, tmp_path: P
         prepare_run(compose_warmup(WarmupRequest(traces=str(tmp_path / "missing.parquet"))))
 
 
-def test_verls_sft_dataset_trains_on_the_agents_turns_only(traces: Path) -> None:
-    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+def test_verls_sft_trainer_loads_calcxs_dataset_and_trains_the_agents_turns_only(traces: Path) -> None:
+    from verl.trainer.sft_trainer import create_sft_dataset
+
+    from calcx.trainer.warmup_dataset import AgentTraceDataset
 
     cfg = compose_warmup(WarmupRequest(traces=str(traces)))
     tokenizer = byte_tokenizer()
-    dataset = MultiTurnSFTDataset(str(traces), tokenizer, cfg.data)  # its sanity check: turns == whole chat
+    # verl's own loader, reading data.custom_cls from the composed config
+    dataset = create_sft_dataset(str(traces), cfg.data, tokenizer, None, max_samples=cfg.data.train_max_samples)
+    assert isinstance(dataset, AgentTraceDataset)
     item = dataset[0]
     ids, mask = item["input_ids"].tolist(), item["loss_mask"].tolist()
     trained = tokenizer.decode([t for t, m in zip(ids, mask) if m])
     whole = tokenizer.decode(ids)
     assert '"name": "calculate"' in whole and "48+24" in whole  # the tools entry and the calls
-    # both calls and the closing turn are trained ...
-    assert '{"expression": "48/2"}}' in trained and '{"expression": "48+24"}}' in trained
-    assert "In all 48+24 = 72 clips.\n\n### ANSWER: 72 ###" in trained
+    # both calls and the closing turn are trained, each whole from its first token ...
+    assert trained.startswith('<tool_call>\n{"name": "calculate", "arguments": {"expression": "48/2"}}')
+    assert '{"expression": "48+24"}}' in trained
+    assert "In May she sold" in trained and "In all 48+24 = 72 clips.\n\n### ANSWER: 72 ###" in trained
     # ... the tool answers and the question are not
     assert "<tool_response>" not in trained and "Ana sold 48 clips" not in trained and "24.0" not in trained
-    # verl cuts each assistant turn's first len("<|im_start|>assistant\n") tokens; the hermes template
-    # (rendered with transformers' trim_blocks, as vLLM renders it) writes no newline after
-    # "assistant", so that cut also takes the turn's first token: "<" of the first call, "I" of the
-    # closing turn (docs/trainer.md, Warm-up)
-    assert "<|im_start|>assistant<tool_call>" in whole and trained.startswith("tool_call>")
 
 
 def test_print_config_needs_no_gpu_and_training_refuses_without_one(traces: Path, capsys) -> None:
