@@ -138,3 +138,30 @@ def test_the_real_gsm8k_train_file(tmp_path: Path, capsys) -> None:
     assert captured.out.splitlines()[-1] == (f"wrote {out} (7368 traces, 23690 calculator calls); 7473 rows read, "
                                              "7368 kept, 105 skipped")
     assert "skipped 105 rows (calculator_error 10, no_annotation 95)" in captured.err
+
+
+def test_held_out_rows_make_no_trace(tmp_path: Path, capsys) -> None:
+    """--exclude takes the validation file `calcx data import` wrote: its problems, matched by id or
+    by question text, never reach the warm-up."""
+    source = tmp_path / "gsm8k.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in GOOD), encoding="utf-8")
+    data = tmp_path / "data"
+    assert main(["data", "import", str(source), "--out", str(data), "--val-size", "1", "--mini-size", "1",
+                 "--sample-size", "1"]) == 0
+    [held] = pq.read_table(data / "test.parquet").to_pylist()
+    capsys.readouterr()
+    out = tmp_path / "traces.jsonl"
+    assert main(["data", "traces", str(source), "--exclude", str(data / "test.parquet"), "--out", str(out)]) == 0
+    traces = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(traces) == 2 and held["id"] not in {t["id"] for t in traces}
+    assert all(held["question"] not in t["messages"][1]["content"] for t in traces)
+    assert f"held_out ({held['id']} is in --exclude)" in capsys.readouterr().err
+    # by question text alone: another file naming the same problem under another id
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"id": "elsewhere-7", "question": "  " + held["question"].replace(" ", "  "),
+                                 "chain": "x", "result": "1", "source": "gsm8k"}) + "\n", encoding="utf-8")
+    assert main(["data", "traces", str(source), "--exclude", str(other), "--out", str(out), "--force"]) == 0
+    assert len(out.read_text().splitlines()) == 2
+    assert main(["data", "traces", str(source), "--exclude", str(tmp_path / "missing.parquet"),
+                 "--out", str(out), "--force"]) == 2
+    assert "--exclude" in capsys.readouterr().err

@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "whose annotations cannot make a faithful trace are skipped and named.")
     tr.add_argument("files", nargs="+", help="GSM8K .jsonl or .parquet files ({question, answer})")
     tr.add_argument("--out", required=True, help="traces file: .parquet (verl's SFT trainer) or .jsonl")
+    tr.add_argument("--exclude", nargs="+", default=[], metavar="FILE",
+                    help="rows held out of training (e.g. the validation file `calcx data import` wrote): a row "
+                         "whose id or question text is in them makes no trace")
     tr.add_argument("--force", action="store_true", help="overwrite an existing file")
     return parser
 
@@ -151,6 +154,28 @@ def _validate(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def exclude_rows(rows: list[dict], origins: list[str], exclude: list[str]) -> tuple[list[dict], list[str], list]:
+    """(rows kept, their origins, the held-out rows as `held_out` skips): a row is held out when
+    its id or its question text is in one of the `exclude` files (any format `read_rows` reads)."""
+    from calcx.data.io import read_rows
+    from calcx.data.traces import Skipped
+
+    ids: set[str] = set()
+    questions: set[str] = set()
+    for path in exclude:
+        for row in read_rows(path):
+            ids.add(str(row.get("id", "")))
+            questions.add(" ".join(str(row.get("question", "")).split()))
+    kept, kept_origins, held_out = [], [], []
+    for row, where in zip(rows, origins):
+        if str(row["id"]) in ids or " ".join(str(row["question"]).split()) in questions:
+            held_out.append(Skipped(where, "held_out", f"{row['id']} is in --exclude"))
+            continue
+        kept.append(row)
+        kept_origins.append(where)
+    return kept, kept_origins, held_out
+
+
 def _traces(args: argparse.Namespace) -> int:
     from calcx.data.importers import import_files
     from calcx.data.schema import DataError
@@ -168,9 +193,15 @@ def _traces(args: argparse.Namespace) -> int:
     except DataError as exc:
         print(f"calcx data: error: {exc}", file=sys.stderr)
         return 2
-    result = build_traces(imported.rows, [f"{o.file}: {o.unit} {o.line}" for o in imported.origins])
+    origins = [f"{o.file}: {o.unit} {o.line}" for o in imported.origins]
+    try:
+        rows, origins, held_out = exclude_rows(imported.rows, origins, args.exclude)
+    except (DataError, OSError) as exc:
+        print(f"calcx data: error: --exclude: {exc}", file=sys.stderr)
+        return 2
+    result = build_traces(rows, origins)
     skipped = [Skipped(f"{p.file}: {p.unit} {p.line}", "bad_row", f"field '{p.field}' {p.reason}" if p.field else p.reason)
-               for p in imported.problems] + result.skipped
+               for p in imported.problems] + held_out + result.skipped
     if skipped:
         reasons: dict[str, int] = {}
         for item in skipped:
