@@ -9,9 +9,13 @@
 #                                                # to run while the model's pieces are still coming
 #   src/gpu/h200_run.sh profile                # `calcx profile-step` (random weights: no model needed)
 #                                                # into $RESULTS/profile, e.g. in the background after `pex`
+#   src/gpu/h200_run.sh warmup [KEY=VALUE...]     # `calcx warmup` on the carried traces.parquet into
+#                                                # $RESULTS/warmup; its model is what the tooluse mode trains
 #   src/gpu/h200_run.sh campaign STEPS MODE[:STEPS[:MAX_S]]...  # setup, then one run per MODE
-#                                                # (sync|async|anchor), one after another, each to its
-#                                                # end or for at most MAX_S seconds; start it with setsid nohup
+#                                                # (sync|async|anchor|tooluse), one after another, each to
+#                                                # its end or for at most MAX_S seconds; start it with setsid
+#                                                # nohup. tooluse: the warm-up, then calcx sync from its model
+#                                                # with TOOLUSE_ARGS (docs/tool-use.md)
 #   src/gpu/h200_run.sh start NAME STEPS [KEY=VALUE...]  # `calcx train` in the background; the
 #                                                # overrides win over RUN_ARGS; FLAGS="--async" adds flags;
 #                                                # NAME anchor runs `calcx anchor train` (verl's
@@ -55,8 +59,13 @@ RUN_ARGS=(
   trainer.val_before_train=true trainer.test_freq=10 trainer.save_freq=-1 trainer.total_epochs=1
 )
 
-# The runs a campaign knows; `anchor` is verl's own ToolAgentLoop on the same settings (docs/anchor.md).
-MODES=(sync async anchor)
+# The runs a campaign knows; `anchor` is verl's own ToolAgentLoop on the same settings (docs/anchor.md);
+# `tooluse` is the tool-use recipe: RL from the warm-up's model with the reward options below.
+MODES=(sync async anchor tooluse)
+WARMUP_DIR="$RESULTS/warmup"
+WARMUP_RUN_NAME=calcx-warmup
+# the tool-use recipe's RL settings beside RUN_ARGS (calcx.yaml documents each key)
+TOOLUSE_ARGS=(calcx.reward.tool_bonus=0.1)
 ANCHOR_RUN_NAME=toolagentloop
 # The anchor is there for its step times: it validates once before training (its prompts against
 # calcx's, by accuracy), not every 10 steps and at the end.
@@ -101,6 +110,21 @@ case "$stage" in
     t3=$(date +%s)
     echo "setup: join + verify + model conversion $((t3 - t2)) s" | tee -a "$RESULTS/machine.txt"
     ;;
+  warmup)
+    # verl's SFT trainer on the traces; the Hugging Face directory of its last step is the model
+    mkdir -p "$WARMUP_DIR"
+    date +%s > "$WARMUP_DIR/started"
+    (cd "$WARMUP_DIR" && calcx warmup --model "$MODEL" --traces "$IN/gsm8k/traces.parquet" \
+      --run-name "$WARMUP_RUN_NAME" "$@") > "$WARMUP_DIR/train.log" 2>&1
+    rc=$?
+    date +%s > "$WARMUP_DIR/ended"
+    cp "$WARMUP_DIR/runs/$WARMUP_RUN_NAME/warmup_metrics.jsonl" "$WARMUP_DIR/metrics.jsonl" 2>/dev/null || true
+    hf="$(ls -d "$WARMUP_DIR"/runs/"$WARMUP_RUN_NAME"/checkpoints/global_step_*/huggingface 2>/dev/null | sort -V | tail -n 1)"
+    echo "warmup: exit $rc, $(( $(cat "$WARMUP_DIR/ended") - $(cat "$WARMUP_DIR/started") )) s, model ${hf:-none}" \
+      | tee -a "$WARMUP_DIR/train.log"
+    [[ $rc == 0 && -n "$hf" ]] && ln -sfn "$hf" "$WARMUP_DIR/model"
+    exit "$rc"
+    ;;
   campaign)
     steps="${1:?STEPS}"; shift
     for spec in "$@"; do  # before setup's minutes
@@ -114,6 +138,9 @@ case "$stage" in
       IFS=: read -r mode mode_steps max_s <<< "$spec"
       flags=""
       if [[ "$mode" == async ]]; then flags=--async; fi
+      if [[ "$mode" == tooluse ]]; then
+        "$0" warmup || { echo "campaign: the warm-up failed (warmup/train.log says why); going on" >&2; continue; }
+      fi
       FLAGS="$flags" "$0" start "$mode" "${mode_steps:-$steps}"
       t0=$(date +%s)
       while kill -0 "$(cat "$RESULTS/$mode/pid")" 2>/dev/null; do
@@ -137,9 +164,11 @@ case "$stage" in
     date +%s > "$dir/started"
     cmd=(train); run="$name"; extra=(); flags=()
     if [[ -n "${FLAGS:-}" ]]; then flags=("$FLAGS"); fi
+    model="$MODEL"
     [[ "$name" == anchor ]] && { cmd=(anchor train); run="$ANCHOR_RUN_NAME"; extra=("${ANCHOR_ARGS[@]}"); }
+    [[ "$name" == tooluse ]] && { model="$WARMUP_DIR/model"; extra=("${TOOLUSE_ARGS[@]}"); }
     setsid nohup env PEX_EXTRA_SYS_PATH="$torch" "$PYTHON" "$PEX" "${cmd[@]}" \
-      --model "$MODEL" --train-file "$IN/gsm8k/train.parquet" --val-file "$IN/gsm8k/test.parquet" \
+      --model "$model" --train-file "$IN/gsm8k/train.parquet" --val-file "$IN/gsm8k/test.parquet" \
       --run-name "$run" "${flags[@]}" "calcx.report_dir=$dir" trainer.total_training_steps="$steps" "${RUN_ARGS[@]}" \
       "${extra[@]}" "$@" \
       >"$dir/train.log" 2>&1 </dev/null &
@@ -165,6 +194,11 @@ case "$stage" in
     if [[ -n "$out" && -d "$RESULTS/profile" ]]; then
       mkdir -p "$out"
       tar -czf "$out/profile.tar.gz" -C "$RESULTS" profile profile.log machine.txt
+    fi
+    if [[ -n "$out" && -d "$WARMUP_DIR" ]]; then
+      mkdir -p "$out"
+      (cd "$WARMUP_DIR" && tar -czf "$out/warmup.tar.gz" --ignore-failed-read started ended train.log metrics.jsonl \
+        "runs/$WARMUP_RUN_NAME/warmup_config.yaml")
     fi
     ;;
   status|wait)
