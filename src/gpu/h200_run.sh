@@ -114,12 +114,13 @@ case "$stage" in
     # verl's SFT trainer on the traces; the Hugging Face directory of its last step is the model
     mkdir -p "$WARMUP_DIR"
     date +%s > "$WARMUP_DIR/started"
+    rc=0
     (cd "$WARMUP_DIR" && calcx warmup --model "$MODEL" --traces "$IN/gsm8k/traces.parquet" \
-      --run-name "$WARMUP_RUN_NAME" "$@") > "$WARMUP_DIR/train.log" 2>&1
-    rc=$?
+      --run-name "$WARMUP_RUN_NAME" "$@") > "$WARMUP_DIR/train.log" 2>&1 || rc=$?
     date +%s > "$WARMUP_DIR/ended"
     cp "$WARMUP_DIR/runs/$WARMUP_RUN_NAME/warmup_metrics.jsonl" "$WARMUP_DIR/metrics.jsonl" 2>/dev/null || true
-    hf="$(ls -d "$WARMUP_DIR"/runs/"$WARMUP_RUN_NAME"/checkpoints/global_step_*/huggingface 2>/dev/null | sort -V | tail -n 1)"
+    hf="$(find "$WARMUP_DIR/runs/$WARMUP_RUN_NAME/checkpoints" -maxdepth 2 -path '*/global_step_*/huggingface' \
+      2>/dev/null | sort -V | tail -n 1)"
     echo "warmup: exit $rc, $(( $(cat "$WARMUP_DIR/ended") - $(cat "$WARMUP_DIR/started") )) s, model ${hf:-none}" \
       | tee -a "$WARMUP_DIR/train.log"
     [[ $rc == 0 && -n "$hf" ]] && ln -sfn "$hf" "$WARMUP_DIR/model"
