@@ -1,4 +1,4 @@
-"""The first anchor (the SmolLM2-135M run, docs/gpu-run/smollm2-135m): verl's own single-turn GRPO
+"""The first anchor (the SmolLM2-135M run, results/gpu-run/smollm2-135m): verl's own single-turn GRPO
 loop on the same rows, model, batch and lengths as calcx's agent run, with the same reward. The
 anchor now is `calcx anchor train` (verl's ToolAgentLoop with the calculator, docs/anchor.md);
 this script keeps the single-turn variant, with the same prompt and reward function.

@@ -3,7 +3,7 @@
 successful calculator call, `calcx/train/tool_use` solid, `calcx/val/tool_use` dashed), one line
 per run, from verl's metrics files (the `file` logger's JSONL).
 
-    python3 src/gpu/curves.py --out docs/gpu-run/curves.png sync=docs/gpu-run/sync_metrics.jsonl [async=...]
+    python3 src/gpu/curves.py --out results/gpu-run/curves.png sync=results/gpu-run/sync_metrics.jsonl [async=...]
 """
 
 from __future__ import annotations
