@@ -190,7 +190,7 @@ case "$stage" in
     kill -0 "$(cat "$RESULTS/campaign.pid")" 2>/dev/null && echo "campaign: running" || echo "campaign: ended"
     tail -n 5 "$RESULTS/campaign.log" | cut -c1-300
     if [[ -f "$WARMUP_DIR/train.log" ]]; then
-      echo "warmup: $(grep -c '"train/loss"' "$WARMUP_DIR/runs/$WARMUP_RUN_NAME/warmup_metrics.jsonl" 2>/dev/null || echo 0) steps logged"
+      echo "warmup: $(grep -c '"train/loss"' "$WARMUP_DIR/runs/$WARMUP_RUN_NAME/warmup_metrics.jsonl" 2>/dev/null || true) steps logged"
       grep -E "Traceback|Error|warmup: exit|step:[0-9]+ " "$WARMUP_DIR/train.log" | tail -n 4 | cut -c1-400 || true
     fi
     for mode in "${MODES[@]}"; do
