@@ -110,12 +110,14 @@ class RolloutService:
 
     async def reap_leases(self) -> None:
         """Runs until cancelled: fail RUNNING attempts whose controller stopped heartbeating
-        (reason controller_lost)."""
+        (reason controller_lost). Not once shutdown has begun: the server then takes no new
+        connection, so no heartbeat can arrive, and a lapse would be the server's own doing (the
+        next start gives every RUNNING attempt a fresh lease instead)."""
         interval = self.settings.lease_check_s
         while True:
             await asyncio.sleep(interval)
             store = self.store
-            if store is None:
+            if store is None or self.closing:
                 continue
             try:
                 expired = store.attempts.expire_leases()
