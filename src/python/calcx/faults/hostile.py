@@ -21,6 +21,7 @@ from typing import Any, Callable
 import httpx
 
 from calcx.api.tokens import attempt_token
+from calcx.contract.env import CALCX_CALCULATOR_CMD
 
 KEY = "calcx-faults-key-0123456789-abcdefgh"  # the server key of the fault run and of the tests
 MAX_BODY_BYTES = 1024 * 1024  # the server runs with this --max-body-bytes (oversized = above it)
@@ -228,6 +229,11 @@ def static_cases(key: str, decoy: tuple[str, str], finished: tuple[str, str]) ->
              "invalid_body"),
         Case("create: row lacks env_map field", "POST", "/v1/rollouts", 422, server,
              _j({"rollouts": [{"rollout_id": "hostile-no-result", "row": {"question": "q"}}]}), "invalid_body"),
+        Case("create: env_map sets the calculator command", "POST", "/v1/rollouts", 422, server,
+             _j({"rollouts": [{"rollout_id": "hostile-env-map", "row": {"question": "q", "result": "1",
+                                                                         "cmd": '["sh", "-c", "id"]'},
+                               "env_map": {"QUESTION": "question", "RESULT": "result",
+                                           CALCX_CALCULATOR_CMD: "cmd"}}]}), "invalid_body"),
         Case("create: same id, other body", "POST", "/v1/rollouts", 409, server,
              _j({"rollouts": [{"rollout_id": frid, "row": {"question": "changed", "result": "0"}}]}), "conflict"),
         Case("create: oversized", "POST", "/v1/rollouts", 413, server,
