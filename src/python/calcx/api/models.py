@@ -209,10 +209,18 @@ class HeartbeatRequest(_StrictBody):
     attempts: list[AttemptRef] | None = None
 
 
+class LostAttempt(AttemptRef):
+    """An attempt a heartbeat listed that is no longer RUNNING under that controller. `reason`:
+    its failure reason when the server failed it (`cancelled`, `controller_lost`, ...), else None
+    (unknown, another controller's, or finished)."""
+
+    reason: str | None = None
+
+
 class HeartbeatResponse(_Model):
     lease_s: float
     held: list[AttemptRef]
-    lost: list[AttemptRef]
+    lost: list[LostAttempt]
 
 
 #: The rollout label that names the training run a rollout belongs to (`calcx train` sets it to

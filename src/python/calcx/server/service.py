@@ -263,7 +263,8 @@ class RolloutService:
         refs = None if request.attempts is None else [(a.rollout_id, a.attempt_id) for a in request.attempts]
         lease_s = self.settings.lease_s
         held, lost = self.db.attempts.heartbeat(request.controller_id, refs, lease_s)
-        return {"lease_s": lease_s, "held": _refs(held), "lost": _refs(lost)}
+        return {"lease_s": lease_s, "held": _refs(held),
+                "lost": [{"rollout_id": r, "attempt_id": a, "reason": reason} for r, a, reason in lost]}
 
     def finish(self, rid: str, aid: str, request: FinishRequest) -> dict[str, Any]:
         if request.state == "SUCCEEDED" and request.reason is not None:
