@@ -47,7 +47,7 @@ if str(ROOT / "src" / "python") not in sys.path:
 
 from calcx.faults import killed_trainer  # noqa: E402
 from calcx.faults.proxy import main as proxy_main  # noqa: E402
-from calcx.faults.report import render_markdown  # noqa: E402
+from calcx.faults.report import off_target, render_markdown  # noqa: E402
 from calcx.faults.run import run_faults, run_queued  # noqa: E402
 
 
@@ -92,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     log(f"total {time.time() - t0:.0f}s; logs in {base}")
     if args.write:
         (ROOT / "benchmarks" / "FAULTS.md").write_text(text)
-    a = res["audit"]
-    bad = (a["lost"] or a["duplicates"] or a["failed_without_reason"] or a["succeeded_without_reward"]
-           or a["reward_mismatch"] or res["hangs"] or res["hostile"]["wrong"] or killed_trainer.problems(killed))
-    return 1 if bad else 0
+    missed = off_target(res, args.n)
+    if missed:
+        log(f"off target: {'; '.join(missed)}")
+    return 1 if missed or killed_trainer.problems(killed) else 0
 
 
 if __name__ == "__main__":
