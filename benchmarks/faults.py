@@ -47,7 +47,7 @@ if str(ROOT / "src" / "python") not in sys.path:
 
 from calcx.faults import killed_trainer  # noqa: E402
 from calcx.faults.proxy import main as proxy_main  # noqa: E402
-from calcx.faults.report import render_markdown  # noqa: E402
+from calcx.faults.report import off_target, render_markdown  # noqa: E402
 from calcx.faults.run import run_faults, run_queued  # noqa: E402
 
 
@@ -59,11 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=200, help="rollouts in the fault run (default 200)")
     p.add_argument("--kinds-each", type=int, default=2, help="rows per planned fault kind (default 2)")
     p.add_argument("--concurrency", type=int, default=12, help="per controller (default 12)")
-    p.add_argument("--deadline-s", type=float, default=45.0, help="rollout deadline (default 45)")
+    p.add_argument("--deadline-s", type=float, default=60.0, help="rollout deadline (default 60)")
     p.add_argument("--lease-s", type=float, default=6.0, help="server lease (default 6, shorter than the server's 30 s so that controller restarts recover fast)")
     p.add_argument("--upstream-timeout-s", type=float, default=4.0, help="gateway upstream timeout (default 4)")
     p.add_argument("--calculator-timeout-s", type=float, default=6.0, help="agents' MCP read timeout (default 6)")
-    p.add_argument("--agent-timeout-s", type=float, default=35.0, help="agents' whole-run bound (default 35)")
+    p.add_argument("--agent-timeout-s", type=float, default=50.0, help="agents' whole-run bound (default 50: above the ~30 s the model client's 6 retries take against a failing model, so a model-500 row ends model_unreachable, not timeout)")
     p.add_argument("--timeout-s", type=float, default=420.0, help="give up the fault run after this long")
     p.add_argument("--queued", type=int, default=0, help="also queue this many rollouts at once (e.g. 1000)")
     p.add_argument("--drain-s", type=float, default=20.0, help="how long a controller drains the queue")
@@ -92,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     log(f"total {time.time() - t0:.0f}s; logs in {base}")
     if args.write:
         (ROOT / "benchmarks" / "FAULTS.md").write_text(text)
-    a = res["audit"]
-    bad = (a["lost"] or a["duplicates"] or a["failed_without_reason"] or a["succeeded_without_reward"]
-           or a["reward_mismatch"] or res["hangs"] or res["hostile"]["wrong"] or killed_trainer.problems(killed))
-    return 1 if bad else 0
+    missed = off_target(res, args.n)
+    if missed:
+        log(f"off target: {'; '.join(missed)}")
+    return 1 if missed or killed_trainer.problems(killed) else 0
 
 
 if __name__ == "__main__":

@@ -61,6 +61,8 @@ def test_a_cancelled_running_attempt_is_stopped_by_its_controller(tmp_path: Path
                 await asyncio.sleep(0.05)
             took = time.monotonic() - started
             assert runner.stopped == ["a"] and controller.running == 1  # b runs on
+            # counted as what it is: cancelled, not lost
+            assert (controller.stats.finished, controller.stats.lost) == ({"FAILED:cancelled": 1}, 0)
             controller.stop()
             await asyncio.wait_for(task, 30)
             return took

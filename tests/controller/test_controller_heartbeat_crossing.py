@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from calcx.api.client import CalcxClient
-from calcx.api.models import AttemptRef, Claim
+from calcx.api.models import Claim, LostAttempt
 from calcx.controller.base import RunResult
 from calcx.controller.controller import Controller
 from calcx.controller.local_runner import LocalRunner
@@ -29,9 +29,9 @@ def test_a_heartbeat_crossing_a_finish_report_stops_nothing(caplog: pytest.LogCa
         controller._running[("r-run", "1")] = still_running
         controller._running[("r-done", "1")] = being_reported
         controller._reporting.add(("r-done", "1"))
-        controller._stop_lost([AttemptRef(rollout_id="r-done", attempt_id="1"),
-                               AttemptRef(rollout_id="r-run", attempt_id="1"),
-                               AttemptRef(rollout_id="r-unknown", attempt_id="1")])
+        controller._stop_lost([LostAttempt(rollout_id="r-done", attempt_id="1"),
+                               LostAttempt(rollout_id="r-run", attempt_id="1", reason="controller_lost"),
+                               LostAttempt(rollout_id="r-unknown", attempt_id="1")])
         await asyncio.sleep(0)
         outcome = (still_running.cancelled(), being_reported.cancelled(), controller.stats.lost)
         being_reported.cancel()

@@ -3,6 +3,7 @@ refused request changes nothing."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -11,7 +12,7 @@ import pytest
 
 from calcx.api.client import CalcxClient
 from calcx.api.tokens import attempt_token
-from calcx.faults.hostile import KEY, MAX_BODY_BYTES, live_cases, send, static_cases
+from calcx.faults.hostile import FLOOD_EVENTS, KEY, MAX_BODY_BYTES, live_cases, send, static_cases, summarize
 from calcx.faults.run import decoy_attempts
 from calcx.server.serve import start_server_thread
 
@@ -100,3 +101,34 @@ def test_cross_rollout_tokens_and_finished_rollouts_are_refused(server: Any) -> 
         assert [o.case.name for o in outcomes if not o.ok] == []
         assert snapshot(client) == before
         assert client.get_rollout(refs[2][0]).reward == 1.0
+
+
+def test_every_wrong_answer_is_counted_and_only_a_restart_excuses_no_answer(tmp_path: Path) -> None:
+    """A decoy lost mid-run turns the whole event flood into 409s: each one is a wrong answer,
+    listed with its count (none cut off). A request nobody answered is left out of the figure
+    only when it overlapped a server restart; at any other time it is a wrong answer."""
+    srv = start_server_thread(str(tmp_path / "calcx.db"), KEY, max_body_bytes=MAX_BODY_BYTES)
+    try:
+        with CalcxClient(srv.url, KEY) as client:
+            decoy, finished = decoy_attempts(client, "t")
+            cases = static_cases(KEY, decoy, finished)
+            client.finish(*decoy, "FAILED", reason="cancelled", detail="the decoy lost")
+        flood = [c for c in cases if c.name == "event flood"]
+        healthz = next(c for c in cases if c.name == "healthz is open")
+        with httpx.Client(base_url=srv.url, timeout=10) as http:
+            answered = [send(http, c) for c in flood]
+    finally:
+        down_at = time.time()
+        srv.stop()
+    with httpx.Client(base_url=srv.url, timeout=10) as http:
+        unanswered = [send(http, healthz) for _ in range(3)]
+    restart = (down_at, time.time())
+    outcomes = answered + unanswered
+
+    during = summarize(outcomes, [restart])
+    assert during["wrong"] == [f"event flood: want 200 , got 409 conflict (x{FLOOD_EVENTS})"]
+    assert (during["requests"], during["right"], during["skipped_server_down"]) == (FLOOD_EVENTS, 0, 3)
+
+    outside = summarize(outcomes, [(restart[0] - 100, restart[0] - 50)])
+    assert (outside["requests"], outside["right"], outside["skipped_server_down"]) == (FLOOD_EVENTS + 3, 0, 0)
+    assert "healthz is open: want 200 , got no answer outside a restart (x3)" in outside["wrong"]

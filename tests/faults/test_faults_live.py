@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from calcx.faults.hostile import MAX_EVENTS_PER_ATTEMPT
-from calcx.faults.plan import PLANNED, outcome_name
+from calcx.faults.plan import PLANNED, REFUSED_AT_CREATE, outcome_name
+from calcx.faults.report import off_target, render_markdown
 from calcx.faults.run import run_faults
 
 N = 28
@@ -121,3 +122,17 @@ def test_question_no_environment_can_carry_is_refused_at_creation(live: dict[str
     such a row when it is created (422), so it is never queued, claimed or retried, and the rest
     of the batch is not held up by it."""
     assert live["audit"]["planned_outcomes"]["question-nul-byte"] == {"REFUSED 422": 1}
+
+
+def test_the_figures_are_on_target_and_the_table_shows_each(live: dict[str, Any]) -> None:
+    """benchmarks/FAULTS.md's table and the benchmark's exit status come from one list of figures:
+    the rows refused at creation count as rows of the run, and a planned fault that no attempt
+    showed (each one cut short by a process fault) is off target, not silently passed."""
+    assert off_target(live, N) == []
+    table = render_markdown(argparse.Namespace(n=N), live, None, "command")
+    refused = len([k for k in KINDS if k in REFUSED_AT_CREATE])
+    assert (f"| rows in the run (submitted at once) | {N} ({N - refused} rollouts created, "
+            f"{live['audit']['attempts']} attempts; {refused} refused at creation, 422) | >= {N} |") in table
+    assert "| planned faults never seen (every attempt cut short by a process fault) | 0 | 0 |" in table
+    masked = {**live, "audit": {**live["audit"], "masked_by_process_faults": ["f-1: every attempt ended cancelled"]}}
+    assert off_target(masked, N) == ["planned faults never seen (every attempt cut short by a process fault)"]

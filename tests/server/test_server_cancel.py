@@ -31,7 +31,9 @@ def test_cancelling_a_run_ends_its_queued_and_running_attempts_only(client: Calc
     assert client.get_rollout("old-done").state == "SUCCEEDED" and client.get_rollout("old-done").reward == 1.0
     assert client.get_rollout("new-queued").state == "QUEUED"
     # the cancelled running attempt is lost to its controller (its next heartbeat stops it) ...
-    assert [r.rollout_id for r in client.heartbeat("ctl", [("old-run", "1")]).lost] == ["old-run"]
+    # (with the reason, so that it can count a cancel as one)
+    lost = client.heartbeat("ctl", [("old-run", "1")]).lost
+    assert [(r.rollout_id, r.reason) for r in lost] == [("old-run", "cancelled")]
     # ... and the next claim gets the new run's work, not the old run's leftovers
     assert [c.rollout.rollout_id for c in client.claim("ctl", 5, timeout_s=1).claims] == ["new-queued"]
     assert client.cancel(run="old") == []  # nothing left to cancel

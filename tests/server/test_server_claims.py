@@ -131,7 +131,7 @@ def test_lease_expiry_fails_attempt_with_controller_lost(tmp_path: Path, server_
             assert lost.state == "FAILED" and lost.attempts[0].reason == "controller_lost"
             assert "ctl-x" in (lost.attempts[0].detail or "")
             beat = client.heartbeat("ctl-x", [("kept", "1"), ("lost", "1")])
-            assert [a.rollout_id for a in beat.lost] == ["lost"]
+            assert [(a.rollout_id, a.reason) for a in beat.lost] == [("lost", "controller_lost")]
             terminal = client.terminal(after=0, timeout_s=0)
             assert [i.rollout.rollout_id for i in terminal.items] == ["lost"]
             # a late finish from the lost controller is refused; the trainer decides on a retry

@@ -1,5 +1,6 @@
 """POST /v1/rollouts refuses a row that no runner could hand to an agent (calcx.contract.env's
-rule), with a 422 naming the rollout, the row field and the reason; the batch creates nothing."""
+rule), or whose env_map sets a reserved variable, with a 422 naming the rollout, the field or key
+and the reason; the batch creates nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import httpx
 import pytest
 
 from calcx.api.client import CalcxAPIError, CalcxClient
-from calcx.contract.env import MAX_ENV_BYTES
+from calcx.contract.env import (
+    AGL_KEY,
+    AGL_OPENAI_BASE_URL,
+    CALCX_CALCULATOR_CMD,
+    CALCX_KEY,
+    CALCX_ROLLOUT_ID,
+    MAX_ENV_BYTES,
+)
 from calcx.server.serve import ServerThread
 
 
@@ -53,3 +61,27 @@ def test_hostile_text_a_runner_can_carry_is_accepted(client: CalcxClient) -> Non
     assert created.state == "QUEUED"
     claim = client.claim("c", 1, timeout_s=1).claims[0]
     assert claim.env["QUESTION"] == text
+
+
+@pytest.mark.parametrize(
+    "key",
+    [CALCX_CALCULATOR_CMD, CALCX_KEY, CALCX_ROLLOUT_ID, "CALCX_ANYTHING_NEW", AGL_KEY, AGL_OPENAI_BASE_URL,
+     "PATH", "PYTHONPATH", "PEX_ROOT", "LD_PRELOAD"],
+)
+def test_env_map_may_not_set_a_reserved_variable(client: CalcxClient, key: str) -> None:
+    """A row picks data for its agent, never the calculator command, the attempt token, the
+    gateway or what the agent process loads: such an env_map key is refused by name (422)."""
+    spec = {"rollout_id": "bad", "row": row(cmd='["sh", "-c", "id"]'), "env_map": {"QUESTION": "question", key: "cmd"}}
+    with pytest.raises(CalcxAPIError) as refused:
+        client.create_rollouts([{"rollout_id": "fine", "row": row()}, spec])
+    assert (refused.value.status, refused.value.code) == (422, "invalid_body")
+    assert f"rollout 'bad': env_map key {key!r} is refused" in refused.value.message, refused.value.message
+    with pytest.raises(CalcxAPIError) as missing:  # the whole batch was refused
+        client.get_rollout("fine")
+    assert missing.value.status == 404
+
+
+def test_env_map_may_set_a_variable_of_the_rows_own(client: CalcxClient) -> None:
+    spec = {"rollout_id": "notes", "row": row(notes="n"), "env_map": {"QUESTION": "question", "NOTES": "notes"}}
+    assert client.create_rollouts([spec])[0].state == "QUEUED"
+    assert client.claim("c", 1, timeout_s=1).claims[0].env["NOTES"] == "n"

@@ -188,6 +188,40 @@ def test_shutdown_answers_pending_long_polls(tmp_path: Path, server_key: str) ->
         again.stop()
 
 
+def test_a_graceful_shutdown_fails_no_running_attempt(tmp_path: Path, upstream: Any, server_key: str) -> None:
+    """While the server drains in-flight requests it takes no new connection, so no heartbeat can
+    arrive: a lease that lapses then is the server's doing and must not fail the attempt
+    (controller_lost); the next start gives it a fresh lease."""
+    db = str(tmp_path / "drain.db")
+    upstream.delay_s = 3.0  # one model call in flight holds the graceful shutdown this long
+    first = start_server_thread(db, server_key, lease_s=1.0, upstream_timeout_s=10.0)
+    try:
+        with CalcxClient(first.url, server_key, timeout=10) as client:
+            client.put_models("m", [upstream.url])
+            client.create_rollout({"rollout_id": "d-1", "row": {"question": "q", "result": "1"}})
+            claim = client.claim("ctl", 1, timeout_s=1).claims[0]
+            call = threading.Thread(target=lambda: client.chat_completions(
+                "d-1", claim.attempt_id, {"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+            call.start()
+            while not upstream.requests:
+                time.sleep(0.02)
+            assert [r.rollout_id for r in client.heartbeat("ctl", [("d-1", claim.attempt_id)]).held] == ["d-1"]
+            started = time.monotonic()
+            first.stop()
+            drained_s = time.monotonic() - started
+            call.join(10)
+    finally:
+        first.stop()
+    assert drained_s > 2.0  # the lease (1 s) lapsed while the server was draining
+    again = start_server_thread(db, server_key, lease_s=30.0)
+    try:
+        with CalcxClient(again.url, server_key) as client:
+            attempt = client.get_rollout("d-1").attempts[-1]
+            assert (attempt.state, attempt.reason) == ("RUNNING", None), attempt
+    finally:
+        again.stop()
+
+
 def test_refuses_a_store_it_cannot_use(tmp_path: Path) -> None:
     not_a_db = tmp_path / "notes.db"
     not_a_db.write_text("these are notes, not a database " * 10)

@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from calcx.contract.env import DEFAULT_ENV_MAP, env_problem, env_value
+from calcx.contract.env import DEFAULT_ENV_MAP, env_problem, env_value, reserved_problem
 from calcx.contract.failures import FAILURE_REASONS
 
 RolloutState = Literal["QUEUED", "RUNNING", "SUCCEEDED", "FAILED"]
@@ -96,10 +96,14 @@ class RolloutCreate(_StrictBody):
     @model_validator(mode="after")
     def _carriable_env(self) -> "RolloutCreate":
         """Refuse a row that no runner could hand to an agent (calcx.contract.env's rule) now,
-        rather than let a runner find out at every attempt. A missing field is the server's
-        own check, with its own message."""
+        rather than let a runner find out at every attempt, and an env_map that sets a reserved
+        variable (the calculator command, the attempt token, PATH...). A missing field is the
+        server's own check, with its own message."""
         env_map = self.env_map if self.env_map is not None else DEFAULT_ENV_MAP
         for var, column in env_map.items():
+            reserved = reserved_problem(var)
+            if reserved is not None:
+                raise ValueError(f"rollout {self.rollout_id!r}: env_map key {var!r} is refused: {reserved}")
             problem = env_problem(var, env_value(self.row[column]) if column in self.row else "")
             if problem is not None:
                 raise ValueError(f"rollout {self.rollout_id!r}: row field {column!r} (as {var}): {problem}")
@@ -205,10 +209,18 @@ class HeartbeatRequest(_StrictBody):
     attempts: list[AttemptRef] | None = None
 
 
+class LostAttempt(AttemptRef):
+    """An attempt a heartbeat listed that is no longer RUNNING under that controller. `reason`:
+    its failure reason when the server failed it (`cancelled`, `controller_lost`, ...), else None
+    (unknown, another controller's, or finished)."""
+
+    reason: str | None = None
+
+
 class HeartbeatResponse(_Model):
     lease_s: float
     held: list[AttemptRef]
-    lost: list[AttemptRef]
+    lost: list[LostAttempt]
 
 
 #: The rollout label that names the training run a rollout belongs to (`calcx train` sets it to

@@ -77,6 +77,26 @@ def agent_base_env(env: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items() if agent_inherits(name)}
 
 
+# -- what a rollout's env_map may not set --------------------------------------------------------
+#: Prefixes only calcx sets: the attempt's gateway, event URL and token (AGL_*), its ids and the
+#: agent's settings, the calculator command among them (CALCX_*).
+CALCX_PREFIX = "CALCX_"
+RESERVED_PREFIXES: tuple[str, ...] = (CALCX_PREFIX, AGL_PREFIX)
+#: The dynamic loader's settings (LD_PRELOAD, LD_LIBRARY_PATH, ...): code loaded into the agent.
+LOADER_PREFIX = "LD_"
+
+
+def reserved_problem(name: str) -> str | None:
+    """Why a rollout's env_map may not set ``name`` (None when it may). A row picks data for its
+    agent (QUESTION, RESULT, its own fields), never what the agent runs or whom it trusts: calcx's
+    own names, the runner's variables an agent inherits (PATH, PYTHON*, ...) and the loader's."""
+    if name.startswith(RESERVED_PREFIXES):
+        return f"{name} is set by calcx, not by a row ({', '.join(p + '*' for p in RESERVED_PREFIXES)} are reserved)"
+    if agent_inherits(name) or name.startswith(LOADER_PREFIX):
+        return f"{name} is the runner's setting of the agent process, not data a row may set"
+    return None
+
+
 # -- the rule for values ---------------------------------------------------------------------
 #: Linux refuses one environment string ("NAME=value" plus its NUL) longer than MAX_ARG_STRLEN.
 MAX_ENV_BYTES = 128 * 1024 - 1

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
-from calcx.api.models import AttemptRef, Claim
+from calcx.api.models import Claim, LostAttempt
+from calcx.contract.failures import CANCELLED
 from calcx.controller.base import RunResult, Runner
 
 log = logging.getLogger("calcx.controller")
@@ -37,6 +38,10 @@ def default_controller_id() -> str:
 
 @dataclass
 class ControllerStats:
+    """What became of the attempts this controller claimed. `finished` counts them by end
+    ("SUCCEEDED", "FAILED:<reason>"), cancelled ones too (at shutdown, or through the cancel API);
+    `lost`: those the server took back for another reason (a lapsed lease)."""
+
     claimed: int = 0
     finished: dict[str, int] = field(default_factory=dict)
     report_failures: int = 0
@@ -244,9 +249,10 @@ class Controller:
             self.lease_s = answer.lease_s or self.lease_s
             self._stop_lost(answer.lost)
 
-    def _stop_lost(self, lost: Iterable[AttemptRef]) -> None:
+    def _stop_lost(self, lost: Iterable[LostAttempt]) -> None:
         """Stop what the server no longer counts as ours, except attempts whose result is being
-        reported: a heartbeat that crossed their finish sees them terminal, and nothing is lost."""
+        reported: a heartbeat that crossed their finish sees them terminal, and nothing is lost.
+        One the server failed as cancelled is counted as cancelled, not lost."""
         for ref in lost:
             key = (ref.rollout_id, ref.attempt_id)
             task = self._running.get(key)
@@ -255,8 +261,12 @@ class Controller:
             if key in self._reporting:
                 log.debug("%s/%s finished while a heartbeat was in flight", *key)
                 continue
-            log.warning("server says %s/%s is no longer ours; stopping it", *key)
-            self.stats.lost += 1
+            if ref.reason == CANCELLED:
+                log.warning("%s/%s was cancelled; stopping it", *key)
+                self.stats.count(RunResult.failed(CANCELLED))
+            else:
+                log.warning("server says %s/%s is no longer ours; stopping it", *key)
+                self.stats.lost += 1
             task.cancel()
 
     # -- shutdown ------------------------------------------------------------------------

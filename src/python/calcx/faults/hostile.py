@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -19,6 +21,7 @@ from typing import Any, Callable
 import httpx
 
 from calcx.api.tokens import attempt_token
+from calcx.contract.env import CALCX_CALCULATOR_CMD
 
 KEY = "calcx-faults-key-0123456789-abcdefgh"  # the server key of the fault run and of the tests
 MAX_BODY_BYTES = 1024 * 1024  # the server runs with this --max-body-bytes (oversized = above it)
@@ -77,9 +80,20 @@ class Case:
 @dataclass
 class Outcome:
     case: Case
-    status: int  # 0: no answer (server down)
+    status: int  # 0: no answer (connection refused or dropped)
     code: str | None
     ok: bool
+    sent_at: float = 0.0  # wall clock, to match against the server's restarts
+    answered_at: float = 0.0
+
+    @property
+    def unanswered(self) -> bool:
+        """No answer, or the server's 503 ``starting`` (its store is not open yet, or no longer)."""
+        return self.status == 0 or (self.status == 503 and self.code == "starting")
+
+    def during(self, windows: Sequence[tuple[float, float]]) -> bool:
+        """Whether the request overlapped one of ``windows`` (start, end)."""
+        return any(self.sent_at <= end and self.answered_at >= start for start, end in windows)
 
 
 def _auth(token: str) -> dict[str, str]:
@@ -215,6 +229,11 @@ def static_cases(key: str, decoy: tuple[str, str], finished: tuple[str, str]) ->
              "invalid_body"),
         Case("create: row lacks env_map field", "POST", "/v1/rollouts", 422, server,
              _j({"rollouts": [{"rollout_id": "hostile-no-result", "row": {"question": "q"}}]}), "invalid_body"),
+        Case("create: env_map sets the calculator command", "POST", "/v1/rollouts", 422, server,
+             _j({"rollouts": [{"rollout_id": "hostile-env-map", "row": {"question": "q", "result": "1",
+                                                                         "cmd": '["sh", "-c", "id"]'},
+                               "env_map": {"QUESTION": "question", "RESULT": "result",
+                                           CALCX_CALCULATOR_CMD: "cmd"}}]}), "invalid_body"),
         Case("create: same id, other body", "POST", "/v1/rollouts", 409, server,
              _j({"rollouts": [{"rollout_id": frid, "row": {"question": "changed", "result": "0"}}]}), "conflict"),
         Case("create: oversized", "POST", "/v1/rollouts", 413, server,
@@ -255,10 +274,11 @@ def live_cases(key: str, running: list[tuple[str, str]], finished: list[tuple[st
 
 
 def send(http: httpx.Client, case: Case) -> Outcome:
+    sent_at = time.time()
     try:
         resp = http.request(case.method, case.path, headers=case.headers, content=case.body)
     except httpx.HTTPError:
-        return Outcome(case, 0, None, False)
+        return Outcome(case, 0, None, False, sent_at, time.time())
     code = None
     try:
         payload = resp.json()
@@ -268,12 +288,13 @@ def send(http: httpx.Client, case: Case) -> Outcome:
         pass
     ok = (resp.status_code == case.expect and (case.code is None or code == case.code)) or (
         case.alt is not None and (resp.status_code, code) == case.alt)
-    return Outcome(case, resp.status_code, code, ok)
+    return Outcome(case, resp.status_code, code, ok, sent_at, time.time())
 
 
 class HostileClient(threading.Thread):
-    """Sends hostile requests in a loop until stopped; answers from a server that is down or
-    starting (no answer, 503 ``starting``) are counted as skipped, not as right or wrong."""
+    """Sends hostile requests in a loop until stopped. `summary` judges them: a request left
+    unanswered (no answer, 503 ``starting``) while the server was restarting is not counted; one
+    left unanswered at any other time is a wrong answer."""
 
     def __init__(self, base_url: Callable[[], str], key: str, decoy: tuple[str, str], finished: tuple[str, str],
                  live: Callable[[], tuple[list[tuple[str, str]], list[tuple[str, str]]]] | None = None,
@@ -285,7 +306,6 @@ class HostileClient(threading.Thread):
         self.live = live
         self.pause_s = pause_s
         self.outcomes: list[Outcome] = []
-        self.skipped = 0
         self._halt = threading.Event()
 
     def stop(self) -> None:
@@ -304,24 +324,30 @@ class HostileClient(threading.Thread):
                 for case in cases:
                     if self._halt.is_set():
                         break
-                    outcome = send(http, case)
-                    if outcome.status == 0 or (outcome.status == 503 and outcome.code == "starting"):
-                        self.skipped += 1
-                    else:
-                        self.outcomes.append(outcome)
+                    self.outcomes.append(send(http, case))
                     self._halt.wait(self.pause_s)
 
-    def summary(self) -> dict[str, Any]:
-        wrong = [o for o in self.outcomes if not o.ok]
-        by_expect = Counter(o.case.expect for o in self.outcomes)
-        return {
-            "requests": len(self.outcomes),
-            "right": len(self.outcomes) - len(wrong),
-            "wrong": [f"{o.case.name}: want {o.case.expect} {o.case.code or ''}, got {o.status} {o.code}"
-                      for o in wrong][:20],
-            "by_status": dict(sorted(by_expect.items())),
-            "kinds": len({o.case.name for o in self.outcomes}),
-            "flood_refused": sum(1 for o in self.outcomes if o.case.name == "event flood" and o.status == 413),
-            "flood_stored": sum(1 for o in self.outcomes if o.case.name == "event flood" and o.status == 200),
-            "skipped_server_down": self.skipped,
-        }
+    def summary(self, restarts: Sequence[tuple[float, float]] = ()) -> dict[str, Any]:
+        """The figures; ``restarts``: the (start, end) wall-clock windows the server was down."""
+        return summarize(self.outcomes, restarts)
+
+
+def summarize(outcomes: Sequence[Outcome], restarts: Sequence[tuple[float, float]] = ()) -> dict[str, Any]:
+    """Right and wrong answers of ``outcomes``; every wrong answer is listed, once per kind with
+    its count. Only a request unanswered during one of ``restarts`` is left out of the count."""
+    skipped = [o for o in outcomes if o.unanswered and o.during(restarts)]
+    counted = [o for o in outcomes if not (o.unanswered and o.during(restarts))]
+    wrong: Counter[str] = Counter(
+        f"{o.case.name}: want {o.case.expect} {o.case.code or ''}, got "
+        + ("no answer outside a restart" if o.status == 0 else f"{o.status} {o.code}")
+        for o in counted if not o.ok)
+    return {
+        "requests": len(counted),
+        "right": sum(1 for o in counted if o.ok),
+        "wrong": [f"{text} (x{n})" for text, n in sorted(wrong.items())],
+        "by_status": dict(sorted(Counter(o.case.expect for o in counted).items())),
+        "kinds": len({o.case.name for o in counted}),
+        "flood_refused": sum(1 for o in counted if o.case.name == "event flood" and o.status == 413),
+        "flood_stored": sum(1 for o in counted if o.case.name == "event flood" and o.status == 200),
+        "skipped_server_down": len(skipped),
+    }

@@ -119,6 +119,10 @@ class Injector(threading.Thread):
                 c.stop(grace_s=20.0, sig=signal.SIGTERM)
                 self.events.append(Event("second controller stopped (SIGTERM)", t0, "faults-second", time.time()))
 
+    def server_down(self) -> list[tuple[float, float]]:
+        """The (signal sent, ready again) wall-clock windows of the server's restarts."""
+        return [(ev.at, ev.up_at) for ev in self.events if ev.target == "server" and ev.up_at is not None]
+
     def schedule_left(self) -> bool:
         return bool(self.pending) and self.is_alive()
 

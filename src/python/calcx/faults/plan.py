@@ -38,6 +38,9 @@ BOMB_EXPRESSIONS = {"calculator-bomb-9**9**8": "9**9**8", "calculator-bomb-strin
 #: (fraction of rollouts terminal, process fault)
 DEFAULT_SCHEDULE = [(0.10, "second-controller-start"), (0.22, "server-sigterm"), (0.38, "controller-restart"),
                     (0.55, "server-sigkill"), (0.70, "second-controller-stop")]
+#: Attempts per row: one more than the process faults of the schedule, so a row has an attempt that
+#: none of them cut short even if each one hits it (then its planned fault is seen, not masked).
+MAX_ATTEMPTS = len(DEFAULT_SCHEDULE) + 1
 RETRIABLE_KINDS = {"clean"} | {f"question-{n}" for n in HOSTILE_QUESTION_SUFFIXES}
 #: Failures a process fault (controller killed or stopped) causes to whatever was running.
 COLLATERAL_REASONS = {"controller_lost", "cancelled", "reward_post_failed"}  # + a server restart under an agent
@@ -101,7 +104,7 @@ def build_plan(n: int, workdir: Path, seed: int = 7, prefix: str = "f", deadline
         elif marker:
             row["question"] = f"{row['question']}\n\n{marker}"
         specs.append({"rollout_id": rid, "group_id": f"{prefix}-g{i // 4}", "row": row, "deadline_s": deadline_s,
-                      "max_attempts": 3})
+                      "max_attempts": MAX_ATTEMPTS})
         kind_of[rid] = kind
         questions[rid] = row["question"]
     script = workdir / "rows.jsonl"

@@ -10,7 +10,53 @@ import time
 from collections import Counter
 from typing import Any
 
-from calcx.faults.plan import PLANNED
+from calcx.faults.plan import PLANNED, REFUSED_AT_CREATE
+
+
+def figures(res: dict[str, Any], want_rows: int) -> list[tuple[str, str, str, bool]]:
+    """The run's figures as (figure, value, target, on target), for a run of ``want_rows`` rows
+    (``--n``): the table of benchmarks/FAULTS.md and the benchmark's exit status both come from
+    this one list."""
+    a = res["audit"]
+    h = res["hostile"]
+    rows = {k: sum(v.values()) for k, v in a["planned_outcomes"].items() if k != "clean"}
+    process: Counter[str] = Counter(ev["kind"] for ev in res["events"])
+    refused = sum(n for k, v in a["planned_outcomes"].items() if k in REFUSED_AT_CREATE for n in v.values())
+    silent = sum(1 for u in a["unexpected"] if "ended SUCCEEDED" in u)
+    return [
+        ("rows in the run (submitted at once)", f"{a['rollouts'] + refused} ({a['rollouts']} rollouts created, "
+         f"{a['attempts']} attempts; {refused} refused at creation, 422)", f">= {want_rows}",
+         a["rollouts"] + refused >= want_rows),
+        ("faults and hostile inputs injected", f"{sum(rows.values())} rows of {len(rows)} kinds + "
+         f"{sum(process.values())} process faults of {len(process)} kinds", "every kind of the issue", True),
+        ("rollouts lost (not terminal or missing)", str(len(a["lost"])), "0", not a["lost"]),
+        ("rewards lost (SUCCEEDED without reward; agent-posted reward missing)",
+         f"{len(a['succeeded_without_reward'])}; {len(a['reward_mismatch'])}", "0; 0",
+         not (a["succeeded_without_reward"] or a["reward_mismatch"])),
+        ("duplicate runs (an attempt started twice)", str(len(a["duplicates"])), "0", not a["duplicates"]),
+        ("hangs (RUNNING > deadline + 30 s, or never terminal)", str(len(res["hangs"])), "0", not res["hangs"]),
+        ("FAILED attempts without a reason", str(len(a["failed_without_reason"])), "0",
+         not a["failed_without_reason"]),
+        ("planned faults that ended otherwise than planned", str(len(a["unexpected"])), "0", not a["unexpected"]),
+        ("planned faults never seen (every attempt cut short by a process fault)",
+         str(len(a["masked_by_process_faults"])), "0", not a["masked_by_process_faults"]),
+        ("infrastructure faults that ended SUCCEEDED (silent reward 0)", str(silent), "0", not silent),
+        ("hostile question texts that reached the agent changed", str(len(a["question_text_mismatch"])), "0",
+         not a["question_text_mismatch"]),
+        ("hostile answers executed (canary file created)", str(int(bool(res["canary_exists"]))), "0",
+         not res["canary_exists"]),
+        ("bad requests answered with the right status and code", f"{h['right']}/{h['requests']} "
+         f"({h['kinds']} kinds)", "all", h["right"] == h["requests"]),
+        ("processes of a SIGKILLed controller alive after its restart", str(len(res.get("orphans", []))), "0",
+         not res.get("orphans")),
+        ("processes left after shutdown", str(len(res["leftover_processes"])), "0", not res["leftover_processes"]),
+        ("wall time of the run (submit to last terminal)", f"{res['wall_s']:.1f} s", "", True),
+    ]
+
+
+def off_target(res: dict[str, Any], want_rows: int) -> list[str]:
+    """The figures that missed their target (empty: the run is clean)."""
+    return [name for name, _, _, ok in figures(res, want_rows) if not ok]
 
 
 def render_markdown(args: argparse.Namespace, res: dict[str, Any], queued: dict[str, Any] | None,
@@ -41,25 +87,7 @@ def render_markdown(args: argparse.Namespace, res: dict[str, Any], queued: dict[
         "",
         "| figure | value | target |",
         "|---|---|---|",
-        f"| rollouts in the run (submitted at once) | {a['rollouts']} ({a['attempts']} attempts) | >= 200 |",
-        f"| faults and hostile inputs injected | {sum(rows.values())} rows of {len(rows)} kinds + "
-        f"{sum(process.values())} process faults of {len(process)} kinds | every kind of the issue |",
-        f"| rollouts lost (not terminal or missing) | {len(a['lost'])} | 0 |",
-        f"| rewards lost (SUCCEEDED without reward; agent-posted reward missing) | "
-        f"{len(a['succeeded_without_reward'])}; {len(a['reward_mismatch'])} | 0; 0 |",
-        f"| duplicate runs (an attempt started twice) | {len(a['duplicates'])} | 0 |",
-        f"| hangs (RUNNING > deadline + 30 s, or never terminal) | {len(res['hangs'])} | 0 |",
-        f"| FAILED attempts without a reason | {len(a['failed_without_reason'])} | 0 |",
-        f"| planned faults that ended otherwise than planned | {len(a['unexpected'])} | 0 |",
-        f"| infrastructure faults that ended SUCCEEDED (silent reward 0) | "
-        f"{sum(1 for u in a['unexpected'] if 'ended SUCCEEDED' in u)} | 0 |",
-        f"| hostile question texts that reached the agent changed | {len(a['question_text_mismatch'])} | 0 |",
-        f"| hostile answers executed (canary file created) | {int(bool(res['canary_exists']))} | 0 |",
-        f"| bad requests answered with the right status and code | {h['right']}/{h['requests']} "
-        f"({h['kinds']} kinds) | all |",
-        f"| processes of a SIGKILLed controller alive after its restart | {len(res.get('orphans', []))} | 0 |",
-        f"| processes left after shutdown | {len(res['leftover_processes'])} | 0 |",
-        f"| wall time of the run (submit to last terminal) | {res['wall_s']:.1f} s | |",
+        *(f"| {name} | {value} | {target} |" for name, value, target, _ in figures(res, args.n)),
         "",
         "## Row faults and hostile inputs",
         "",
@@ -104,7 +132,8 @@ def render_markdown(args: argparse.Namespace, res: dict[str, Any], queued: dict[
     if h["wrong"]:
         lines += ["Wrong answers:", ""] + [f"- {w}" for w in h["wrong"]] + [""]
     problems = {k: a[k] for k in ("lost", "duplicates", "failed_without_reason", "succeeded_without_reward",
-                                  "reward_mismatch", "unexpected", "question_text_mismatch") if a[k]}
+                                  "reward_mismatch", "unexpected", "masked_by_process_faults",
+                                  "question_text_mismatch") if a[k]}
     if problems or res["hangs"] or res["injector_errors"] or res.get("orphans"):
         lines += ["## Problems found", "", "```", json.dumps({**problems, "hangs": res["hangs"],
                                                               "injector_errors": res["injector_errors"],

@@ -77,10 +77,11 @@ class DecoyKeeper(threading.Thread):
 
 def decoy_attempts(client: Any, prefix: str) -> tuple[tuple[str, str], tuple[str, str]]:
     """Two rollouts the hostile client owns (claimed before any controller runs): one kept
-    RUNNING, one finished FAILED."""
+    RUNNING, one finished FAILED. One attempt each: should the decoy's lease ever lapse, no
+    controller may claim it again and run an agent for it."""
     row = {"question": "decoy", "result": "0"}
-    client.create_rollouts([{"rollout_id": f"{prefix}-decoy-running", "row": row, "deadline_s": 3600},
-                            {"rollout_id": f"{prefix}-decoy-finished", "row": row, "deadline_s": 3600}])
+    client.create_rollouts([{"rollout_id": f"{prefix}-decoy-{name}", "row": row, "deadline_s": 3600,
+                             "max_attempts": 1} for name in ("running", "finished")])
     claims = client.claim("hostile-client", max=2, timeout_s=0).claims
     ids = {c.rollout.rollout_id: c.attempt_id for c in claims}
     running = (f"{prefix}-decoy-running", ids[f"{prefix}-decoy-running"])
@@ -206,7 +207,7 @@ def run_faults(args: argparse.Namespace, workdir: Path, log: Callable[[str], Non
         result = {
             "audit": report,
             "retried": dict(retried),
-            "hostile": hostile.summary(),
+            "hostile": hostile.summary(injector.server_down()),
             "hangs": sorted(hang.hung),
             "events": [ev.__dict__ for ev in injector.events],
             "injector_errors": injector.errors,

@@ -110,12 +110,14 @@ class RolloutService:
 
     async def reap_leases(self) -> None:
         """Runs until cancelled: fail RUNNING attempts whose controller stopped heartbeating
-        (reason controller_lost)."""
+        (reason controller_lost). Not once shutdown has begun: the server then takes no new
+        connection, so no heartbeat can arrive, and a lapse would be the server's own doing (the
+        next start gives every RUNNING attempt a fresh lease instead)."""
         interval = self.settings.lease_check_s
         while True:
             await asyncio.sleep(interval)
             store = self.store
-            if store is None:
+            if store is None or self.closing:
                 continue
             try:
                 expired = store.attempts.expire_leases()
@@ -261,7 +263,8 @@ class RolloutService:
         refs = None if request.attempts is None else [(a.rollout_id, a.attempt_id) for a in request.attempts]
         lease_s = self.settings.lease_s
         held, lost = self.db.attempts.heartbeat(request.controller_id, refs, lease_s)
-        return {"lease_s": lease_s, "held": _refs(held), "lost": _refs(lost)}
+        return {"lease_s": lease_s, "held": _refs(held),
+                "lost": [{"rollout_id": r, "attempt_id": a, "reason": reason} for r, a, reason in lost]}
 
     def finish(self, rid: str, aid: str, request: FinishRequest) -> dict[str, Any]:
         if request.state == "SUCCEEDED" and request.reason is not None:

@@ -90,11 +90,13 @@ class Attempts:
 
     def heartbeat(
         self, controller_id: str, refs: Iterable[tuple[str, str]] | None, lease_s: float
-    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    ) -> tuple[list[tuple[str, str]], list[tuple[str, str, str | None]]]:
         """Extend the leases a controller holds; returns (held, lost).
 
         With `refs` None every RUNNING attempt of the controller is extended. Otherwise only the
-        listed ones, and those that are no longer RUNNING under this controller come back as lost.
+        listed ones, and those that are no longer RUNNING under this controller come back as lost
+        (rid, aid, reason): the reason the attempt FAILED with under this controller (`cancelled`,
+        `controller_lost`...), so the controller can tell a cancel from a lost lease; else None.
         """
         expires = self._db.monotonic() + lease_s
         with self._db.tx() as db:
@@ -112,17 +114,22 @@ class Attempts:
                 )
                 return held, []
             held = []
-            lost: list[tuple[str, str]] = []
+            lost: list[tuple[str, str, str | None]] = []
             for rid, aid in refs:
                 no = parse_attempt_id(aid)
-                cur = None
-                if no is not None:
-                    cur = db.execute(
-                        "UPDATE attempts SET lease_expires_at = ? WHERE rollout_id = ? AND attempt_no = ? "
-                        "AND controller_id = ? AND state = 'RUNNING'",
-                        (expires, rid, no, controller_id),
-                    )
-                (held if cur is not None and cur.rowcount == 1 else lost).append((rid, aid))
+                if no is not None and db.execute(
+                    "UPDATE attempts SET lease_expires_at = ? WHERE rollout_id = ? AND attempt_no = ? "
+                    "AND controller_id = ? AND state = 'RUNNING'",
+                    (expires, rid, no, controller_id),
+                ).rowcount == 1:
+                    held.append((rid, aid))
+                    continue
+                row = None if no is None else db.execute(
+                    "SELECT reason FROM attempts WHERE rollout_id = ? AND attempt_no = ? AND controller_id = ? "
+                    "AND state = 'FAILED'",
+                    (rid, no, controller_id),
+                ).fetchone()
+                lost.append((rid, aid, None if row is None else row[0]))
             return held, lost
 
     def finish(
