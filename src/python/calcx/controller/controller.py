@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable
 
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.api.models import AttemptRef, Claim
+from calcx.contract.failures import FailureReason
 from calcx.controller.base import RunResult, Runner
 
 log = logging.getLogger("calcx.controller")
@@ -177,12 +178,12 @@ class Controller:
             log.debug("timing: %s/%s run %.4f", rid, aid, time.monotonic() - t0)
         except asyncio.CancelledError:
             if self._stop.is_set():
-                result = RunResult.failed("cancelled", detail=f"controller {self.controller_id} shut down")
+                result = RunResult.failed(FailureReason.CANCELLED, detail=f"controller {self.controller_id} shut down")
                 await self._report(rid, aid, result, timeout_s=5.0)
             raise
         except Exception as exc:  # a runner bug must not lose the rollout
             log.exception("runner failed on %s/%s", rid, aid)
-            result = RunResult.failed("crash", detail=f"runner error: {type(exc).__name__}: {exc}")
+            result = RunResult.failed(FailureReason.CRASH, detail=f"runner error: {type(exc).__name__}: {exc}")
         t1 = time.monotonic()
         self._reporting.add((rid, aid))
         try:
