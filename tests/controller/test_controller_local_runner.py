@@ -17,7 +17,7 @@ from calcx.contract.failures import reason_from_agent_exit
 from calcx.contract.ready import WORKER_READY_LINE
 from calcx.controller.__main__ import main as controller_main
 from calcx.controller.base import RunResult
-from calcx.controller.local_runner import LocalRunner, parse_command
+from calcx.controller.local_runner import LocalRunner, parse_command_option
 from calcx.procs.procutil import pid_alive
 
 
@@ -165,10 +165,10 @@ def test_reason_parsing_and_result_validation() -> None:
 
 
 def test_agent_command_parsing() -> None:
-    assert parse_command('["/app/agent.pex", "--x"]') == ["/app/agent.pex", "--x"]
-    assert parse_command("python -m calcx.agent") == ["python", "-m", "calcx.agent"]
+    assert parse_command_option('["/app/agent.pex", "--x"]') == ["/app/agent.pex", "--x"]
+    assert parse_command_option("python -m calcx.agent") == ["python", "-m", "calcx.agent"]
     with pytest.raises(ValueError):
-        parse_command(json.dumps([]))
+        parse_command_option(json.dumps([]))
 
 
 def test_controller_without_a_key_says_what_to_do(monkeypatch: pytest.MonkeyPatch, capsys) -> None:

@@ -27,7 +27,7 @@ from calcx.contract.env import CALCX_CALCULATOR_CMD, agent_base_env, env_problem
 from calcx.contract.failures import FailureReason, reason_from_agent_exit
 from calcx.controller.base import RunResult
 from calcx.procs.procutil import kill_group
-from calcx.worker.client import ChildExit, Zygote, ZygoteUnavailable, default_zygote_command
+from calcx.worker.client import ChildExit, ZygoteClient, ZygoteUnavailable, default_zygote_command
 from calcx.worker.launcher import as_env_value, exec_command, handoff_command
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -134,7 +134,7 @@ class LocalRunner:
         self.fallback_to_spawn = fallback_to_spawn
         self.child_nice = child_nice
         self.ca_settings = lazy_ca_settings(self.base_env) if lazy_ca else None
-        self.zygote: Zygote | None = None
+        self.zygote: ZygoteClient | None = None
         self._live: dict[int, str] = {}  # pgid -> "rid/aid", for close()
         self.spawned = 0
         self.forked = 0
@@ -145,7 +145,7 @@ class LocalRunner:
     async def start(self) -> None:
         if self.prefork:
             zlog = os.path.join(self.log_dir, "zygote.log") if self.log_dir else None
-            self.zygote = Zygote(self.zygote_cmd, env=self.base_env, log_path=zlog)
+            self.zygote = ZygoteClient(self.zygote_cmd, env=self.base_env, log_path=zlog)
             try:
                 await self.zygote.ensure()
             except ZygoteUnavailable:
@@ -343,8 +343,9 @@ async def _bounded(aw: Any, timeout: float) -> Any:
         return None
 
 
-def parse_command(value: str) -> list[str]:
-    """A command given as a JSON list or a shell-like string."""
+def parse_command_option(value: str) -> list[str]:
+    """A command given on the command line (`--agent-cmd`, `--worker-cmd`): a JSON list or a
+    shell-like string."""
     value = value.strip()
     if value.startswith("["):
         cmd = json.loads(value)

@@ -20,7 +20,7 @@ from calcx.worker.protocol import MAX_FDS, MAX_LEARN
 
 
 class Forking:
-    """The forking half of :class:`calcx.worker.serve.Zygote` (which sets these attributes)."""
+    """The forking half of :class:`calcx.worker.serve.ZygoteServer` (which sets these attributes)."""
 
     pid: int
     sock_path: str
