@@ -1,0 +1,101 @@
+"""calcx's import layers, enforced: every import of src/python/calcx against the "may import"
+column of docs/architecture.md's package table (the one copy of that rule).
+
+A package may import the calcx packages its row names in backticks (`everything above`: those of
+the earlier rows; `the parts`: all), its own modules and `calcx` itself. Imports inside functions
+and `TYPE_CHECKING` blocks count: they are dependencies all the same. Standard library only.
+
+    python3 .ci/import_layers.py [REPO_ROOT]     # exit 1 and one line per wrong import
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+DOC = Path("docs") / "architecture.md"
+SOURCES = Path("src") / "python" / "calcx"
+TABLE_HEADING = "## Python packages"
+_PACKAGE = re.compile(r"`(calcx(?:\.\w+)?)`")
+
+
+def read_rules(doc: str) -> dict[str, frozenset[str]]:
+    """package -> the calcx packages it may import, from the table under TABLE_HEADING."""
+    section = doc[doc.index(TABLE_HEADING):]
+    rows = [line for line in section.splitlines() if line.startswith("| `calcx")]
+    cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    cells = [row for row in cells if _PACKAGE.fullmatch(row[0])]
+    names = [row[0].strip("`") for row in cells]
+    rules: dict[str, frozenset[str]] = {}
+    for index, (name, row) in enumerate(zip(names, cells)):
+        allowed = set(_PACKAGE.findall(row[-1]))
+        if "everything above" in row[-1]:
+            allowed.update(names[:index])
+        if "the parts" in row[-1]:
+            allowed.update(names)
+        rules[name] = frozenset(allowed - {name})
+    return rules
+
+
+def package_of(path: Path, root: Path) -> str:
+    """calcx.<first part> of a file under src/python/calcx (calcx.cli for cli.py)."""
+    first = path.relative_to(root).parts[0]
+    return "calcx" if first == "__init__.py" else "calcx." + first.removesuffix(".py")
+
+
+def imported_modules(path: Path, root: Path) -> Iterator[tuple[int, str]]:
+    """(line, absolute module) of every calcx import in the file, relative ones resolved."""
+    here = ("calcx", *path.relative_to(root).with_suffix("").parts)
+    package = here if here[-1] == "__init__" else here[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = list(package[: len(package) - node.level + 1]) if node.level else []
+            if base and base[-1] == "__init__":
+                base.pop()
+            modules = [".".join([*base, *(node.module.split(".") if node.module else [])])]
+        else:
+            continue
+        yield from ((node.lineno, m) for m in modules if m == "calcx" or m.startswith("calcx."))
+
+
+def violations(repo: Path) -> list[str]:
+    """One line per import the table does not allow, and per package without a row."""
+    root = repo / SOURCES
+    rules = read_rules((repo / DOC).read_text(encoding="utf-8"))
+    found: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        source = package_of(path, root)
+        if source == "calcx":
+            continue
+        if source not in rules:
+            found.append(f"{path.relative_to(repo)}: package {source} has no row in {DOC}'s table")
+            continue
+        for line, module in imported_modules(path, root):
+            target = ".".join(module.split(".")[:2])
+            if target in ("calcx", source) or target in rules[source]:
+                continue
+            allowed = ", ".join(sorted(rules[source])) or "no calcx package"
+            found.append(f"{path.relative_to(repo)}:{line}: {source} imports {module}; "
+                         f"{DOC} lets it import {allowed}")
+    return found
+
+
+def main(argv: list[str]) -> int:
+    repo = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parents[1]
+    found = violations(repo)
+    for line in found:
+        print(line)
+    if found:
+        print(f"{len(found)} import(s) against the layers of {DOC}: fix the import, or change the table first")
+        return 1
+    print(f"imports of {SOURCES} follow {DOC}'s layers")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
