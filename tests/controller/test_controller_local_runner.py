@@ -1,4 +1,5 @@
-"""The local runner on its own: real processes, exit statuses, deadlines and the worker's restart."""
+"""The local runner on its own: real processes, exit statuses, deadlines, cancels and the
+environment an agent gets (the pre-forked worker's own restart: tests/worker)."""
 
 from __future__ import annotations
 
@@ -81,27 +82,6 @@ def test_deadline_kills_the_whole_process_group(tmp_path) -> None:
     while (pid_alive(agent) or pid_alive(grandchild)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not pid_alive(agent) and not pid_alive(grandchild)
-
-
-def test_a_dead_worker_is_restarted_and_the_agent_runs_in_it() -> None:
-    async def go() -> tuple[RunResult, int, int | None, int | None]:
-        runner = LocalRunner()
-        await runner.start()
-        try:
-            assert runner.zygote is not None and runner.zygote.pid is not None
-            first = runner.zygote.pid
-            os.kill(first, signal.SIGKILL)
-            await asyncio.wait_for(runner.zygote.proc.wait(), 10)  # type: ignore[union-attr]
-            result = await runner.run(claim(env={"QUESTION": ""}))
-            return result, runner.zygote.restarts, first, runner.zygote.pid
-        finally:
-            await runner.close()
-
-    result, restarts, first, second = asyncio.run(go())
-    # The agent ran (in a new worker) and refused the incomplete environment itself.
-    assert (result.state, result.reason, result.exit_code) == ("FAILED", "bad_environment", 2)
-    assert "QUESTION" in (result.detail or "")
-    assert restarts == 1 and second != first
 
 
 FAKE_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_worker.py")
