@@ -28,12 +28,12 @@ REASON_CALLS = {"failed", "fail", "finish", "failure_line", "_finish_locked"}
 
 
 def source_root() -> Path:
-    """src/python/calcx as files (the `//:calcx_source_files` target), from the sandbox or a clone."""
+    """src/python/calcx as files (the `src/python/calcx:source_tree` target), from the sandbox or a clone."""
     for base in (Path.cwd(), *Path(__file__).resolve().parents):
         candidate = base / "src" / "python" / "calcx"
         if (candidate / "contract" / "failures.py").is_file():
             return candidate
-    raise AssertionError("src/python/calcx not found: the test depends on //:calcx_source_files")
+    raise AssertionError("src/python/calcx not found: the test depends on src/python/calcx:source_tree")
 
 
 def _is_reason(node: ast.AST) -> bool:
