@@ -1,5 +1,7 @@
-"""The import layers of docs/architecture.md (.ci/import_layers.py): the tree follows them, and a
-wrong import, a relative one or one hidden in a function, fails the check with its file and line."""
+"""The import layers of docs/architecture.md (the plugin's `import-layers` linter,
+pants-plugins/calcx_pants/import_layers.py): the tree follows them, and a wrong import, a relative
+one or one hidden in a function, fails the check with its file and line, run as `./pants lint`
+runs it (from file contents) and as a script."""
 
 from __future__ import annotations
 
@@ -12,11 +14,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / ".ci" / "import_layers.py"
+SCRIPT = REPO / "pants-plugins" / "calcx_pants" / "import_layers.py"
 
 
 def _layers_module():
-    spec = importlib.util.spec_from_file_location("ci_import_layers", SCRIPT)
+    spec = importlib.util.spec_from_file_location("calcx_pants_import_layers", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -73,3 +75,18 @@ def test_a_package_without_a_row_fails(repo_copy: Path) -> None:
     (repo_copy / layers.SOURCES / "newpart").mkdir()
     (repo_copy / layers.SOURCES / "newpart" / "__init__.py").write_text("")
     assert any("package calcx.newpart has no row" in line for line in layers.violations(repo_copy))
+
+
+def test_check_takes_the_contents_the_lint_rule_hands_it() -> None:
+    doc = (
+        "## Python packages\n\n| package | what | may import |\n|---|---|---|\n"
+        "| `calcx.a` | the base | standard library |\n| `calcx.b` | above it | `calcx.a` |\n"
+    )
+    sources = {
+        "src/python/calcx/a/__init__.py": "from calcx.b import x\n",
+        "src/python/calcx/b/m.py": "import calcx\nfrom calcx.a import y\nfrom . import n\n",
+    }
+    assert layers.check(doc, sources) == [
+        "src/python/calcx/a/__init__.py:1: calcx.a imports calcx.b; docs/architecture.md lets it import no calcx package"
+    ]
+    assert layers.report([]).startswith("imports of src/python/calcx follow")

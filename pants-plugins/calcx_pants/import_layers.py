@@ -3,9 +3,12 @@ column of docs/architecture.md's package table (the one copy of that rule).
 
 A package may import the calcx packages its row names in backticks (`everything above`: those of
 the earlier rows; `the parts`: all), its own modules and `calcx` itself. Imports inside functions
-and `TYPE_CHECKING` blocks count: they are dependencies all the same. Standard library only.
+and `TYPE_CHECKING` blocks count: they are dependencies all the same.
 
-    python3 .ci/import_layers.py [REPO_ROOT]     # exit 1 and one line per wrong import
+`./pants lint ::` runs it (the `import-layers` linter of this plugin, register.py); standard
+library only and Python 3.9 (Pants' own interpreter), so it also runs on its own:
+
+    python3 pants-plugins/calcx_pants/import_layers.py [REPO_ROOT]   # exit 1, one line per wrong import
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ from __future__ import annotations
 import ast
 import re
 import sys
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Iterator, Mapping
+from pathlib import Path, PurePosixPath
 
-DOC = Path("docs") / "architecture.md"
-SOURCES = Path("src") / "python" / "calcx"
+DOC = "docs/architecture.md"
+SOURCES = "src/python/calcx"
 TABLE_HEADING = "## Python packages"
 _PACKAGE = re.compile(r"`(calcx(?:\.\w+)?)`")
 
@@ -40,17 +43,19 @@ def read_rules(doc: str) -> dict[str, frozenset[str]]:
     return rules
 
 
-def package_of(path: Path, root: Path) -> str:
-    """calcx.<first part> of a file under src/python/calcx (calcx.cli for cli.py)."""
-    first = path.relative_to(root).parts[0]
-    return "calcx" if first == "__init__.py" else "calcx." + first.removesuffix(".py")
+def package_of(relative: PurePosixPath) -> str:
+    """calcx.<first part> of a path below src/python/calcx (calcx.cli for cli.py)."""
+    first = relative.parts[0]
+    if first == "__init__.py":
+        return "calcx"
+    return "calcx." + (first[: -len(".py")] if first.endswith(".py") else first)
 
 
-def imported_modules(path: Path, root: Path) -> Iterator[tuple[int, str]]:
+def imported_modules(relative: PurePosixPath, text: str) -> Iterator[tuple[int, str]]:
     """(line, absolute module) of every calcx import in the file, relative ones resolved."""
-    here = ("calcx", *path.relative_to(root).with_suffix("").parts)
+    here = ("calcx", *relative.with_suffix("").parts)
     package = here if here[-1] == "__init__" else here[:-1]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in ast.walk(ast.parse(text, str(relative))):
         if isinstance(node, ast.Import):
             modules = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -63,38 +68,46 @@ def imported_modules(path: Path, root: Path) -> Iterator[tuple[int, str]]:
         yield from ((node.lineno, m) for m in modules if m == "calcx" or m.startswith("calcx."))
 
 
-def violations(repo: Path) -> list[str]:
-    """One line per import the table does not allow, and per package without a row."""
-    root = repo / SOURCES
-    rules = read_rules((repo / DOC).read_text(encoding="utf-8"))
+def check(doc: str, sources: Mapping[str, str]) -> list[str]:
+    """One line per import the table does not allow, and per package without a row.
+    `sources`: path from the repository root (src/python/calcx/...) -> the file's text."""
+    rules = read_rules(doc)
     found: list[str] = []
-    for path in sorted(root.rglob("*.py")):
-        source = package_of(path, root)
+    for path in sorted(sources):
+        relative = PurePosixPath(path).relative_to(SOURCES)
+        source = package_of(relative)
         if source == "calcx":
             continue
         if source not in rules:
-            found.append(f"{path.relative_to(repo)}: package {source} has no row in {DOC}'s table")
+            found.append(f"{path}: package {source} has no row in {DOC}'s table")
             continue
-        for line, module in imported_modules(path, root):
+        for line, module in imported_modules(relative, sources[path]):
             target = ".".join(module.split(".")[:2])
             if target in ("calcx", source) or target in rules[source]:
                 continue
             allowed = ", ".join(sorted(rules[source])) or "no calcx package"
-            found.append(f"{path.relative_to(repo)}:{line}: {source} imports {module}; "
-                         f"{DOC} lets it import {allowed}")
+            found.append(f"{path}:{line}: {source} imports {module}; {DOC} lets it import {allowed}")
     return found
 
 
+def violations(repo: Path) -> list[str]:
+    """`check` of a checkout on disk."""
+    sources = {p.relative_to(repo).as_posix(): p.read_text(encoding="utf-8") for p in (repo / SOURCES).rglob("*.py")}
+    return check((repo / DOC).read_text(encoding="utf-8"), sources)
+
+
+def report(found: list[str]) -> str:
+    if not found:
+        return f"imports of {SOURCES} follow {DOC}'s layers\n"
+    return "".join(f"{line}\n" for line in found) + (
+        f"{len(found)} import(s) against the layers of {DOC}: fix the import, or change the table first\n")
+
+
 def main(argv: list[str]) -> int:
-    repo = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parents[1]
+    repo = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parents[2]
     found = violations(repo)
-    for line in found:
-        print(line)
-    if found:
-        print(f"{len(found)} import(s) against the layers of {DOC}: fix the import, or change the table first")
-        return 1
-    print(f"imports of {SOURCES} follow {DOC}'s layers")
-    return 0
+    sys.stdout.write(report(found))
+    return 1 if found else 0
 
 
 if __name__ == "__main__":
