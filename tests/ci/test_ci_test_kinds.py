@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -50,3 +55,31 @@ def test_the_scan_finds_a_new_file_that_starts_a_process(tmp_path: Path) -> None
     (tmp_path / "part" / "test_part_new.py").write_text("import subprocess\n")
     (tmp_path / "part" / "test_part_pure.py").write_text("def test_sum():\n    assert 1 + 1 == 2\n")
     assert starting_processes(tmp_path) == {"part/test_part_new.py"}
+
+
+def _pytest(tests: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--strict-markers",
+                           "--rootdir", str(tests.parent), *args], capture_output=True, text=True, timeout=120,
+                          cwd=tests.parent)
+
+
+def test_the_marker_selects_the_files_of_the_table(tmp_path: Path) -> None:
+    """tests/conftest.py in a copy: -m 'not system' deselects a listed file's tests (and its run
+    passes, as Pants needs), runs the others; -m system the other way round."""
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    shutil.copy(TESTS / "conftest.py", tests / "conftest.py")
+    system_file = tests / sorted(SYSTEM_TEST_FILES)[0]
+    system_file.parent.mkdir(parents=True)
+    system_file.write_text("def test_starts_a_part():\n    pass\n")
+    (tests / "fast").mkdir()
+    (tests / "fast" / "test_fast_sum.py").write_text("def test_sum():\n    assert 1 + 1 == 2\n")
+    alone = _pytest(tests, "-m", "not system", str(system_file))
+    assert alone.returncode == 0 and "1 deselected" in alone.stdout, alone.stdout + alone.stderr
+    fast = _pytest(tests, "-m", "not system", str(tests))
+    assert fast.returncode == 0 and "1 passed, 1 deselected" in fast.stdout, fast.stdout + fast.stderr
+    system = _pytest(tests, "-m", "system", str(tests))
+    assert system.returncode == 0 and "1 passed, 1 deselected" in system.stdout, system.stdout + system.stderr
+    (tests / "fast" / "test_fast_empty.py").write_text("# no tests yet\n")
+    empty = _pytest(tests, "-m", "not system", str(tests / "fast" / "test_fast_empty.py"))
+    assert empty.returncode == pytest.ExitCode.NO_TESTS_COLLECTED  # nothing deselected: still a failure
