@@ -1,5 +1,6 @@
 """calcx's Pants plugin: `slim_pex_binary`, a PEX that leaves named requirements out, and the
-`import-layers` linter (`./pants lint`), which holds calcx's imports to docs/architecture.md.
+`import-layers` linter (`./pants lint`, import_layers_lint.py), which holds calcx's imports to
+docs/architecture.md.
 
 A GPU machine ships its own CUDA torch (several GB with the NVIDIA libraries). Pants 2.17's
 `pex_binary` has no field for pex's `--exclude`, so the trainer PEX carried to such a machine
@@ -31,16 +32,12 @@ from pants.backend.python.target_types import (
 )
 from pants.backend.python.util_rules.pex import Pex
 from pants.backend.python.util_rules.pex_from_targets import PexFromTargetsRequest
-from pants.core.goals.lint import LintFilesRequest, LintResult, Partitions
 from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, OutputPathField, PackageFieldSet
-from pants.engine.fs import DigestContents, PathGlobs
 from pants.engine.rules import Get, collect_rules, rule
 from pants.engine.target import StringField, StringSequenceField, Target
 from pants.engine.unions import UnionRule
-from pants.option.option_types import SkipOption
-from pants.option.subsystem import Subsystem
 
-from calcx_pants import import_layers
+from calcx_pants import import_layers_lint
 from calcx_pants.pex_args import slim_pex_args
 
 
@@ -120,49 +117,9 @@ async def package_slim_pex_binary(field_set: SlimPexBinaryFieldSet) -> BuiltPack
     return BuiltPackage(pex.digest, (BuiltPackageArtifact(output_filename),))
 
 
-class ImportLayers(Subsystem):
-    options_scope = "import-layers"
-    name = "import-layers"
-    help = (
-        "Checks every import of src/python/calcx against the 'may import' column of "
-        "docs/architecture.md's package table (calcx_pants/import_layers.py)."
-    )
-
-    skip = SkipOption("lint")
-
-
-class ImportLayersRequest(LintFilesRequest):
-    tool_subsystem = ImportLayers
-
-
-def _checked(path: str) -> bool:
-    return path == import_layers.DOC or (path.startswith(import_layers.SOURCES + "/") and path.endswith(".py"))
-
-
-@rule
-async def partition_import_layers(request: ImportLayersRequest.PartitionRequest, subsystem: ImportLayers) -> Partitions:
-    if subsystem.skip:
-        return Partitions()
-    return Partitions.single_partition(sorted(path for path in request.files if _checked(path)))
-
-
-@rule(desc="Check calcx's import layers")
-async def lint_import_layers(request: ImportLayersRequest.Batch) -> LintResult:
-    # The rule needs the whole tree and the table; it reports on the files of this batch (all of
-    # them when the table itself is linted).
-    contents = await Get(DigestContents, PathGlobs([import_layers.DOC, f"{import_layers.SOURCES}/**/*.py"]))
-    texts = {item.path: item.content.decode("utf-8") for item in contents}
-    doc = texts.pop(import_layers.DOC)
-    found = import_layers.check(doc, texts)
-    if import_layers.DOC not in request.elements:
-        batch = set(request.elements)
-        found = [line for line in found if line.split(":", 1)[0] in batch]
-    return LintResult(1 if found else 0, import_layers.report(found), "", ImportLayers.options_scope)
-
-
 def target_types():
     return [SlimPexBinary]
 
 
 def rules():
-    return [*collect_rules(), UnionRule(PackageFieldSet, SlimPexBinaryFieldSet), *ImportLayersRequest.rules()]
+    return [*collect_rules(), UnionRule(PackageFieldSet, SlimPexBinaryFieldSet), *import_layers_lint.rules()]
