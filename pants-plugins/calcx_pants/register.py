@@ -1,4 +1,6 @@
-"""calcx's Pants plugin: `slim_pex_binary`, a PEX that leaves named requirements out.
+"""calcx's Pants plugin: `slim_pex_binary`, a PEX that leaves named requirements out, and the
+`import-layers` linter (`./pants lint`, import_layers_lint.py), which holds calcx's imports to
+docs/architecture.md.
 
 A GPU machine ships its own CUDA torch (several GB with the NVIDIA libraries). Pants 2.17's
 `pex_binary` has no field for pex's `--exclude`, so the trainer PEX carried to such a machine
@@ -14,22 +16,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pants.backend.python.target_types import (
-    _PEX_BINARY_COMMON_FIELDS,
     EntryPoint,
+    PexArgsField,
+    PexBinary,
+    PexEntryPointField,
+    PexEnvField,
     PexExecutionMode,
     PexExecutionModeField,
     PexIncludeToolsField,
     PexInheritPathField,
     PexLayout,
     PexLayoutField,
+    PexScriptField,
     PexStripEnvField,
 )
 from pants.backend.python.util_rules.pex import Pex
 from pants.backend.python.util_rules.pex_from_targets import PexFromTargetsRequest
 from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, OutputPathField, PackageFieldSet
 from pants.engine.rules import Get, collect_rules, rule
-from pants.engine.target import COMMON_TARGET_FIELDS, StringField, StringSequenceField, Target
+from pants.engine.target import StringField, StringSequenceField, Target
 from pants.engine.unions import UnionRule
+
+from calcx_pants import import_layers_lint
+from calcx_pants.pex_args import slim_pex_args
 
 
 class SlimPexEntryPointField(StringField):
@@ -47,14 +56,18 @@ class SlimPexExcludesField(StringSequenceField):
     )
 
 
+#: `pex_binary` fields a slim PEX has not: its entry point is a plain string (no file-based
+#: inference), and it runs no console script and bakes in no arguments or environment. Every
+#: other field is `pex_binary`'s own, read from its public target type.
+_NOT_SLIM = (PexEntryPointField, PexScriptField, PexArgsField, PexEnvField)
+
+
 class SlimPexBinary(Target):
     alias = "slim_pex_binary"
     core_fields = (
-        *COMMON_TARGET_FIELDS,
-        *_PEX_BINARY_COMMON_FIELDS,
+        *(field for field in PexBinary.core_fields if field not in _NOT_SLIM),
         SlimPexEntryPointField,
         SlimPexExcludesField,
-        OutputPathField,
     )
     help = (
         "A `pex_binary` built from its resolve's lockfile with some requirements left out "
@@ -76,16 +89,13 @@ class SlimPexBinaryFieldSet(PackageFieldSet):
     strip_env: PexStripEnvField
 
     def pex_args(self) -> tuple[str, ...]:
-        args = [f"--exclude={req}" for req in self.excludes.value or ()]
-        if self.inherit_path.value is not None:
-            args.append(f"--inherit-path={self.inherit_path.value}")
-        if PexExecutionMode(self.execution_mode.value) is PexExecutionMode.VENV:
-            args.extend(("--venv", "prepend"))
-        if self.include_tools.value:
-            args.append("--include-tools")
-        if self.strip_env.value is False:
-            args.append("--no-strip-pex-env")
-        return tuple(args)
+        return slim_pex_args(
+            excludes=self.excludes.value or (),
+            inherit_path=self.inherit_path.value,
+            venv=PexExecutionMode(self.execution_mode.value) is PexExecutionMode.VENV,
+            include_tools=bool(self.include_tools.value),
+            strip_env=self.strip_env.value,
+        )
 
 
 @rule(desc="Build a slim PEX")
@@ -112,4 +122,4 @@ def target_types():
 
 
 def rules():
-    return [*collect_rules(), UnionRule(PackageFieldSet, SlimPexBinaryFieldSet)]
+    return [*collect_rules(), UnionRule(PackageFieldSet, SlimPexBinaryFieldSet), *import_layers_lint.rules()]

@@ -12,7 +12,7 @@ from calcx.agent.answer import INSTRUCTION, build_task, extract_answer
 from calcx.agent.calculator import calculator_command, calculator_environment
 from calcx.agent.config import AgentConfig
 from calcx.agent.failures import BadEnvironment, CalculatorFailed
-from calcx.contract.failures import EXIT_CODES
+from calcx.contract.failures import EXIT_CODES, FailureReason
 
 GOOD_ENV = {"QUESTION": "What is 2 + 2?", "RESULT": "4", "AGL_OPENAI_BASE_URL": "http://127.0.0.1:1/v1",
             "AGL_EVENT_URL": "http://127.0.0.1:1/events", "AGL_KEY": "k"}
@@ -57,7 +57,7 @@ def test_missing_variable_is_named(missing):
     env = {k: v for k, v in GOOD_ENV.items() if k != missing}
     with pytest.raises(BadEnvironment, match=missing) as info:
         AgentConfig.from_env(env)
-    assert info.value.exit_code == EXIT_CODES["bad_environment"] == 2
+    assert info.value.exit_code == EXIT_CODES[FailureReason.BAD_ENVIRONMENT] == 2
 
 
 @pytest.mark.parametrize(

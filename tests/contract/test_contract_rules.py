@@ -18,6 +18,7 @@ from calcx.contract.failures import (
     EXIT_CODES,
     EXIT_OK,
     FAILURE_REASONS,
+    FailureReason,
     failure_line,
     parse_failure_line,
     reason_from_agent_exit,
@@ -62,7 +63,7 @@ def test_env_rule_accepts_hostile_text_a_process_can_carry(value: str) -> None:
 
 
 @pytest.mark.parametrize("reason", sorted(EXIT_CODES))
-def test_failure_line_and_exit_code_name_the_same_reason(reason: str) -> None:
+def test_failure_line_and_exit_code_name_the_same_reason(reason: FailureReason) -> None:
     assert reason in FAILURE_REASONS and EXIT_CODES[reason] != EXIT_OK
     line = failure_line(reason, "what went wrong,\nover two lines")
     assert "\n" not in line
@@ -72,7 +73,7 @@ def test_failure_line_and_exit_code_name_the_same_reason(reason: str) -> None:
 
 
 def test_failure_line_detail_is_bounded() -> None:
-    assert len(failure_line("crash", "x" * 10_000)) < 600
+    assert len(failure_line(FailureReason.CRASH, "x" * 10_000)) < 600
 
 
 def test_ready_lines_match_their_patterns() -> None:

@@ -1,4 +1,4 @@
-"""A stand-in for the pre-forked worker (``calcx.controller.zygote``) that holds its answer to an
+"""A stand-in for the pre-forked worker (``python -m calcx.worker``) that holds its answer to an
 agent request until the test says so, so that a test can put a cancel at any moment of the start.
 
 It speaks the worker's protocol (ready line on stdout, ``ping``, ``agent`` with one output fd,

@@ -20,7 +20,7 @@ import pytest
 
 from calcx.api.client import CalcxClient
 from calcx.api.models import Claim
-from calcx.contract.failures import EXIT_CODES, FAILURE_PREFIX
+from calcx.contract.failures import EXIT_CODES, FAILURE_PREFIX, FailureReason
 from calcx.controller.k8s_runner import K8sRunner, K8sRunnerConfig
 from calcx.image.build import build
 from calcx.image.recipes import AGENT
@@ -157,7 +157,7 @@ def test_key_of_another_attempt_is_refused(image: str, server: ServerThread) -> 
     last = proc.stderr.strip().splitlines()[-1]
     # refused by the gateway at the first model call, as a token of another attempt, and reported
     # as a bad environment (exit 2), not as an unreachable model or a crash
-    assert proc.returncode == EXIT_CODES["bad_environment"], f"exit {proc.returncode}: {last}"
+    assert proc.returncode == EXIT_CODES[FailureReason.BAD_ENVIRONMENT], f"exit {proc.returncode}: {last}"
     assert last.startswith(f"{FAILURE_PREFIX}bad_environment ") and "rejected AGL_KEY (HTTP 403)" in last, last
     assert "docker-e2e-other" in last and "not rollout 'docker-e2e-key'" in last, last
     assert outcome(server, "docker-e2e-key")["reward"] is None

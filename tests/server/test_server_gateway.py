@@ -13,7 +13,7 @@ from openai.types.chat import ChatCompletionUserMessageParam
 
 from calcx.api.client import CalcxAPIError, CalcxClient
 from calcx.api.models import Claim
-from calcx.contract.failures import MODEL_ABORTED
+from calcx.contract.failures import FailureReason
 from calcx.server.serve import bind_socket, start_server_thread
 
 QUESTION = "What is 2 + 2 ?"
@@ -147,7 +147,7 @@ def test_a_call_aborted_past_abort_retry_s_fails_the_attempt_as_infrastructure(
             with pytest.raises(CalcxAPIError) as err:
                 client.chat_completions(rid, aid, {"model": "m", "messages": MESSAGES})
             waited = time.monotonic() - started
-            assert err.value.status == 503 and err.value.code == MODEL_ABORTED
+            assert err.value.status == 503 and err.value.code == FailureReason.MODEL_ABORTED
             resent = len(upstream.requests) - 1
             assert resent >= 1 and f'calcx_gateway_upstream_errors_total{{kind="abort"}} {resent + 1}.0' in (
                 client.metrics_text())  # sent again, each abort counted, then given up on
@@ -155,7 +155,7 @@ def test_a_call_aborted_past_abort_retry_s_fails_the_attempt_as_infrastructure(
             calls = client.calls(rid)
             assert len(calls) == 1 and calls[0].status_code == 503 and calls[0].response_token_ids == []
             rollout = client.get_rollout(rid)
-            assert rollout.state == "FAILED" and rollout.attempts[-1].reason == MODEL_ABORTED
+            assert rollout.state == "FAILED" and rollout.attempts[-1].reason == FailureReason.MODEL_ABORTED
             with pytest.raises(CalcxAPIError) as late:  # a reward after the failure cannot score it
                 client.post_event(rid, aid, "reward", {"value": 0.0})
             assert late.value.status == 409
@@ -175,7 +175,7 @@ def test_abort_retry_s_zero_fails_the_attempt_at_once(
             with pytest.raises(CalcxAPIError) as err:
                 client.chat_completions(claim.rollout.rollout_id, claim.attempt_id,
                                         {"model": "m", "messages": MESSAGES})
-            assert err.value.code == MODEL_ABORTED and len(upstream.requests) == 1
+            assert err.value.code == FailureReason.MODEL_ABORTED and len(upstream.requests) == 1
             assert client.get_rollout(claim.rollout.rollout_id).state == "FAILED"
     finally:
         server.stop()

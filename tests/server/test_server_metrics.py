@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 
 from calcx.api.client import CalcxAPIError, CalcxClient
+from calcx.contract.failures import FailureReason
 
 
 def value(text: str, name: str, labels: str = "") -> float:
@@ -26,7 +27,7 @@ def test_metrics_count_the_run(client: CalcxClient, server: Any, upstream: Any) 
         client.post_reward(c.rollout.rollout_id, c.attempt_id, 1.0)
     client.post_event(claims[0].rollout.rollout_id, claims[0].attempt_id, "whatever-custom", {})
     client.finish(claims[0].rollout.rollout_id, claims[0].attempt_id, "SUCCEEDED")
-    client.finish(claims[1].rollout.rollout_id, claims[1].attempt_id, "FAILED", reason="crash")
+    client.finish(claims[1].rollout.rollout_id, claims[1].attempt_id, "FAILED", reason=FailureReason.CRASH)
     try:
         client.get_rollout("missing")
     except CalcxAPIError:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from calcx.api.client import CalcxAPIError, CalcxClient
+from calcx.contract.failures import FailureReason
 
 
 def spec(rid: str, i: int = 0, **extra: Any) -> dict[str, Any]:
@@ -73,7 +74,7 @@ def test_state_changes_are_validated(client: CalcxClient) -> None:
     rid, aid = claim_one(client)
     done = client.finish(rid, aid, "SUCCEEDED", exit_code=0, agent_seconds=1.5)
     assert done.state == "SUCCEEDED" and done.attempts[0].agent_seconds == 1.5
-    for state, reason in (("SUCCEEDED", None), ("FAILED", "crash")):
+    for state, reason in (("SUCCEEDED", None), ("FAILED", FailureReason.CRASH)):
         with pytest.raises(CalcxAPIError) as again:
             client.finish(rid, aid, state, reason=reason)
         assert again.value.status == 409
@@ -89,7 +90,7 @@ def test_failed_attempt_is_retried_up_to_max_attempts(client: CalcxClient) -> No
     client.create_rollout(spec("f-1", max_attempts=2))
     rid, aid = claim_one(client)
     client.post_reward(rid, aid, 0.0)
-    failed = client.finish(rid, aid, "FAILED", reason="model_unreachable", exit_code=10, detail="boom")
+    failed = client.finish(rid, aid, "FAILED", reason=FailureReason.MODEL_UNREACHABLE, exit_code=10, detail="boom")
     assert failed.state == "FAILED" and failed.attempts[0].reason == "model_unreachable"
     retried = client.retry(rid)
     assert retried.state == "QUEUED" and [a.attempt_id for a in retried.attempts] == ["1", "2"]
@@ -97,7 +98,7 @@ def test_failed_attempt_is_retried_up_to_max_attempts(client: CalcxClient) -> No
     rid2, aid2 = claim_one(client)
     assert (rid2, aid2) == (rid, "2")
     client.post_reward(rid, "2", 1.0)
-    client.finish(rid, "2", "FAILED", reason="timeout")
+    client.finish(rid, "2", "FAILED", reason=FailureReason.TIMEOUT)
     with pytest.raises(CalcxAPIError) as exhausted:
         client.retry(rid)
     assert exhausted.value.status == 409 and "max_attempts=2" in exhausted.value.message
@@ -167,7 +168,7 @@ def test_terminal_cursor_in_order_and_long_poll(client: CalcxClient, server: Any
     def finish_later() -> None:
         time.sleep(0.3)
         with CalcxClient(server.url, server_key) as other:
-            other.finish(rid, aid, "FAILED", reason="crash")
+            other.finish(rid, aid, "FAILED", reason=FailureReason.CRASH)
 
     worker = threading.Thread(target=finish_later)
     worker.start()

@@ -266,7 +266,7 @@ def test_services_run_the_agent_under_its_own_python_and_path(stack: dict) -> No
                            agent_pythonpath=["/src", "/site/agent"]).agent_commands()
     assert json.loads(flags[flags.index("--agent-cmd") + 1]) == [
         "env", "PYTHONPATH=/src:/site/agent", SERVICES_PYTHON, "-m", "calcx.agent"]
-    assert json.loads(flags[flags.index("--worker-cmd") + 1])[-1] == "calcx.controller.zygote"
+    assert json.loads(flags[flags.index("--worker-cmd") + 1])[-1] == "calcx.worker"
     log = (stack["services"].workdir / "controller.log").read_text()
     assert "runner local" in log
     assert (stack["services"].workdir / "calcx.db").exists()

@@ -24,11 +24,11 @@ def calculator_command(env: Mapping[str, str] | None = None) -> list[str]:
     env = os.environ if env is None else env
     raw = (env.get(CALCX_CALCULATOR_CMD) or "").strip()
     if raw:
-        return parse_command(raw, CALCX_CALCULATOR_CMD)
+        return parse_calculator_command(raw, CALCX_CALCULATOR_CMD)
     return [sys.executable, "-m", "calcx.agent.calculator"]
 
 
-def parse_command(raw: str, name: str) -> list[str]:
+def parse_calculator_command(raw: str, name: str) -> list[str]:
     """A JSON list of strings (a command line), or ValueError naming ``name``."""
     try:
         value = json.loads(raw)

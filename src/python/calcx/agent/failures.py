@@ -6,13 +6,13 @@ The exit status and the last stderr line of each come from :mod:`calcx.contract.
 
 from __future__ import annotations
 
-from calcx.contract.failures import EXIT_CODES, failure_line
+from calcx.contract.failures import EXIT_CODES, FailureReason, failure_line
 
 
 class AgentFailure(Exception):
     """An infrastructure failure: the rollout did not finish and must not be scored."""
 
-    reason = "crash"
+    reason = FailureReason.CRASH
 
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
@@ -27,24 +27,24 @@ class AgentFailure(Exception):
 
 
 class BadEnvironment(AgentFailure):
-    reason = "bad_environment"
+    reason = FailureReason.BAD_ENVIRONMENT
 
 
 class ModelUnreachable(AgentFailure):
-    reason = "model_unreachable"
+    reason = FailureReason.MODEL_UNREACHABLE
 
 
 class CalculatorFailed(AgentFailure):
-    reason = "calculator_failed"
+    reason = FailureReason.CALCULATOR_FAILED
 
 
 class AgentTimeout(AgentFailure):
-    reason = "timeout"
+    reason = FailureReason.TIMEOUT
 
 
 class RewardPostFailed(AgentFailure):
-    reason = "reward_post_failed"
+    reason = FailureReason.REWARD_POST_FAILED
 
 
 class AgentCrash(AgentFailure):
-    reason = "crash"
+    reason = FailureReason.CRASH

@@ -34,6 +34,7 @@ from calcx.api.models import (
     RolloutCreate,
     TerminalPage,
 )
+from calcx.contract.failures import FailureReason
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -257,7 +258,7 @@ class _Endpoints:
         return Call(api.HEARTBEAT, body=body)
 
     @endpoint
-    def finish(self, rollout_id: str, attempt_id: str, state: str, reason: str | None = None,
+    def finish(self, rollout_id: str, attempt_id: str, state: str, reason: FailureReason | None = None,
                exit_code: int | None = None, agent_seconds: float | None = None,
                detail: str | None = None) -> Call[Rollout]:
         body = {"state": state, "reason": reason, "exit_code": exit_code, "agent_seconds": agent_seconds,

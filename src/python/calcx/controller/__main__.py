@@ -60,7 +60,7 @@ def _add_local_arguments(p: argparse.ArgumentParser) -> None:
     local.add_argument("--no-prefork", action="store_true",
                        help="spawn the agent command once per rollout instead of forking a pre-imported worker")
     local.add_argument("--worker-cmd", default=None,
-                       help="pre-forked worker command (default: this Python -m calcx.controller.zygote)")
+                       help="pre-forked worker command (default: this Python -m calcx.worker)")
     local.add_argument("--log-dir", default=None, help="write each rollout's agent output to DIR/<rid>.<aid>.log")
 
 
@@ -84,11 +84,11 @@ def _k8s_module() -> Any:
 def build_runner(args: argparse.Namespace) -> Runner:
     if args.runner == "k8s":
         return _k8s_module().build_runner(args)
-    from calcx.controller.local_runner import LocalRunner, parse_command
+    from calcx.controller.local_runner import LocalRunner, parse_command_option
 
     try:
-        agent_cmd = parse_command(args.agent_cmd) if args.agent_cmd else None
-        worker_cmd = parse_command(args.worker_cmd) if args.worker_cmd else None
+        agent_cmd = parse_command_option(args.agent_cmd) if args.agent_cmd else None
+        worker_cmd = parse_command_option(args.worker_cmd) if args.worker_cmd else None
     except ValueError as exc:
         raise SystemExit(f"calcx controller: {exc}") from exc
     return LocalRunner(agent_cmd=agent_cmd, prefork=not args.no_prefork, zygote_cmd=worker_cmd, log_dir=args.log_dir)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from calcx.contract.failures import FAILURE_REASONS  # the reasons a FAILED attempt may carry
+from calcx.contract.failures import FAILURE_REASONS, FailureReason
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from calcx.api.models import Claim
@@ -24,7 +24,7 @@ class RunResult:
     """Terminal outcome of one attempt, as reported to the server's ``/finish``."""
 
     state: str  # "SUCCEEDED" | "FAILED"
-    reason: str | None  # one of FAILURE_REASONS when FAILED
+    reason: FailureReason | None  # set when FAILED
     exit_code: int | None
     agent_seconds: float | None  # time spent inside the agent process
     detail: str | None  # last stderr lines, k8s message, ...
@@ -51,7 +51,7 @@ class RunResult:
     @classmethod
     def failed(
         cls,
-        reason: str,
+        reason: FailureReason,
         *,
         exit_code: int | None = None,
         agent_seconds: float | None = None,

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
-from calcx.api.models import Claim, LostAttempt
-from calcx.contract.failures import CANCELLED
+from calcx.api.models import AttemptRef, Claim, LostAttempt
+from calcx.contract.failures import FailureReason
 from calcx.controller.base import RunResult, Runner
 
 log = logging.getLogger("calcx.controller")
@@ -182,12 +182,12 @@ class Controller:
             log.debug("timing: %s/%s run %.4f", rid, aid, time.monotonic() - t0)
         except asyncio.CancelledError:
             if self._stop.is_set():
-                result = RunResult.failed("cancelled", detail=f"controller {self.controller_id} shut down")
+                result = RunResult.failed(FailureReason.CANCELLED, detail=f"controller {self.controller_id} shut down")
                 await self._report(rid, aid, result, timeout_s=5.0)
             raise
         except Exception as exc:  # a runner bug must not lose the rollout
             log.exception("runner failed on %s/%s", rid, aid)
-            result = RunResult.failed("crash", detail=f"runner error: {type(exc).__name__}: {exc}")
+            result = RunResult.failed(FailureReason.CRASH, detail=f"runner error: {type(exc).__name__}: {exc}")
         t1 = time.monotonic()
         self._reporting.add((rid, aid))
         try:
@@ -261,9 +261,9 @@ class Controller:
             if key in self._reporting:
                 log.debug("%s/%s finished while a heartbeat was in flight", *key)
                 continue
-            if ref.reason == CANCELLED:
+            if ref.reason == FailureReason.CANCELLED:
                 log.warning("%s/%s was cancelled; stopping it", *key)
-                self.stats.count(RunResult.failed(CANCELLED))
+                self.stats.count(RunResult.failed(FailureReason.CANCELLED))
             else:
                 log.warning("server says %s/%s is no longer ours; stopping it", *key)
                 self.stats.lost += 1

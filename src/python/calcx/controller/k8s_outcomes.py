@@ -14,7 +14,7 @@ from datetime import datetime
 
 from kubernetes import client as k8s
 
-from calcx.contract.failures import reason_from_agent_exit
+from calcx.contract.failures import FailureReason, reason_from_agent_exit
 from calcx.controller.base import RunResult
 
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
@@ -54,9 +54,9 @@ def classify_pod_waiting(pod: k8s.V1Pod) -> RunResult | None:
         return None
     detail = clip_detail(f"pod {object_name(pod)}: {waiting.reason}: {waiting.message or ''}".strip())
     if waiting.reason in IMAGE_PULL_REASONS:
-        return RunResult.failed("image_pull", detail=detail)
+        return RunResult.failed(FailureReason.IMAGE_PULL, detail=detail)
     if waiting.reason in CONFIG_REASONS:
-        return RunResult.failed("config_error", detail=detail)
+        return RunResult.failed(FailureReason.CONFIG_ERROR, detail=detail)
     return None
 
 
@@ -88,18 +88,18 @@ def classify_finished_job(job: k8s.V1Job, pod: k8s.V1Pod | None, log_tail: str |
     assert failed is not None, "classify_finished_job needs a finished Job"
     job_detail = f"job {object_name(job)}: {failed.reason}: {failed.message or ''}".strip()
     if failed.reason == "DeadlineExceeded":
-        return RunResult.failed("timeout", exit_code=terminated.exit_code if terminated else None,
+        return RunResult.failed(FailureReason.TIMEOUT, exit_code=terminated.exit_code if terminated else None,
                                 agent_seconds=seconds, detail=clip_detail(job_detail))
     if terminated is None:
         waiting = classify_pod_waiting(pod) if pod is not None else None
         if waiting is not None:
             return waiting
         pod_reason = pod.status.reason if pod is not None and pod.status is not None else None
-        return RunResult.failed("crash", detail=clip_detail(f"{job_detail}; pod reason {pod_reason or 'unknown'}"))
+        return RunResult.failed(FailureReason.CRASH, detail=clip_detail(f"{job_detail}; pod reason {pod_reason or 'unknown'}"))
     tail = terminated.message or log_tail or ""
     if terminated.exit_code == 0:
         # The container exited 0 but the Job failed (evicted after exit, policy): not the agent's doing.
-        return RunResult.failed("crash", exit_code=0, agent_seconds=seconds, detail=clip_detail(job_detail))
+        return RunResult.failed(FailureReason.CRASH, exit_code=0, agent_seconds=seconds, detail=clip_detail(job_detail))
     reason = reason_from_agent_exit(terminated.exit_code, tail)
     detail = tail.strip() or f"{job_detail}; container {terminated.reason} exit {terminated.exit_code}"
     return RunResult.failed(reason, exit_code=terminated.exit_code, agent_seconds=seconds, detail=clip_detail(detail))

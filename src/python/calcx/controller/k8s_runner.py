@@ -33,6 +33,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.rest import ApiException
 
 from calcx.contract.env import CALCX_AGENT_TIMEOUT_S, CALCX_ATTEMPT_ID, CALCX_ROLLOUT_ID
+from calcx.contract.failures import FailureReason
 from calcx.controller.base import RunResult
 from calcx.controller.k8s_outcomes import (
     AGENT_CONTAINER,
@@ -236,7 +237,7 @@ class K8sRunner:
         try:
             rendered = self.render(claim)
         except RenderError as exc:
-            return RunResult.failed("bad_environment", detail=clip_detail(f"cannot render the Job: {exc}"))
+            return RunResult.failed(FailureReason.BAD_ENVIRONMENT, detail=clip_detail(f"cannot render the Job: {exc}"))
         started = time.monotonic()
         tracked = _Tracked(rendered, self._loop.create_future())
         self._tracked[rendered.job_name] = tracked
@@ -246,28 +247,28 @@ class K8sRunner:
         try:
             await self._bucket.acquire()
             if self._stopping.is_set():
-                return RunResult.failed("cancelled", detail="runner closed before the Job was created")
+                return RunResult.failed(FailureReason.CANCELLED, detail="runner closed before the Job was created")
             failure = await self._create(rendered)
             if failure is not None:
                 return failure
             if self._stopping.is_set():
                 await self._delete_job(rendered.job_name)
                 await self._delete_secret(rendered.secret_name)
-                return RunResult.failed("cancelled", detail=f"job {rendered.job_name}: runner closed; deleted")
+                return RunResult.failed(FailureReason.CANCELLED, detail=f"job {rendered.job_name}: runner closed; deleted")
             limit = float(claim.deadline_s) + self.config.deadline_grace_s
             try:
                 kind, payload = await asyncio.wait_for(asyncio.shield(tracked.future), limit)
             except asyncio.TimeoutError:
                 await self._delete_job(rendered.job_name)
                 return RunResult.failed(
-                    "timeout", agent_seconds=time.monotonic() - started,
+                    FailureReason.TIMEOUT, agent_seconds=time.monotonic() - started,
                     detail=f"job {rendered.job_name} not finished {limit:.0f} s after creation; deleted",
                 )
             if kind == "fast":
                 await self._delete_job(rendered.job_name)
                 return payload
             if kind == "cancelled":
-                return RunResult.failed("cancelled", detail=f"job {rendered.job_name}: {payload or 'runner closed'}")
+                return RunResult.failed(FailureReason.CANCELLED, detail=f"job {rendered.job_name}: {payload or 'runner closed'}")
             return await self._finished(payload, tracked)
         except asyncio.CancelledError:
             await asyncio.shield(self._delete_job(rendered.job_name))
@@ -283,7 +284,7 @@ class K8sRunner:
             await self._call(self._core_v1.create_namespaced_secret, ns, rendered.secret, _request_timeout=timeout)
         except ApiException as exc:
             if exc.status != 409:  # 409: a previous try of this attempt made it; its token is the same
-                return RunResult.failed("config_error", detail=clip_detail(f"cannot create Secret {rendered.secret_name}: {exc.status} {exc.reason}: {exc.body}"))
+                return RunResult.failed(FailureReason.CONFIG_ERROR, detail=clip_detail(f"cannot create Secret {rendered.secret_name}: {exc.status} {exc.reason}: {exc.body}"))
         self._created_secrets.add(rendered.secret_name)
         try:
             job = await self._call(self._batch_v1.create_namespaced_job, ns, rendered.job, _request_timeout=timeout)
@@ -292,7 +293,7 @@ class K8sRunner:
                 job = await self._call(self._batch_v1.read_namespaced_job, rendered.job_name, ns, _request_timeout=timeout)
             else:
                 await self._delete_secret(rendered.secret_name)
-                reason = "config_error" if exc.status in (400, 403, 422) else "crash"
+                reason = FailureReason.CONFIG_ERROR if exc.status in (400, 403, 422) else FailureReason.CRASH
                 return RunResult.failed(reason, detail=clip_detail(f"cannot create Job {rendered.job_name}: {exc.status} {exc.reason}: {exc.body}"))
         self._created_jobs.add(rendered.job_name)
         owner = {

@@ -24,10 +24,10 @@ import time
 from typing import TYPE_CHECKING, Any, Mapping
 
 from calcx.contract.env import CALCX_CALCULATOR_CMD, agent_base_env, env_problem
-from calcx.contract.failures import reason_from_agent_exit
+from calcx.contract.failures import FailureReason, reason_from_agent_exit
 from calcx.controller.base import RunResult
 from calcx.procs.procutil import kill_group
-from calcx.worker.client import ChildExit, Zygote, ZygoteUnavailable, default_zygote_command
+from calcx.worker.client import ChildExit, ZygoteClient, ZygoteUnavailable, default_zygote_command
 from calcx.worker.launcher import as_env_value, exec_command, handoff_command
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -134,7 +134,7 @@ class LocalRunner:
         self.fallback_to_spawn = fallback_to_spawn
         self.child_nice = child_nice
         self.ca_settings = lazy_ca_settings(self.base_env) if lazy_ca else None
-        self.zygote: Zygote | None = None
+        self.zygote: ZygoteClient | None = None
         self._live: dict[int, str] = {}  # pgid -> "rid/aid", for close()
         self.spawned = 0
         self.forked = 0
@@ -145,7 +145,7 @@ class LocalRunner:
     async def start(self) -> None:
         if self.prefork:
             zlog = os.path.join(self.log_dir, "zygote.log") if self.log_dir else None
-            self.zygote = Zygote(self.zygote_cmd, env=self.base_env, log_path=zlog)
+            self.zygote = ZygoteClient(self.zygote_cmd, env=self.base_env, log_path=zlog)
             try:
                 await self.zygote.ensure()
             except ZygoteUnavailable:
@@ -191,7 +191,7 @@ class LocalRunner:
             problem = env_problem(name, value)
             if problem is not None:  # a retry cannot help: the input itself is the cause
                 log.warning("not starting %s: %s", label, problem)
-                return RunResult.failed("bad_environment", detail=f"cannot start the agent: {problem}")
+                return RunResult.failed(FailureReason.BAD_ENVIRONMENT, detail=f"cannot start the agent: {problem}")
         log_file = None
         if self.log_dir:
             safe = label.replace("/", ".")
@@ -233,7 +233,7 @@ class LocalRunner:
             handle = await self.zygote.spawn_agent(env, write_fd)
             log.debug("timing: %s spawn %.4f", label, time.monotonic() - started)
         except ZygoteUnavailable as exc:
-            return RunResult.failed("crash", detail=f"could not start the agent: {exc}")
+            return RunResult.failed(FailureReason.CRASH, detail=f"could not start the agent: {exc}")
         self.forked += 1
         self._live[handle.pid] = label
         log.info("started %s pid %d (forked)", label, handle.pid)
@@ -257,12 +257,12 @@ class LocalRunner:
             log.debug("timing: %s run_minus_agent %.4f", label, wall - ended.wall_s)
         if timed_out:
             return RunResult.failed(
-                "timeout", exit_code=None, agent_seconds=wall,
+                FailureReason.TIMEOUT, exit_code=None, agent_seconds=wall,
                 detail=_detail(tail.text(), f"deadline of {claim.deadline_s:g}s passed; killed the agent's process group"),
             )
         if ended is None:
             return RunResult.failed(
-                "crash", agent_seconds=wall,
+                FailureReason.CRASH, agent_seconds=wall,
                 detail=_detail(tail.text(), "the agent worker died while the agent was running"),
             )
         return self._result(ended, tail)
@@ -281,7 +281,7 @@ class LocalRunner:
                 env=env, start_new_session=True,
             )
         except OSError as exc:
-            return RunResult.failed("config_error", detail=f"cannot start the agent command {self.agent_cmd}: {exc}")
+            return RunResult.failed(FailureReason.CONFIG_ERROR, detail=f"cannot start the agent command {self.agent_cmd}: {exc}")
         finally:
             os.close(write_fd)
         self.spawned += 1
@@ -310,7 +310,7 @@ class LocalRunner:
         wall = time.monotonic() - started
         if timed_out:
             return RunResult.failed(
-                "timeout", agent_seconds=wall,
+                FailureReason.TIMEOUT, agent_seconds=wall,
                 detail=_detail(tail.text(), f"deadline of {claim.deadline_s:g}s passed; killed the agent's process group"),
             )
         rc = proc.returncode if proc.returncode is not None else -signal.SIGKILL
@@ -325,7 +325,7 @@ class LocalRunner:
             except ValueError:
                 name = f"signal {ended.signal}"
             return RunResult.failed(
-                "crash", exit_code=-ended.signal, agent_seconds=ended.wall_s,
+                FailureReason.CRASH, exit_code=-ended.signal, agent_seconds=ended.wall_s,
                 detail=_detail(text, f"the agent was killed by {name}"),
             )
         code = ended.code or 0
@@ -343,8 +343,9 @@ async def _bounded(aw: Any, timeout: float) -> Any:
         return None
 
 
-def parse_command(value: str) -> list[str]:
-    """A command given as a JSON list or a shell-like string."""
+def parse_command_option(value: str) -> list[str]:
+    """A command given on the command line (`--agent-cmd`, `--worker-cmd`): a JSON list or a
+    shell-like string."""
     value = value.strip()
     if value.startswith("["):
         cmd = json.loads(value)

@@ -22,6 +22,7 @@ import httpx
 
 from calcx.api.tokens import attempt_token
 from calcx.contract.env import CALCX_CALCULATOR_CMD
+from calcx.contract.failures import FailureReason
 
 KEY = "calcx-faults-key-0123456789-abcdefgh"  # the server key of the fault run and of the tests
 MAX_BODY_BYTES = 1024 * 1024  # the server runs with this --max-body-bytes (oversized = above it)
@@ -132,7 +133,7 @@ def static_cases(key: str, decoy: tuple[str, str], finished: tuple[str, str]) ->
         ("GET", "/v1/terminal?timeout_s=0", None),
         ("POST", "/v1/claims", _j({"controller_id": "hostile", "max": 1, "timeout_s": 0})),
         ("POST", "/v1/claims/heartbeat", _j({"controller_id": "hostile", "attempts": None})),
-        ("POST", f"/v1/rollouts/{drid}/attempts/{daid}/finish", _j({"state": "FAILED", "reason": "crash"})),
+        ("POST", f"/v1/rollouts/{drid}/attempts/{daid}/finish", _j({"state": "FAILED", "reason": FailureReason.CRASH})),
         ("PUT", "/v1/models", _j({"model": "evil", "endpoints": ["http://127.0.0.1:9/v1"]})),
         ("GET", "/v1/models", None),
     ]
@@ -210,9 +211,9 @@ def static_cases(key: str, decoy: tuple[str, str], finished: tuple[str, str]) ->
         Case("finish: FAILED without reason", "POST", f"/v1/rollouts/{drid}/attempts/{daid}/finish", 422, server,
              _j({"state": "FAILED"}), "invalid_body"),
         Case("finish: SUCCEEDED with reason", "POST", f"/v1/rollouts/{drid}/attempts/{daid}/finish", 422, server,
-             _j({"state": "SUCCEEDED", "reason": "crash"}), "invalid_body"),
+             _j({"state": "SUCCEEDED", "reason": FailureReason.CRASH}), "invalid_body"),
         Case("finish: unknown rollout", "POST", "/v1/rollouts/no-such-rollout/attempts/1/finish", 404, server,
-             _j({"state": "FAILED", "reason": "crash"}), "not_found"),
+             _j({"state": "FAILED", "reason": FailureReason.CRASH}), "not_found"),
         Case("finish: finished attempt", "POST", f"/v1/rollouts/{frid}/attempts/{faid}/finish", 409, server,
              _j({"state": "SUCCEEDED"}), "conflict"),
         Case("retry: unknown rollout", "POST", "/v1/rollouts/no-such-rollout/retry", 404, server, None, "not_found"),

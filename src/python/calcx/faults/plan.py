@@ -8,14 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from calcx.contract.failures import FailureReason
 from calcx.faults.hostile import HOSTILE_QUESTION_SUFFIXES, UNCARRIABLE_QUESTION_SUFFIXES
 
 
 #: kind -> (question suffix or stub/proxy marker, expected (state, reason or None), reward expected)
 PLANNED: dict[str, tuple[str, tuple[str, str | None]]] = {
-    "model-500": ("[stub:error500]", ("FAILED", "model_unreachable")),
+    "model-500": ("[stub:error500]", ("FAILED", FailureReason.MODEL_UNREACHABLE)),
     "model-timeout": ("[stub:hang=120]", ("FAILED", "*")),  # model_unreachable or timeout, depending on timing
-    "model-garbage-body": ("[fault:garbage]", ("FAILED", "model_unreachable")),
+    "model-garbage-body": ("[fault:garbage]", ("FAILED", FailureReason.MODEL_UNREACHABLE)),
     "model-bad-tool-json": ("[stub:badjson]", ("SUCCEEDED", None)),
     "reflection-tool-call": ("[fault:reflect-tool]", ("SUCCEEDED", None)),
     "answer-import": ("[fault:answer=import]", ("SUCCEEDED", None)),
@@ -26,8 +27,8 @@ PLANNED: dict[str, tuple[str, tuple[str, str | None]]] = {
     "calculator-bomb-9**9**8": ("", ("SUCCEEDED", None)),
     "calculator-bomb-string": ("", ("SUCCEEDED", None)),
     # the stub holds the first model call for 3 s: the calculator is killed while the agent waits
-    "calculator-killed-mid-rollout": ("[stub:slow=3]", ("FAILED", "calculator_failed")),
-    "agent-killed-mid-rollout": ("[stub:slow=3]", ("FAILED", "crash")),
+    "calculator-killed-mid-rollout": ("[stub:slow=3]", ("FAILED", FailureReason.CALCULATOR_FAILED)),
+    "agent-killed-mid-rollout": ("[stub:slow=3]", ("FAILED", FailureReason.CRASH)),
 }
 PLANNED.update({f"question-{name}": ("", ("SUCCEEDED", None)) for name in HOSTILE_QUESTION_SUFFIXES})
 # a question no runner could hand to an agent is refused when it is created, never queued
@@ -43,7 +44,7 @@ DEFAULT_SCHEDULE = [(0.10, "second-controller-start"), (0.22, "server-sigterm"),
 MAX_ATTEMPTS = len(DEFAULT_SCHEDULE) + 1
 RETRIABLE_KINDS = {"clean"} | {f"question-{n}" for n in HOSTILE_QUESTION_SUFFIXES}
 #: Failures a process fault (controller killed or stopped) causes to whatever was running.
-COLLATERAL_REASONS = {"controller_lost", "cancelled", "reward_post_failed"}  # + a server restart under an agent
+COLLATERAL_REASONS = {FailureReason.CONTROLLER_LOST, FailureReason.CANCELLED, FailureReason.REWARD_POST_FAILED}  # + a server restart under an agent
 
 
 def outcome_name(state: str, reason: str | None) -> str:

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import httpx
 
 from calcx.common.stats import percentile
+from calcx.contract.failures import FailureReason
 from calcx.faults.audit import HangWatch, all_rollouts, audit, recovery_times
 from calcx.faults.forensics import agent_rewards, started_lines
 from calcx.faults.hostile import CANARY_NAME, KEY, MAX_BODY_BYTES, MAX_EVENTS_PER_ATTEMPT, HostileClient, _auth, _j
@@ -86,7 +87,7 @@ def decoy_attempts(client: Any, prefix: str) -> tuple[tuple[str, str], tuple[str
     ids = {c.rollout.rollout_id: c.attempt_id for c in claims}
     running = (f"{prefix}-decoy-running", ids[f"{prefix}-decoy-running"])
     finished = (f"{prefix}-decoy-finished", ids[f"{prefix}-decoy-finished"])
-    client.finish(*finished, "FAILED", reason="cancelled", detail="decoy of the hostile client")
+    client.finish(*finished, "FAILED", reason=FailureReason.CANCELLED, detail="decoy of the hostile client")
     return running, finished
 
 
@@ -281,7 +282,7 @@ def run_queued(args: argparse.Namespace, workdir: Path, log: Callable[[str], Non
                                                                    "timeout_s": 0})
         with CalcxClient(stack.server_url, KEY) as c:
             for r in c.list_rollouts(state="RUNNING", controller_id="latency-probe", limit=1000):
-                c.finish(r.rollout_id, r.attempts[-1].attempt_id, "FAILED", reason="cancelled",
+                c.finish(r.rollout_id, r.attempts[-1].attempt_id, "FAILED", reason=FailureReason.CANCELLED,
                          detail="claimed only to measure claim latency")
         rss2 = rss_bytes(stack.server.pid)
         log(f"queued {n}: create {dt_create * 1000:.0f} ms; draining for {args.drain_s:.0f}s")

@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from calcx.contract.failures import MODEL_ABORTED
+from calcx.contract.failures import FailureReason
 from calcx.server.errors import APIError
 from calcx.server.metrics import ServerMetrics
 from calcx.server.settings import ServerSettings
@@ -55,7 +55,7 @@ class Forwarded:
 
     status: int
     content: bytes
-    failure: str | None = None
+    failure: FailureReason | None = None
     detail: str = ""
 
 
@@ -329,9 +329,9 @@ class Gateway:
         detail = (f"the model server aborted this call {tries} times in {waited:.0f} s (abort_retry_s="
                   f"{self.settings.abort_retry_s:g}); a weight update outlasted the resend window")
         log.warning("rollout %s attempt %s: %s; failing the attempt (%s)", rollout_id, attempt_id, detail,
-                    MODEL_ABORTED)
-        error = json.dumps({"error": {"code": MODEL_ABORTED, "message": detail}}).encode()
+                    FailureReason.MODEL_ABORTED)
+        error = json.dumps({"error": {"code": FailureReason.MODEL_ABORTED, "message": detail}}).encode()
         self.store.calls.record(rollout_id, attempt_id, body, error, [], [], [], 0.0,
                                 registry.get("policy_version"), result.endpoint, 503)
         self.metrics.gateway_calls.labels("503").inc()
-        return Forwarded(503, error, failure=MODEL_ABORTED, detail=detail)
+        return Forwarded(503, error, failure=FailureReason.MODEL_ABORTED, detail=detail)

@@ -35,7 +35,7 @@ from calcx.contract.env import (
     DEFAULT_ENV_MAP,
     env_value,
 )
-from calcx.contract.failures import CANCELLED
+from calcx.contract.failures import FailureReason
 from calcx.server.errors import APIError
 from calcx.server.metrics import ServerMetrics
 from calcx.server.settings import ServerSettings
@@ -131,7 +131,7 @@ class RolloutService:
                     item.rollout_id,
                     item.controller_id,
                 )
-                self.metrics.finished.labels("FAILED", "controller_lost").inc()
+                self.metrics.finished.labels("FAILED", FailureReason.CONTROLLER_LOST).inc()
                 self.signals.rollout_terminal.fire(item.rollout_id)
             if expired:
                 self.signals.terminal.fire()
@@ -287,14 +287,14 @@ class RolloutService:
         )
         cancelled = self.db.attempts.cancel(request.run, request.rollout_ids, detail)
         for rid, _ in cancelled:
-            self.metrics.finished.labels("FAILED", CANCELLED).inc()
+            self.metrics.finished.labels("FAILED", FailureReason.CANCELLED).inc()
             self.signals.rollout_terminal.fire(rid)
         if cancelled:
             self.signals.terminal.fire()
             log.warning("cancelled %d attempt(s): %s", len(cancelled), detail)
         return {"cancelled": _refs(cancelled)}
 
-    def fail(self, rid: str, aid: str, reason: str, detail: str) -> bool:
+    def fail(self, rid: str, aid: str, reason: FailureReason, detail: str) -> bool:
         """The server's own verdict on a RUNNING attempt: FAILED with an infrastructure `reason`
         (so the trainer retries it, never trains it). False when it was no longer RUNNING."""
         try:

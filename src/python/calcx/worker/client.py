@@ -18,7 +18,7 @@ from calcx.contract.ready import WORKER_READY_LINE
 from calcx.procs.procutil import kill_group, stop_group
 from calcx.worker.protocol import WORKER_MODULE
 
-log = logging.getLogger("calcx.controller.zygote")
+log = logging.getLogger("calcx.worker.client")
 
 
 class ZygoteUnavailable(RuntimeError):
@@ -99,7 +99,7 @@ class AgentHandle:
         self._writer.close()
 
 
-class Zygote:
+class ZygoteClient:
     """One zygote process: started on demand, restarted when it dies."""
 
     def __init__(self, command: list[str], env: Mapping[str, str] | None = None, start_timeout_s: float = 120.0,

@@ -14,13 +14,13 @@ import traceback
 from typing import Any, Callable
 
 from calcx.contract.env import CALCX_ZYGOTE_PROFILE_DIR
-from calcx.contract.failures import failure_line
+from calcx.contract.failures import FailureReason, failure_line
 from calcx.procs.procutil import set_parent_death_signal, set_process_name
 from calcx.worker.protocol import MAX_FDS, MAX_LEARN
 
 
 class Forking:
-    """The forking half of :class:`calcx.worker.serve.Zygote` (which sets these attributes)."""
+    """The forking half of :class:`calcx.worker.serve.ZygoteServer` (which sets these attributes)."""
 
     pid: int
     sock_path: str
@@ -149,7 +149,7 @@ class Forking:
                 sys.stderr.write(f"calcx-zygote: bad job {kind!r} with {len(fds)} fds\n")
         except BaseException:
             traceback.print_exc()
-            sys.stderr.write(failure_line("crash", "the worker could not start the rollout") + "\n")
+            sys.stderr.write(failure_line(FailureReason.CRASH, "the worker could not start the rollout") + "\n")
         finally:
             _flush_and_exit(code)
 
@@ -231,7 +231,7 @@ def _run_entry(entry: Callable[[dict[str, str]], int], env: dict[str, str]) -> i
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
         traceback.print_exc()
-        sys.stderr.write(failure_line("crash", "unhandled exception in the agent") + "\n")
+        sys.stderr.write(failure_line(FailureReason.CRASH, "unhandled exception in the agent") + "\n")
         return 1
     return int(code) if isinstance(code, int) else 0
 

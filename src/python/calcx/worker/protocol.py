@@ -2,8 +2,8 @@
 
 Starting ``python -m calcx.agent`` costs about 1.4 s of imports (AutoGen, openai, mcp) and the
 MCP calculator another ~0.5 CPU-s, per rollout. A zygote is the agent artifact started once in
-worker mode (``python -m calcx.controller.zygote --socket PATH``, which runs
-:func:`calcx.worker.main.main`): it imports ``calcx.agent.main`` and the calculator module,
+worker mode (``python -m calcx.worker --socket PATH``, which runs
+:func:`calcx.worker.__main__.main`): it imports ``calcx.agent.main`` and the calculator module,
 then serves requests on a UNIX socket:
 
 - ``{"op": "agent", "env": {...}}`` with one fd (SCM_RIGHTS) for the child's stdout+stderr:
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 #: The worker's command is ``python -m WORKER_MODULE --socket PATH`` (the controller's default
 #: ``--worker-cmd``; with the agent PEX, ``PEX_MODULE=WORKER_MODULE agent.pex``).
-WORKER_MODULE = "calcx.controller.zygote"
+WORKER_MODULE = "calcx.worker"
 MAX_FDS = 8  # file descriptors one request may carry
 LEARN_ROUNDS = 8  # children that may report lazily imported modules back
 MAX_LEARN = 5000  # module names one "learn" request may carry

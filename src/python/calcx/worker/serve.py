@@ -40,7 +40,7 @@ class _Child:
     conn: _Conn | None
 
 
-class Zygote(Forking):
+class ZygoteServer(Forking):
     """The serving loop. ``serve()`` returns only in the zygote process itself."""
 
     def __init__(

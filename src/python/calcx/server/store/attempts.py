@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from calcx.api.models import RUN_LABEL
-from calcx.contract.failures import CANCELLED
+from calcx.contract.failures import FailureReason
 from calcx.server.store.database import Conflict, Database, NotFound, parse_attempt_id
 
 # ids per `IN (...)` query: well under SQLite's limit on bound parameters
@@ -202,7 +202,7 @@ class Attempts:
                         chunk,
                     ).fetchall()
             for rid, no in rows:
-                _finish_locked(db, rid, no, "FAILED", CANCELLED, None, None, detail, now)
+                _finish_locked(db, rid, no, "FAILED", FailureReason.CANCELLED, None, None, detail, now)
         return [(rid, str(no)) for rid, no in rows]
 
     def expire_leases(self) -> list[ExpiredAttempt]:
@@ -222,7 +222,7 @@ class Attempts:
                     f"controller {controller!r} sent no heartbeat for this attempt; its lease expired at "
                     f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self._db.wall_time(expired_at)))}"
                 )
-                _finish_locked(db, rid, no, "FAILED", "controller_lost", None, None, detail, now)
+                _finish_locked(db, rid, no, "FAILED", FailureReason.CONTROLLER_LOST, None, None, detail, now)
         return [ExpiredAttempt(rid, str(no), controller) for rid, no, controller, _ in rows]
 
     def renew_running_leases(self, lease_s: float) -> int:

@@ -1,4 +1,4 @@
-"""``python -m calcx.controller.zygote``: start the pre-forked agent worker on a UNIX socket."""
+"""``python -m calcx.worker``: start the pre-forked agent worker on a UNIX socket."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 from calcx.procs.procutil import set_parent_death_signal, set_process_name
 from calcx.worker.preload import preload
 from calcx.worker.protocol import WORKER_MODULE
-from calcx.worker.serve import Zygote
+from calcx.worker.serve import ZygoteServer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sys.stderr.flush()
     try:
-        return Zygote(args.socket, agent_entry, calc_module, spares=max(0, args.spares),
+        return ZygoteServer(args.socket, agent_entry, calc_module, spares=max(0, args.spares),
                       child_nice=max(0, args.child_nice)).serve()
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
@@ -55,3 +55,6 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         raise
 
+
+if __name__ == "__main__":
+    sys.exit(main())

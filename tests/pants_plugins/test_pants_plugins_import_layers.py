@@ -1,0 +1,92 @@
+"""The import layers of docs/architecture.md (the plugin's `import-layers` linter,
+pants-plugins/calcx_pants/import_layers.py): the tree follows them, and a wrong import, a relative
+one or one hidden in a function, fails the check with its file and line, run as `./pants lint`
+runs it (from file contents) and as a script."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "pants-plugins" / "calcx_pants" / "import_layers.py"
+
+
+def _layers_module():
+    spec = importlib.util.spec_from_file_location("calcx_pants_import_layers", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+layers = _layers_module()
+
+
+@pytest.fixture
+def repo_copy(tmp_path: Path) -> Path:
+    """docs/architecture.md and src/python/calcx, copied, to plant imports in."""
+    (tmp_path / "docs").mkdir()
+    shutil.copy(REPO / layers.DOC, tmp_path / layers.DOC)
+    shutil.copytree(REPO / layers.SOURCES, tmp_path / layers.SOURCES)
+    return tmp_path
+
+
+def _plant(repo: Path, relative: str, code: str) -> None:
+    path = repo / layers.SOURCES / relative
+    path.write_text(path.read_text(encoding="utf-8") + code, encoding="utf-8")
+
+
+def test_the_tree_follows_the_table() -> None:
+    assert len(list((REPO / layers.SOURCES).rglob("*.py"))) > 100  # the whole tree, not a part
+    assert layers.violations(REPO) == []
+
+
+def test_the_table_is_read_with_its_words() -> None:
+    rules = layers.read_rules((REPO / layers.DOC).read_text(encoding="utf-8"))
+    assert rules["calcx.contract"] == frozenset()
+    assert rules["calcx.api"] == {"calcx.contract"}
+    assert {"calcx.server", "calcx.controller", "calcx.stub_llm"} <= rules["calcx.rehearse"]  # everything above
+    assert "calcx.trainer" not in rules["calcx.rehearse"] and "calcx.faults" in rules["calcx.cli"]  # the parts
+
+
+def test_a_wrong_import_fails_with_its_file_and_line(repo_copy: Path) -> None:
+    _plant(repo_copy, "api/tokens.py", "\n\ndef _late():\n    from calcx.server.app import create_app\n")
+    found = layers.violations(repo_copy)
+    assert len(found) == 1 and "calcx/api/tokens.py:" in found[0]
+    assert "calcx.api imports calcx.server.app" in found[0] and "lets it import calcx.contract" in found[0]
+    run = subprocess.run([sys.executable, str(SCRIPT), str(repo_copy)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "calcx.api imports calcx.server.app" in run.stdout
+
+
+def test_relative_and_type_checking_imports_count(repo_copy: Path) -> None:
+    _plant(repo_copy, "contract/env.py", "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..procs import procutil\n")
+    _plant(repo_copy, "procs/managed.py", "\nfrom . import procutil as _same_package\n")
+    found = layers.violations(repo_copy)
+    assert len(found) == 1 and "calcx.contract imports calcx.procs" in found[0]
+
+
+def test_a_package_without_a_row_fails(repo_copy: Path) -> None:
+    (repo_copy / layers.SOURCES / "newpart").mkdir()
+    (repo_copy / layers.SOURCES / "newpart" / "__init__.py").write_text("")
+    assert any("package calcx.newpart has no row" in line for line in layers.violations(repo_copy))
+
+
+def test_check_takes_the_contents_the_lint_rule_hands_it() -> None:
+    doc = (
+        "## Python packages\n\n| package | what | may import |\n|---|---|---|\n"
+        "| `calcx.a` | the base | standard library |\n| `calcx.b` | above it | `calcx.a` |\n"
+    )
+    sources = {
+        "src/python/calcx/a/__init__.py": "from calcx.b import x\n",
+        "src/python/calcx/b/m.py": "import calcx\nfrom calcx.a import y\nfrom . import n\n",
+    }
+    assert layers.check(doc, sources) == [
+        "src/python/calcx/a/__init__.py:1: calcx.a imports calcx.b; docs/architecture.md lets it import no calcx package"
+    ]
+    assert layers.report([]).startswith("imports of src/python/calcx follow")
