@@ -32,6 +32,8 @@ CASES: list[tuple[str, tuple, dict, str, str]] = [
     ("wait", ("r/1",), {"timeout_s": 3}, "POST", "/v1/rollouts/r%2F1/wait"),
     ("retry", ("r/1",), {}, "POST", "/v1/rollouts/r%2F1/retry"),
     ("cancel", (), {"run": "run-1"}, "POST", "/v1/cancel"),
+    ("record_trained", ("run-1", 3, ["r/1"]), {}, "POST", "/v1/trained"),
+    ("rewind", ("run-1", 2), {}, "POST", "/v1/trained/rewind"),
     ("calls", ("r/1",), {"attempt_id": "1"}, "GET", "/v1/rollouts/r%2F1/calls"),
     ("terminal", (), {"after": 4, "timeout_s": 2}, "GET", "/v1/terminal"),
     ("claim", ("c",), {"max": 2, "timeout_s": 1}, "POST", "/v1/claims"),
@@ -68,6 +70,10 @@ def answer(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"claims": [], "lease_s": 30})
     if path == "/v1/cancel":
         return httpx.Response(200, json={"cancelled": [{"rollout_id": "r/1", "attempt_id": "1"}]})
+    if path == "/v1/trained":
+        return httpx.Response(200, json={"run": "run-1", "step": 3, "recorded": 1})
+    if path == "/v1/trained/rewind":
+        return httpx.Response(200, json={"run": "run-1", "after_step": 2, "rolled_back": [3, 4]})
     if path == "/v1/claims/heartbeat":
         return httpx.Response(200, json={"lease_s": 30, "held": [], "lost": []})
     if path == "/v1/rollouts":
@@ -128,6 +134,9 @@ def test_answers_are_typed_and_unwrapped() -> None:
     assert json.loads(log[-1].content) == {"event_type": "reward", "data": {"value": 1.0}}
     assert run_sync("metrics_text", (), {}, log) == "calcx_up 1\n"
     assert run_sync("put_models", ("m", ["http://h:1/v1"]), {}, log).policy_version == 2
+    assert run_sync("record_trained", ("run-1", 3, ["r/1"]), {}, log) == 1
+    assert json.loads(log[-1].content) == {"run": "run-1", "step": 3, "rollout_ids": ["r/1"]}
+    assert run_sync("rewind", ("run-1", 2), {}, log) == [3, 4]
 
 
 def test_timeouts_follow_the_table() -> None:

@@ -234,6 +234,19 @@ class _Endpoints:
         return Call(api.CANCEL, body=body, pick=lambda answer: answer.cancelled)
 
     @endpoint
+    def record_trained(self, run: str, step: int, rollout_ids: Iterable[str]) -> Call[int]:
+        """Tell the server's training ledger that `step` of `run` trained these rollouts; returns
+        how many the step holds (409: one was trained before, or the step holds another batch)."""
+        body = {"run": run, "step": step, "rollout_ids": list(rollout_ids)}
+        return Call(api.RECORD_TRAINED, body=body, pick=lambda answer: answer.recorded)
+
+    @endpoint
+    def rewind(self, run: str, after_step: int) -> Call[list[int]]:
+        """Roll back the ledger of `run`'s steps after `after_step` (a resume from its
+        checkpoint); returns those steps."""
+        return Call(api.REWIND, body={"run": run, "after_step": after_step}, pick=lambda answer: answer.rolled_back)
+
+    @endpoint
     def calls(self, rollout_id: str, attempt_id: str | None = None) -> Call[list[RecordedCall]]:
         query = None if attempt_id is None else {"attempt_id": attempt_id}
         return Call(api.CALLS, {"rid": rollout_id}, query=query, pick=lambda page: page.calls)

@@ -27,9 +27,13 @@ from calcx.api.models import (
     HeartbeatResponse,
     ModelRegistry,
     ModelRegistryUpdate,
+    RewindRequest,
+    RewindResponse,
     Rollout,
     RolloutList,
     TerminalPage,
+    TrainedRequest,
+    TrainedResponse,
     WaitRequest,
 )
 
@@ -87,6 +91,14 @@ CANCEL = Endpoint(
     "cancel", "POST", "/v1/cancel", Auth.SERVER_KEY, "trainer (what a previous run left), tools", CancelRequest,
     CancelResponse,
 )
+RECORD_TRAINED = Endpoint(
+    "record_trained", "POST", "/v1/trained", Auth.SERVER_KEY, "trainer (after each step's update)", TrainedRequest,
+    TrainedResponse,
+)
+REWIND = Endpoint(
+    "rewind", "POST", "/v1/trained/rewind", Auth.SERVER_KEY, "trainer (resuming from a checkpoint)", RewindRequest,
+    RewindResponse,
+)
 CALLS = Endpoint("calls", "GET", "/v1/rollouts/{rid}/calls", Auth.SERVER_KEY, "trainer", None, CallList)
 TERMINAL = Endpoint(
     "terminal", "GET", "/v1/terminal", Auth.SERVER_KEY, "rehearsal, benchmarks", None, TerminalPage, long_poll=True,
@@ -119,7 +131,7 @@ PUT_MODELS = Endpoint(
 GET_MODELS = Endpoint("get_models", "GET", "/v1/models", Auth.SERVER_KEY, "tests, tools", None, ModelRegistry)
 
 ENDPOINTS: tuple[Endpoint, ...] = (
-    HEALTH, METRICS, CREATE_ROLLOUTS, LIST_ROLLOUTS, GET_ROLLOUT, WAIT, RETRY, CANCEL, CALLS, TERMINAL, CLAIM, HEARTBEAT,
-    FINISH, POST_EVENT, CHAT_COMPLETIONS, OPENAI_MODELS, PUT_MODELS, GET_MODELS,
+    HEALTH, METRICS, CREATE_ROLLOUTS, LIST_ROLLOUTS, GET_ROLLOUT, WAIT, RETRY, CANCEL, RECORD_TRAINED, REWIND, CALLS,
+    TERMINAL, CLAIM, HEARTBEAT, FINISH, POST_EVENT, CHAT_COMPLETIONS, OPENAI_MODELS, PUT_MODELS, GET_MODELS,
 )
 

@@ -248,6 +248,38 @@ class CancelResponse(_Model):
     cancelled: list[AttemptRef]
 
 
+#: The most rollouts one step of the training ledger may name.
+MAX_TRAINED_IDS = 10_000
+
+
+class TrainedRequest(_StrictBody):
+    """Step `step` of run `run` trained these rollouts (their latest, SUCCEEDED attempts)."""
+
+    run: str = Field(min_length=1, max_length=200)
+    step: int = Field(ge=0, le=2**31)
+    rollout_ids: list[str] = Field(min_length=1, max_length=MAX_TRAINED_IDS)
+
+
+class TrainedResponse(_Model):
+    run: str
+    step: int
+    recorded: int
+
+
+class RewindRequest(_StrictBody):
+    """A run resumed from the checkpoint of `after_step`: its later steps' weights are gone."""
+
+    run: str = Field(min_length=1, max_length=200)
+    after_step: int = Field(ge=0, le=2**31)
+
+
+class RewindResponse(_Model):
+    run: str
+    after_step: int
+    #: the steps whose records became rolled back
+    rolled_back: list[int]
+
+
 class FinishRequest(_StrictBody):
     state: TerminalState
     reason: str | None = None

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from calcx.procs.procutil import descendants, kill_survivors, process_tree, stop_group
+from calcx.procs.procutil import descendants, kill_survivors, parent_death_preexec, process_tree, stop_group
 
 
 class ProcessStartError(RuntimeError):
@@ -31,6 +31,8 @@ class ManagedProcess:
     cmd: list[str]
     log_path: Path
     env: dict[str, str]
+    #: SIGKILL it when the starting thread's process dies (killed too): nothing outlives its owner
+    die_with_parent: bool = False
     proc: subprocess.Popen[str] | None = None
     match: re.Match[str] | None = None
     _ready: threading.Event = field(default_factory=threading.Event)
@@ -42,6 +44,7 @@ class ManagedProcess:
             self.proc = subprocess.Popen(
                 self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=self.env,
                 text=True, start_new_session=True,
+                preexec_fn=parent_death_preexec() if self.die_with_parent else None,
             )
         finally:
             log.close()

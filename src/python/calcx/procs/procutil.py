@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 PR_SET_PDEATHSIG = 1
 _libc = None
@@ -18,20 +18,42 @@ def set_parent_death_signal(sig: int = signal.SIGKILL, expected_parent: int | No
     When `expected_parent` is given and the parent is already gone, exit at once: the signal
     would never come. Returns False where the platform has no such facility.
     """
-    global _libc
-    if not sys.platform.startswith("linux"):
+    libc = _load_libc()
+    if libc is None:
         return False
     try:
-        if _libc is None:
-            import ctypes
-
-            _libc = ctypes.CDLL(None, use_errno=True)
-        ok = _libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+        ok = libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
     if expected_parent is not None and os.getppid() != expected_parent:
         os._exit(1)
     return ok
+
+
+def _load_libc() -> Any:
+    """libc through ctypes (None off Linux), loaded once."""
+    global _libc
+    if _libc is None and sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            _libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            return None
+    return _libc
+
+
+def parent_death_preexec(sig: int = signal.SIGKILL) -> Callable[[], None]:
+    """A Popen `preexec_fn`: the child gets `sig` when this process's calling thread dies, so a
+    parent killed with SIGKILL leaves no child behind. libc is loaded here, in the parent: between
+    fork and exec the child only makes the prctl call."""
+    _load_libc()
+    parent = os.getpid()
+
+    def in_child() -> None:
+        set_parent_death_signal(sig, expected_parent=parent)
+
+    return in_child
 
 
 PR_SET_NAME = 15

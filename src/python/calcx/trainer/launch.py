@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from calcx.trainer.data import to_verl_parquet, verl_records
 from calcx.trainer.progress import ProgressWatch, total_training_steps
 from calcx.trainer.report import count_incomplete, write_report
+from calcx.trainer.resume import ResumePlan, plan_resume, settle_previous_run
 from calcx.trainer.server_key import remove_key_file, server_key, write_key_file
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
 
@@ -126,23 +127,28 @@ def preflight(server_url: str, key: str) -> None:
         raise LaunchError(f"calcx server at {server_url} is not usable: {exc}; {hint}") from exc
 
 
-def _cancel_leftovers(cfg: DictConfig, key: str) -> None:
+def _cancel_leftovers(cfg: DictConfig, key: str, plan: ResumePlan | None) -> None:
     """Before any work of this run: cancel what an earlier run of the same name left (a killed
-    trainer's QUEUED and RUNNING rollouts), so that it neither runs first nor is trained."""
+    trainer's QUEUED and RUNNING rollouts), so that it neither runs first nor is trained; with a
+    resume plan, also roll back the training ledger after its checkpoint and say where it starts."""
     from calcx.trainer.leftovers import cancel_previous_run
 
+    if plan is not None:
+        settle_previous_run(str(cfg.calcx.server_url), key, plan)
+        return
     run = str(cfg.calcx.get("run") or "")
     if run:
         cancel_previous_run(str(cfg.calcx.server_url), key, run)
 
 
 @contextlib.contextmanager
-def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "") -> Iterator[LocalServices | None]:
+def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
+                     plan: ResumePlan | None = None) -> Iterator[LocalServices | None]:
     """Start the server and controller unless `calcx.server_url` is set (then `key` is its key);
     fill in the URL, and the owner-only file that holds the key (never the key: see server_key)."""
     if cfg.calcx.get("server_url"):
         preflight(str(cfg.calcx.server_url), key)
-        _cancel_leftovers(cfg, key)
+        _cancel_leftovers(cfg, key, plan)
         key_file = write_key_file(key)
         try:
             with open_dict(cfg):
@@ -168,7 +174,7 @@ def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "") -> Iterat
         with open_dict(cfg):
             cfg.calcx.server_url = services.server_url
             cfg.calcx.key_file = str(key_file)
-        _cancel_leftovers(cfg, services.key)
+        _cancel_leftovers(cfg, services.key, plan)
         yield services
     finally:
         services.stop()
@@ -224,7 +230,9 @@ def run_training(cfg: DictConfig, *, train_src: Path, val_src: Path, eval_only: 
         with open_dict(cfg):
             cfg.trainer.val_before_train = True
             cfg.trainer.val_only = True
-    with rollout_services(cfg, report_dir, key):
+    # a training run continues from its newest whole checkpoint (docs/resume.md)
+    plan = None if eval_only else plan_resume(cfg, report_dir)
+    with rollout_services(cfg, report_dir, key, plan):
         def run() -> None:
             if model_endpoint is not None:
                 register_endpoint(cfg, model_endpoint)

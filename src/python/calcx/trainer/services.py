@@ -169,13 +169,17 @@ class LocalServices:
                            *c.agent_commands(),
                            *([] if c.prefork else ["--no-prefork"]), *c.controller_args]
         try:
-            self.server = ManagedProcess("calcx server", server_cmd, self.workdir / "server.log", env)
+            # both die with calcx train, even a SIGKILLed one: a second start finds no old controller
+            # still claiming from the run's database (docs/resume.md)
+            self.server = ManagedProcess("calcx server", server_cmd, self.workdir / "server.log", env,
+                                         die_with_parent=True)
             self.server.start(SERVER_READY, c.start_timeout_s)
             assert self.server.match is not None
             self.server_url = self.server.match.group(1).rstrip("/")
             controller_cmd = [c.services_python, "-m", "calcx.controller", "--runner", "local",
                               "--server", self.server_url, *controller_tail]
-            self.controller = ManagedProcess("calcx controller", controller_cmd, self.workdir / "controller.log", env)
+            self.controller = ManagedProcess("calcx controller", controller_cmd, self.workdir / "controller.log", env,
+                                             die_with_parent=True)
             self.controller.start(CONTROLLER_READY, c.start_timeout_s)
         except ProcessStartError as exc:
             self.stop()

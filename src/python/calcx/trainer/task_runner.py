@@ -1,7 +1,8 @@
 """verl 0.9.1's V1 TaskRunner with calcx's duties added: keep the server's policy version current,
-look for finished rollouts more often than verl's 2 s, and log the agents' calculator use with
+look for finished rollouts more often than verl's 2 s, log the agents' calculator use with
 verl's own metrics (`calcx/{train,val}/...`, from the rollouts' recorded calls:
-`calcx.trainer.tool_use`).
+`calcx.trainer.tool_use`), and make a run resumable (docs/resume.md): each finished checkpoint
+marked whole, each step's trained rollouts in the server's ledger, the metrics file appended to.
 
 verl stamps each of its own samples with the weight version the vLLM replica reports; calcx's
 agents reach vLLM through the server's gateway instead, so the server must be told the version.
@@ -27,6 +28,11 @@ import ray
 from omegaconf import OmegaConf
 from verl.trainer.main_ppo import TaskRunnerV1
 
+from calcx.api.client import CalcxClient
+from calcx.trainer.checkpoints import mark_after_save
+from calcx.trainer.ledger import batch_rollout_ids, record_after_step, record_step
+from calcx.trainer.metrics_file import install_appending_file_logger
+from calcx.trainer.server_key import server_key
 from calcx.trainer.tool_use import LEDGER_FILE, ToolUseLedger, add_tool_use_metrics
 
 logger = logging.getLogger(__name__)
@@ -61,9 +67,32 @@ def set_replay_poll(replay_buffer: Any, seconds: float | None) -> None:
     replay_buffer.poll_interval = float(seconds)
 
 
+def transfer_queue_rollout_ids(batch: Any) -> list[str]:
+    """The rollout ids of a trained batch (a KVBatchMeta), from its rows' `extra_fields` in
+    TransferQueue (verl clears the rows only after the step's metrics)."""
+    import transfer_queue as tq  # type: ignore[import-not-found]  # verl's GPU dependency, absent on CPU
+
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+    extra = data.pop("extra_fields", None)
+    return batch_rollout_ids(extra.tolist() if extra is not None else [])
+
+
+def record_trained_steps(trainer: Any, config: Any) -> None:
+    """Each step's trained rollouts go to the server's training ledger (calcx.trainer.ledger)."""
+    run = str(OmegaConf.select(config, "calcx.run", default="") or "")
+    if not run:
+        logger.warning("calcx.run is empty: the steps' rollouts are not recorded in the server's training ledger")
+        return
+    client = CalcxClient(str(config.calcx.server_url), server_key(config.calcx), timeout=60.0)
+    record_after_step(trainer, transfer_queue_rollout_ids, lambda step, ids: record_step(client, run, step, ids))
+
+
 class CalcxTaskRunnerBase(_VerlTaskRunner):  # type: ignore[misc,valid-type]
     def init_agent_loop_manager(self) -> None:
-        # verl's runner calls this right after the trainer (and its replay buffer) is built
+        # verl's runner calls this right after the trainer (and its replay buffer) is built, before fit()
+        install_appending_file_logger()  # a resumed run's metrics continue the file
+        checkpoints = Path(str(self.config.trainer.default_local_dir))
+        mark_after_save(self.trainer, lambda: checkpoints)  # a save that returned is marked whole
         set_replay_poll(self.trainer.replay_buffer, OmegaConf.select(self.config, "calcx.replay_poll_s", default=None))
         report_dir = OmegaConf.select(self.config, "calcx.report_dir", default=None)
         if report_dir:  # the AgentLoop sessions write each rollout's tool use there
@@ -73,6 +102,7 @@ class CalcxTaskRunnerBase(_VerlTaskRunner):  # type: ignore[misc,valid-type]
         if publish is None:  # verl's own agent loops (the anchor) read the version from vLLM itself
             logger.debug("%s publishes no policy versions", type(self.agent_loop_manager).__name__)
             return
+        record_trained_steps(self.trainer, self.config)
         publish_after_weight_sync(self.trainer.checkpoint_manager, publish)
         publish(int(self.trainer.global_steps))  # the version loaded at start-up (or from a checkpoint)
 

@@ -1,4 +1,5 @@
-"""Rollout store on SQLite: rollouts, attempts, events, recorded calls, the model registry, retention.
+"""Rollout store on SQLite: rollouts, attempts, events, recorded calls, the model registry, retention,
+the training ledger.
 
 One connection (`database`), one module per group of tables. Every method is synchronous,
 short and runs on the event loop's thread; the loop therefore serialises them and no
@@ -18,6 +19,7 @@ from calcx.server.store.events import Events
 from calcx.server.store.registry import Registry
 from calcx.server.store.retention import Retention
 from calcx.server.store.rollouts import Rollouts
+from calcx.server.store.trained import Trained
 
 __all__ = ["Conflict", "ExpiredAttempt", "NotFound", "RolloutStore", "StoreError"]
 
@@ -36,6 +38,7 @@ class RolloutStore:
         self.calls = Calls(self._db)
         self.registry = Registry(self._db)
         self.retention = Retention(self._db)
+        self.trained = Trained(self._db)
 
     def close(self) -> None:
         self._db.close()

@@ -15,7 +15,7 @@ class Retention:
 
     def prune(self, older_than_s: float) -> int:
         """Delete every rollout whose latest attempt ended (SUCCEEDED or FAILED) more than
-        `older_than_s` ago, with its attempts, events, recorded calls and terminal entries.
+        `older_than_s` ago, with its attempts, events, recorded calls, terminal entries and training records.
         QUEUED and RUNNING rollouts stay, however old: their latest attempt has not finished.
         Returns how many rollouts went."""
         cutoff = self._db.clock() - older_than_s
@@ -31,6 +31,6 @@ class Retention:
                 if not ids:
                     return total
                 marks = ",".join("?" * len(ids))
-                for table in ("events", "calls", "terminal", "attempts", "rollouts"):
+                for table in ("events", "calls", "terminal", "trained", "attempts", "rollouts"):
                     db.execute(f"DELETE FROM {table} WHERE rollout_id IN ({marks})", ids)  # noqa: S608 - fixed names
             total += len(ids)

@@ -65,6 +65,16 @@ CREATE TABLE IF NOT EXISTS terminal (
     attempt_no INTEGER NOT NULL,
     created_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS trained (
+    run TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    rollout_id TEXT NOT NULL,
+    attempt_no INTEGER NOT NULL,
+    trained_at REAL NOT NULL,
+    rolled_back_at REAL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS trained_once ON trained(rollout_id) WHERE rolled_back_at IS NULL;
+CREATE INDEX IF NOT EXISTS trained_by_step ON trained(run, step);
 CREATE TABLE IF NOT EXISTS kv (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL

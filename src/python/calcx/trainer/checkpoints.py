@@ -1,0 +1,112 @@
+"""Which verl checkpoints are whole: a marker written only after verl's save returned.
+
+verl 0.9.1 saves a step into `{default_local_dir}/global_step_N/` (the actor's shards under
+`actor/`, the data loader's position in `data.pt`), then rewrites `latest_checkpointed_iteration.txt`
+in place. A trainer killed inside the save leaves a directory without some of its files, and one
+killed while the tracker is rewritten leaves it empty (verl's own `resume_mode: auto` then stops
+on `int(b"")`). So calcx never reads the tracker: the task runner writes `calcx_complete.json`
+into the step's directory once `_save_checkpoint` has returned (written to a temporary name, made
+durable, then renamed: a kill leaves either no marker or a whole one), and a resume loads the
+newest directory that holds one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+MARKER = "calcx_complete.json"
+STEP_DIR = re.compile(r"^global_step_(\d{1,9})$")
+#: what verl's save writes into every step's directory (a critic, when there is one, beside them)
+REQUIRED = ("actor", "data.pt")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: Path
+
+
+def step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """verl's `global_step_N` directories under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))]
+    return sorted(found)
+
+
+def is_complete(step: int, path: Path) -> bool:
+    """The directory holds a marker for this very step and what verl's save writes."""
+    try:
+        marker = json.loads((path / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(marker, dict) or marker.get("step") != step:
+        return False
+    return all((path / name).exists() for name in REQUIRED)
+
+
+def newest_complete(root: Path) -> Checkpoint | None:
+    """The newest whole checkpoint under `root`, or None."""
+    for step, path in reversed(step_dirs(root)):
+        if is_complete(step, path):
+            return Checkpoint(step, path)
+    return None
+
+
+def directory_size(path: Path) -> tuple[int, int]:
+    """(files, bytes) under `path`."""
+    files = size = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            try:
+                size += os.stat(os.path.join(folder, name)).st_size
+                files += 1
+            except OSError:
+                continue
+    return files, size
+
+
+def write_marker(path: Path, step: int, seconds: float) -> dict[str, Any]:
+    """Mark `path` (the step's directory, saved) complete; what the marker says: the step, the
+    save's seconds, its files and bytes (the checkpoint's cost, docs/resume.md)."""
+    files, size = directory_size(path)
+    marker = {"step": step, "save_seconds": round(seconds, 3), "files": files, "bytes": size,
+              "written_at": time.time()}
+    tmp = path / f".{MARKER}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(marker, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path / MARKER)
+    directory = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return marker
+
+
+def mark_after_save(trainer: Any, root: Callable[[], Path]) -> None:
+    """Make verl's `trainer._save_checkpoint()` write the marker once it returned (the step is
+    `trainer.global_steps`, the directory `root()/global_step_N`)."""
+    save: Callable[[], Any] = trainer._save_checkpoint
+
+    def save_then_mark() -> Any:
+        started = time.monotonic()
+        result = save()
+        step = int(trainer.global_steps)
+        marker = write_marker(root() / f"global_step_{step}", step, time.monotonic() - started)
+        log.warning("calcx: checkpoint of step %d complete (%.1f s, %d files, %d bytes)", step,
+                    marker["save_seconds"], marker["files"], marker["bytes"])
+        return result
+
+    trainer._save_checkpoint = save_then_mark
