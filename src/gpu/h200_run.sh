@@ -15,7 +15,7 @@
 #                                                # (sync|async|anchor|tooluse), one after another, each to
 #                                                # its end or for at most MAX_S seconds; start it with setsid
 #                                                # nohup. tooluse: the warm-up, then calcx sync from its model
-#                                                # with TOOLUSE_ARGS (docs/tool-use.md)
+#                                                # with TOOLUSE_ARGS (docs/gpu-run.md, "Tool use")
 #   src/gpu/h200_run.sh start NAME STEPS [KEY=VALUE...]  # `calcx train` in the background; the
 #                                                # overrides win over RUN_ARGS; FLAGS="--async" adds flags;
 #                                                # NAME anchor runs `calcx anchor train` (verl's
