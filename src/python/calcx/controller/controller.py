@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
-from calcx.api.models import AttemptRef, Claim, LostAttempt
+from calcx.api.models import Claim, LostAttempt
 from calcx.contract.failures import FailureReason
 from calcx.controller.base import RunResult, Runner
 
