@@ -12,6 +12,7 @@ import pytest
 
 from calcx.api.client import CalcxClient
 from calcx.api.tokens import attempt_token
+from calcx.contract.failures import FailureReason
 from calcx.faults.hostile import FLOOD_EVENTS, KEY, MAX_BODY_BYTES, live_cases, send, static_cases, summarize
 from calcx.faults.run import decoy_attempts
 from calcx.server.serve import start_server_thread
@@ -112,7 +113,7 @@ def test_every_wrong_answer_is_counted_and_only_a_restart_excuses_no_answer(tmp_
         with CalcxClient(srv.url, KEY) as client:
             decoy, finished = decoy_attempts(client, "t")
             cases = static_cases(KEY, decoy, finished)
-            client.finish(*decoy, "FAILED", reason="cancelled", detail="the decoy lost")
+            client.finish(*decoy, "FAILED", reason=FailureReason.CANCELLED, detail="the decoy lost")
         flood = [c for c in cases if c.name == "event flood"]
         healthz = next(c for c in cases if c.name == "healthz is open")
         with httpx.Client(base_url=srv.url, timeout=10) as http:
