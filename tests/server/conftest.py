@@ -32,6 +32,7 @@ class FakeUpstream:
     on_abort: Callable[[], None] | None = None  # called (off the event loop) before each aborted answer
     before_answer: Callable[[], None] | None = None  # called (off the event loop) before each model answer
     delay_s: float = 0.0
+    answer_ids: list[int] = field(default_factory=lambda: [7, 8, 9])  # the token ids of every model answer
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def app(self) -> FastAPI:
@@ -67,7 +68,7 @@ class FakeUpstream:
                 return JSONResponse({"error": {"message": "bad request upstream"}}, status_code=400)
             words = sum(len(str(m.get("content", "")).split()) for m in body["messages"])
             prompt_ids = list(range(100, 100 + words))
-            answer_ids = [7, 8, 9]
+            answer_ids = self.answer_ids
             return JSONResponse(
                 {
                     "id": f"chatcmpl-{len(self.requests)}",

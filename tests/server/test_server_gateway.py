@@ -224,6 +224,23 @@ def test_upstream_4xx_goes_back_unchanged_and_is_recorded(client: CalcxClient, u
     assert calls[0].status_code == 400 and calls[0].response == {"error": {"message": "bad request upstream"}}
 
 
+def test_token_ids_past_int32_are_left_out_and_the_call_kept(client: CalcxClient, upstream: Any) -> None:
+    """Token ids the store cannot pack as int32: the call is recorded without token ids and
+    log-probs, with everything else, and the agent gets the answer as it came."""
+    client.put_models("m", [upstream.url], policy_version=4)
+    claim = running_claims(client)[0]
+    upstream.answer_ids = [7, 2**40, 9]
+    answer = client.chat_completions(claim.rollout.rollout_id, claim.attempt_id, {"model": "m", "messages": MESSAGES})
+    assert answer["choices"][0]["token_ids"] == [7, 2**40, 9]
+    calls = client.calls(claim.rollout.rollout_id)
+    assert len(calls) == 1
+    call = calls[0]
+    assert call.status_code == 200 and call.policy_version == 4 and call.endpoint == upstream.url
+    assert call.prompt_token_ids == [] and call.response_token_ids == [] and call.response_logprobs == []
+    assert call.request["messages"] == MESSAGES and call.response is not None
+    assert call.response["choices"][0]["token_ids"] == [7, 2**40, 9]
+
+
 def test_gateway_refuses_attempts_that_are_not_running(client: CalcxClient, upstream: Any) -> None:
     client.put_models("m", [upstream.url])
     claim = running_claims(client)[0]

@@ -38,7 +38,7 @@ from calcx.contract.failures import FailureReason
 from calcx.server.errors import APIError
 from calcx.server.metrics import ServerMetrics
 from calcx.server.settings import ServerSettings
-from calcx.server.store import RolloutStore
+from calcx.server.store import CallRecord, RolloutStore
 from calcx.server.upstream import LeanHTTPTransport
 
 log = logging.getLogger("calcx.server.gateway")
@@ -65,6 +65,20 @@ class UpstreamResult:
     content: bytes
     payload: dict[str, Any] | None
     endpoint: str
+
+
+@dataclass(frozen=True)
+class Sent:
+    """How sending one call ended: what `forward` records and answers from."""
+
+    body: bytes  # the request as last forwarded (a resend carries the model registered by then)
+    result: UpstreamResult | None  # the last answer; None when no try got one
+    last_error: str
+    endpoint: str  # the endpoint tried last
+    latency_s: float  # the answering try's own time (0 when given up on as aborted)
+    policy_version: int | None
+    aborts: int  # aborted answers received
+    gave_up_after_s: float | None = None  # seconds waited when the answer is still aborted past abort_retry_s
 
 
 def aborted(payload: dict[str, Any] | None) -> bool:
@@ -177,7 +191,7 @@ class Gateway:
         start = zlib.crc32(rollout_id.encode()) % len(endpoints)
         return endpoints[start:] + endpoints[:start]
 
-    async def _send(self, endpoint: str, body: bytes) -> UpstreamResult:
+    async def _post(self, endpoint: str, body: bytes) -> UpstreamResult:
         assert self._client is not None, "gateway not started"
         resp = await self._client.post(
             f"{endpoint}/chat/completions", content=body, headers={"content-type": "application/json"}
@@ -211,7 +225,7 @@ class Gateway:
         for attempt in range(tries):
             endpoint = order[attempt % len(order)]
             try:
-                result = await self._send(endpoint, body)
+                result = await self._post(endpoint, body)
             except httpx.TimeoutException as exc:
                 result = None
                 last_error = f"timeout ({type(exc).__name__}) from {endpoint}"
@@ -242,16 +256,34 @@ class Gateway:
         registry_now: Callable[[], dict[str, Any]],
         agent_gone: Callable[[], Awaitable[bool]] | None = None,
     ) -> Forwarded:
-        """Send with retries, record the call, return what the agent gets. `registry_now` gives
-        the model registry as it is at the time: an aborted answer is sent again, to the registry
-        of that moment, until `abort_retry_s` has passed since the first try; after that the
-        answer is a 503 and `failure` is `model_aborted`. An answer that arrives after the agent
-        hung up (`agent_gone`) is recorded as 499, only until the agent's resend is."""
+        """Send the call (`_send`: endpoints picked per rollout, retries, resends of aborted
+        answers), record it once, return what the agent gets. `registry_now` gives the model
+        registry as it is at the time; an answer that arrives after the agent hung up
+        (`agent_gone`) is recorded as 499, only until the agent's resend is."""
+        sent = await self._send(rollout_id, attempt_id, request, registry_now)
+        if sent.gave_up_after_s is not None and sent.result is not None:
+            call, answer = self._aborted(rollout_id, attempt_id, sent, sent.result, sent.gave_up_after_s)
+        elif sent.result is not None and sent.result.status not in _RETRYABLE_STATUS:
+            call, answer = await self._answered(rollout_id, attempt_id, sent, sent.result, agent_gone)
+        else:
+            call, answer = self._unavailable(rollout_id, attempt_id, sent)
+        self._record(call)
+        self.metrics.gateway_calls.labels(str(answer.status)).inc()
+        if answer.failure is None:
+            # A call given up on as aborted has no model latency to count.
+            self.metrics.gateway_latency.observe(call.latency_s)
+        return answer
+
+    async def _send(
+        self, rollout_id: str, attempt_id: str, request: dict[str, Any], registry_now: Callable[[], dict[str, Any]]
+    ) -> Sent:
+        """The call sent with retries over the rollout's endpoints, and sent again while its answer
+        is aborted, to the registry of that moment, until `abort_retry_s` has passed since the
+        first try."""
         s = self.settings
         started = time.perf_counter()
         registry = registry_now()
         body = _encode(request)
-        tries = 1 + max(0, s.upstream_retries)
         aborts = 0
         while True:
             order = self.pick_endpoints(rollout_id, registry["endpoints"])
@@ -260,10 +292,10 @@ class Gateway:
             if result is None or result.status != 200 or not aborted(result.payload):
                 break
             self.metrics.upstream_errors.labels("abort").inc()
-            if time.perf_counter() - started >= s.abort_retry_s:
-                return self._give_up_aborted(
-                    rollout_id, attempt_id, body, aborts + 1, time.perf_counter() - started, registry, result
-                )
+            waited = time.perf_counter() - started
+            if waited >= s.abort_retry_s:
+                return Sent(body, result, last_error, endpoint, 0.0, registry.get("policy_version"), aborts + 1,
+                            gave_up_after_s=waited)
             await self._back_off(aborts)
             aborts += 1
             current = registry_now()
@@ -284,54 +316,63 @@ class Gateway:
             current = registry_now()
             if current.get("policy_version") is not None:
                 policy_version = current["policy_version"]
+        return Sent(body, result, last_error, endpoint, latency, policy_version, aborts)
 
-        if result is not None and result.status not in _RETRYABLE_STATUS:
-            payload = result.payload
-            ids: tuple[list[int], list[int], list[float]] = ([], [], [])
-            if result.status == 200 and payload is not None:
-                ids = extract_tokens(payload)
-            status = result.status
-            abandoned = agent_gone is not None and await agent_gone()
-            if abandoned:
-                log.info("rollout %s attempt %s: the agent hung up before the answer came; recorded as %d",
-                         rollout_id, attempt_id, CLIENT_CLOSED)
-                status = CLIENT_CLOSED
-            try:
-                self.store.calls.record(
-                    rollout_id, attempt_id, body, result.content if payload is not None else None,
-                    ids[0], ids[1], ids[2], latency, policy_version, result.endpoint, status, abandoned=abandoned,
-                )
-            except (TypeError, OverflowError):
-                # token ids that are not int32 integers: keep the call, without them
-                log.warning("rollout %s: upstream token ids are not integers; recorded without them", rollout_id)
-                self.store.calls.record(
-                    rollout_id, attempt_id, body, result.content if payload is not None else None,
-                    [], [], [], latency, policy_version, result.endpoint, status, abandoned=abandoned,
-                )
-            self.metrics.gateway_calls.labels(str(result.status)).inc()
-            self.metrics.gateway_latency.observe(latency)
-            return Forwarded(result.status, result.content)
+    def _record(self, call: CallRecord) -> None:
+        try:
+            self.store.calls.record(call)
+        except (TypeError, OverflowError):
+            # token ids that are not int32 integers: keep the call, without them
+            log.warning("rollout %s: upstream token ids are not integers; recorded without them", call.rollout_id)
+            self.store.calls.record(call.without_tokens())
 
-        message = f"model endpoint failed after {tries} tries; last error: {last_error}"
+    async def _answered(
+        self, rollout_id: str, attempt_id: str, sent: Sent, result: UpstreamResult,
+        agent_gone: Callable[[], Awaitable[bool]] | None,
+    ) -> tuple[CallRecord, Forwarded]:
+        """An upstream answer the agent gets as it came (200, or a 4xx other than 408 and 429)."""
+        payload = result.payload
+        ids: tuple[list[int], list[int], list[float]] = ([], [], [])
+        if result.status == 200 and payload is not None:
+            ids = extract_tokens(payload)
+        status = result.status
+        abandoned = agent_gone is not None and await agent_gone()
+        if abandoned:
+            log.info("rollout %s attempt %s: the agent hung up before the answer came; recorded as %d",
+                     rollout_id, attempt_id, CLIENT_CLOSED)
+            status = CLIENT_CLOSED
+        call = CallRecord(
+            rollout_id=rollout_id, attempt_id=attempt_id, request=sent.body,
+            response=result.content if payload is not None else None, status_code=status,
+            latency_s=sent.latency_s, policy_version=sent.policy_version, endpoint=result.endpoint,
+            prompt_token_ids=ids[0], response_token_ids=ids[1], response_logprobs=ids[2], abandoned=abandoned,
+        )
+        return call, Forwarded(result.status, result.content)
+
+    def _unavailable(self, rollout_id: str, attempt_id: str, sent: Sent) -> tuple[CallRecord, Forwarded]:
+        """Every try failed (a retryable status, a timeout, no connection): a 502 for the agent."""
+        tries = 1 + max(0, self.settings.upstream_retries)
+        message = f"model endpoint failed after {tries} tries; last error: {sent.last_error}"
         log.warning("rollout %s attempt %s: %s", rollout_id, attempt_id, message)
         error = json.dumps({"error": {"code": "upstream_unavailable", "message": message}}).encode()
-        self.store.calls.record(rollout_id, attempt_id, body, error, [], [], [], latency, policy_version, endpoint, 502)
-        self.metrics.gateway_calls.labels("502").inc()
-        self.metrics.gateway_latency.observe(latency)
-        return Forwarded(502, error)
+        call = CallRecord(
+            rollout_id=rollout_id, attempt_id=attempt_id, request=sent.body, response=error, status_code=502,
+            latency_s=sent.latency_s, policy_version=sent.policy_version, endpoint=sent.endpoint,
+        )
+        return call, Forwarded(502, error)
 
-    def _give_up_aborted(
-        self, rollout_id: str, attempt_id: str, body: bytes, tries: int, waited: float,
-        registry: dict[str, Any], result: UpstreamResult,
-    ) -> Forwarded:
+    def _aborted(
+        self, rollout_id: str, attempt_id: str, sent: Sent, result: UpstreamResult, waited: float
+    ) -> tuple[CallRecord, Forwarded]:
         """An answer the model server aborted through all of `abort_retry_s`: recorded as a 503
         (never trained), and a `model_aborted` failure for the attempt instead of an empty answer."""
-        detail = (f"the model server aborted this call {tries} times in {waited:.0f} s (abort_retry_s="
+        detail = (f"the model server aborted this call {sent.aborts} times in {waited:.0f} s (abort_retry_s="
                   f"{self.settings.abort_retry_s:g}); a weight update outlasted the resend window")
         log.warning("rollout %s attempt %s: %s; failing the attempt (%s)", rollout_id, attempt_id, detail,
                     FailureReason.MODEL_ABORTED)
         error = json.dumps({"error": {"code": FailureReason.MODEL_ABORTED, "message": detail}}).encode()
-        self.store.calls.record(rollout_id, attempt_id, body, error, [], [], [], 0.0,
-                                registry.get("policy_version"), result.endpoint, 503)
-        self.metrics.gateway_calls.labels("503").inc()
-        return Forwarded(503, error, failure=FailureReason.MODEL_ABORTED, detail=detail)
+        call = CallRecord(
+            rollout_id=rollout_id, attempt_id=attempt_id, request=sent.body, response=error, status_code=503,
+            latency_s=sent.latency_s, policy_version=sent.policy_version, endpoint=result.endpoint,
+        )
+        return call, Forwarded(503, error, failure=FailureReason.MODEL_ABORTED, detail=detail)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from calcx.server.store.attempts import Attempts, ExpiredAttempt
-from calcx.server.store.calls import Calls
+from calcx.server.store.calls import CallRecord, Calls
 from calcx.server.store.database import Conflict, Database, NotFound, StoreError
 from calcx.server.store.events import Events
 from calcx.server.store.registry import Registry
@@ -21,7 +21,7 @@ from calcx.server.store.retention import Retention
 from calcx.server.store.rollouts import Rollouts
 from calcx.server.store.trained import Trained
 
-__all__ = ["Conflict", "ExpiredAttempt", "NotFound", "RolloutStore", "StoreError"]
+__all__ = ["CallRecord", "Conflict", "ExpiredAttempt", "NotFound", "RolloutStore", "StoreError"]
 
 
 class RolloutStore:

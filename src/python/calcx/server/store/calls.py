@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import sys
 from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from calcx.server.store.database import Database, LimitReached, NotFound, parse_attempt_id
 
 
-def _pack(typecode: str, values: list) -> bytes:
+def _pack(typecode: str, values: Sequence[int] | Sequence[float]) -> bytes:
     """Numbers packed little-endian ("i": int32 token ids, "d": float64 log-probs): far cheaper
     than JSON for long prompts."""
     packed = array(typecode, values)
@@ -27,27 +29,39 @@ def _unpack(typecode: str, blob: bytes) -> list:
     return packed.tolist()
 
 
+@dataclass(frozen=True)
+class CallRecord:
+    """One model call as the gateway records it: what `Calls.record` stores, in one value.
+
+    `request` and `response` are the JSON bytes as forwarded and as received (`response` is None
+    when the upstream's answer was not JSON). `abandoned`: the agent hung up before the answer
+    came (status 499); such a record never replaces another."""
+
+    rollout_id: str
+    attempt_id: str
+    request: bytes
+    response: bytes | None
+    status_code: int
+    latency_s: float
+    policy_version: int | None
+    endpoint: str | None
+    prompt_token_ids: Sequence[int] = ()
+    response_token_ids: Sequence[int] = ()
+    response_logprobs: Sequence[float] = ()
+    abandoned: bool = False
+
+    def without_tokens(self) -> CallRecord:
+        """The same call without token ids and log-probs (for ids the store cannot pack)."""
+        return replace(self, prompt_token_ids=(), response_token_ids=(), response_logprobs=())
+
+
 class Calls:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    def record(
-        self,
-        rollout_id: str,
-        attempt_id: str,
-        request_json: bytes,
-        response_json: bytes | None,
-        prompt_token_ids: list[int],
-        response_token_ids: list[int],
-        response_logprobs: list[float],
-        latency_s: float,
-        policy_version: int | None,
-        endpoint: str | None,
-        status_code: int,
-        *,
-        abandoned: bool = False,
-    ) -> int:
-        """Store one gateway call; request and response are the JSON bytes as sent and received.
+    def record(self, call: CallRecord) -> int:
+        """Store one gateway call and return its `call_id`. TypeError or OverflowError when its
+        token ids are not int32 integers (nothing is stored then).
 
         A call whose request is byte for byte one this attempt already made is the agent's client
         sending it again (its retry after a timeout or an error answer): it replaces that record,
@@ -55,16 +69,16 @@ class Calls:
         answer the agent went on with. An `abandoned` answer (its caller hung up before it came,
         and resends it) is kept only when nothing else of that request is, and never replaces."""
         now = self._db.clock()
-        no = int(attempt_id)
+        rollout_id, request_json, no = call.rollout_id, call.request, int(call.attempt_id)
         answer = (
-            response_json,
-            _pack("i", prompt_token_ids),
-            _pack("i", response_token_ids),
-            _pack("d", response_logprobs),
-            latency_s,
-            policy_version,
-            endpoint,
-            status_code,
+            call.response,
+            _pack("i", call.prompt_token_ids),
+            _pack("i", call.response_token_ids),
+            _pack("d", call.response_logprobs),
+            call.latency_s,
+            call.policy_version,
+            call.endpoint,
+            call.status_code,
             now,
         )
         with self._db.tx() as db:
@@ -73,7 +87,7 @@ class Calls:
                 "ORDER BY seq DESC LIMIT 1",
                 (rollout_id, no, request_json),
             ).fetchone()
-            if earlier is not None and abandoned:
+            if earlier is not None and call.abandoned:
                 return int(earlier[0])
             if earlier is not None:
                 db.execute(
