@@ -43,6 +43,7 @@ SYSTEM_TEST_FILES = frozenset({
     "trainer/test_anchor_calculator.py",
     "trainer/test_anchor_config.py",
     "trainer/test_anchor_parity.py",
+    "trainer/test_trainer_checkpoints.py",
     "trainer/test_trainer_cli.py",
     "trainer/test_trainer_cpu_build.py",
     "trainer/test_trainer_group.py",
@@ -51,6 +52,9 @@ SYSTEM_TEST_FILES = frozenset({
     "trainer/test_trainer_live_bridge.py",
     "trainer/test_trainer_manager.py",
     "trainer/test_trainer_replay_buffer.py",
+    "trainer/test_trainer_resume.py",
+    "trainer/test_trainer_resume_kill.py",
+    "trainer/test_trainer_services_die_with_trainer.py",
     "worker/test_worker_restart.py",
 })
 
