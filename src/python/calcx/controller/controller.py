@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.api.models import AttemptRef, Claim
 from calcx.controller.base import RunResult, Runner
+from calcx.controller.concurrency import default_concurrency
 
 log = logging.getLogger("calcx.controller")
 
@@ -56,7 +57,7 @@ class Controller:
         key: str,
         runner: Runner,
         *,
-        concurrency: int = 8,
+        concurrency: int | None = None,
         controller_id: str | None = None,
         claim_timeout_s: float = 10.0,
         max_rollouts: int | None = None,
@@ -64,6 +65,8 @@ class Controller:
         report_timeout_s: float = 120.0,
         on_ready: Callable[[], None] | None = None,
     ) -> None:
+        if concurrency is None:
+            concurrency = default_concurrency()
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.server_url = server_url.rstrip("/")
