@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "src" / "python"))
 
 from calcx.api.client import CalcxClient  # noqa: E402
 from calcx.common.stats import percentile  # noqa: E402
+from calcx.controller.concurrency import default_concurrency  # noqa: E402
 from calcx.data.generator import generate_split  # noqa: E402
 from calcx.data.io import write_jsonl  # noqa: E402
 from calcx.procs.procutil import cpu_seconds, descendants, pss_bytes, rss_bytes  # noqa: E402
@@ -320,7 +321,8 @@ warm-up). RSS sums double-count pages shared copy-on-write with the worker; PSS 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=256, help="rollouts in the measured batch (pre-forked mode)")
-    p.add_argument("--concurrency", type=int, default=24, help="controller --concurrency")
+    p.add_argument("--concurrency", type=int, default=default_concurrency(),
+                   help="controller --concurrency (default: the controller's own)")
     p.add_argument("--compare-n", type=int, default=32,
                    help="rollouts for the --no-prefork comparison (0 skips it; it costs ~2 CPU-s per rollout)")
     p.add_argument("--no-prefork-only", action="store_true", help="measure only the plain-spawn mode")

@@ -15,9 +15,9 @@
 #                                                # (sync|async|anchor|tooluse), one after another, each to
 #                                                # its end or for at most MAX_S seconds; start it with setsid
 #                                                # nohup. tooluse: the warm-up, then calcx sync from its model
-#                                                # with TOOLUSE_ARGS (docs/gpu-run.md, "Tool use")
+#                                                # with TOOLUSE_PROFILE (docs/gpu-run.md, "Tool use")
 #   src/gpu/h200_run.sh start NAME STEPS [KEY=VALUE...]  # `calcx train` in the background; the
-#                                                # overrides win over RUN_ARGS; FLAGS="--async" adds flags;
+#                                                # overrides win over RUN_PROFILE; FLAGS="--async" adds flags;
 #                                                # NAME anchor runs `calcx anchor train` (verl's
 #                                                # ToolAgentLoop, run name toolagentloop) instead
 #   src/gpu/h200_run.sh launch STEPS MODE...   # the campaign in the background (setsid nohup)
@@ -48,28 +48,22 @@ export PYTHONUNBUFFERED=1
 torch_site() { "$PYTHON" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))'; }
 calcx() { PEX_EXTRA_SYS_PATH="$(torch_site)" "$PYTHON" "$PEX" "$@"; }
 
-# The settings every run shares (docs/gpu-run.md says why): the reference batch 32 x 4, lr 5e-6,
-# prompt <= 2048 and response <= 1024 tokens a model call. What suits the GPU (recomputation,
-# offload, micro-batch token budgets) comes from calcx.yaml's gpu_profiles, picked by its memory.
-RUN_ARGS=(
-  data.train_batch_size=32 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=32
-  actor_rollout_ref.actor.optim.lr=5e-6
-  data.max_prompt_length=2048 data.max_response_length=1024 actor_rollout_ref.rollout.max_model_len=4096
-  calcx.controller_concurrency=128
-  trainer.val_before_train=true trainer.test_freq=10 trainer.save_freq=-1 trainer.total_epochs=1
-)
+# The settings every run shares (docs/gpu-run.md says why) are calcx.yaml's run profile of this
+# name. What suits the GPU (recomputation, offload, micro-batch token budgets) comes from
+# calcx.yaml's gpu_profiles, picked by its memory.
+RUN_PROFILE=gsm8k-h200
 
 # The runs a campaign knows; `anchor` is verl's own ToolAgentLoop on the same settings (docs/anchor.md);
 # `tooluse` is the tool-use recipe: RL from the warm-up's model with the reward options below.
 MODES=(sync async anchor tooluse)
 WARMUP_DIR="$RESULTS/warmup"
 WARMUP_RUN_NAME=calcx-warmup
-# the tool-use recipe's RL settings beside RUN_ARGS (calcx.yaml documents each key)
-TOOLUSE_ARGS=(calcx.reward.tool_bonus=0.1)
+# the tool-use recipe's RL settings: RUN_PROFILE's and its reward options (calcx.yaml's run_profiles)
+TOOLUSE_PROFILE=gsm8k-h200-tooluse
 ANCHOR_RUN_NAME=toolagentloop
-# The anchor is there for its step times: it validates once before training (its prompts against
-# calcx's, by accuracy), not every 10 steps and at the end.
-ANCHOR_ARGS=(trainer.test_freq=-1)
+# The anchor is there for its step times: its profile validates once before training (its prompts
+# against calcx's, by accuracy), not every 10 steps and at the end.
+ANCHOR_PROFILE=gsm8k-h200-anchor
 
 stage="${1:?stage: receive|setup|start|status|wait|stop}"; shift
 case "$stage" in
@@ -163,15 +157,15 @@ case "$stage" in
     mkdir -p "$dir"
     torch="$(torch_site)"
     date +%s > "$dir/started"
-    cmd=(train); run="$name"; extra=(); flags=()
+    cmd=(train); run="$name"; profile="$RUN_PROFILE"; flags=()
     if [[ -n "${FLAGS:-}" ]]; then flags=("$FLAGS"); fi
     model="$MODEL"
-    [[ "$name" == anchor ]] && { cmd=(anchor train); run="$ANCHOR_RUN_NAME"; extra=("${ANCHOR_ARGS[@]}"); }
-    [[ "$name" == tooluse ]] && { model="$WARMUP_DIR/model"; extra=("${TOOLUSE_ARGS[@]}"); }
+    [[ "$name" == anchor ]] && { cmd=(anchor train); run="$ANCHOR_RUN_NAME"; profile="$ANCHOR_PROFILE"; }
+    [[ "$name" == tooluse ]] && { model="$WARMUP_DIR/model"; profile="$TOOLUSE_PROFILE"; }
     setsid nohup env PEX_EXTRA_SYS_PATH="$torch" "$PYTHON" "$PEX" "${cmd[@]}" \
       --model "$model" --train-file "$IN/gsm8k/train.parquet" --val-file "$IN/gsm8k/test.parquet" \
-      --run-name "$run" "${flags[@]}" "calcx.report_dir=$dir" trainer.total_training_steps="$steps" "${RUN_ARGS[@]}" \
-      "${extra[@]}" "$@" \
+      --run-name "$run" --profile "$profile" "${flags[@]}" "calcx.report_dir=$dir" \
+      trainer.total_training_steps="$steps" "$@" \
       >"$dir/train.log" 2>&1 </dev/null &
     echo $! > "$dir/pid"
     echo "started $name (pid $(cat "$dir/pid")): $dir/train.log"

@@ -207,9 +207,11 @@ def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path
     calcx_cfg = trainer_cli.compose_from_args(trainer_cli.build_parser().parse_args(calcx_argv[1:]))
     anchor_cfg = anchor_cli.compose_from_args(anchor_cli.build_parser().parse_args(anchor_argv[1:]))
     assert_shared(calcx_cfg, anchor_cfg, besides=frozenset({"trainer.test_freq"}))
-    # and validates only before training (h200_run.sh's ANCHOR_ARGS): it is there for its step times
+    # and validates only before training (its run profile, gsm8k-h200-anchor): it is there for its step times
     assert differing(calcx_cfg, anchor_cfg) == set(ANCHOR_SETTINGS) | {"trainer.experiment_name", "calcx.report_dir",
-                                                                         "trainer.test_freq"}
+                                                                         "trainer.test_freq", "calcx.run_profile_applied"}
+    assert (calcx_cfg.calcx.run_profile_applied, anchor_cfg.calcx.run_profile_applied) == ("gsm8k-h200",
+                                                                                           "gsm8k-h200-anchor")
     assert (calcx_cfg.trainer.test_freq, anchor_cfg.trainer.test_freq) == (10, -1)
     assert anchor_cfg.trainer.val_before_train is True
     assert (anchor_cfg.data.train_batch_size, anchor_cfg.actor_rollout_ref.rollout.n) == (32, 4)
@@ -240,3 +242,15 @@ def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path
     malformed = _script(tmp_path, "campaign", "20", "async", "anchor:ten")
     assert malformed.returncode == 2 and "anchor:ten is not MODE[:STEPS[:MAX_S]]" in malformed.stderr
     assert not (tmp_path / "results" / "machine.txt").exists()  # refused before setup
+
+
+def test_the_gpu_run_starts_the_tool_use_recipe_from_its_run_profile(tmp_path: Path) -> None:
+    fake = tmp_path / "python3"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    argv = _started(tmp_path, "tooluse")
+    assert argv[argv.index("--profile") + 1] == "gsm8k-h200-tooluse"
+    cfg = trainer_cli.compose_from_args(trainer_cli.build_parser().parse_args(argv[1:]))
+    assert cfg.calcx.run_profile_applied == "gsm8k-h200-tooluse" and cfg.calcx.reward.tool_bonus == 0.1
+    assert cfg.actor_rollout_ref.model.path.endswith("warmup/model")  # RL from the warm-up's model
+    assert (cfg.actor_rollout_ref.actor.optim.lr, cfg.calcx.controller_concurrency) == (5e-6, 128)

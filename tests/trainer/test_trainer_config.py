@@ -7,7 +7,8 @@ import stat
 import pytest
 from omegaconf import OmegaConf
 
-from calcx.trainer.config import AGENT_LOOPS_FILE, ComposeRequest, ConfigError, compose, redacted_yaml
+from calcx.trainer.config import (AGENT_LOOPS_FILE, ComposeRequest, ConfigError, compose, redacted_yaml,
+                                  run_profile_overrides)
 from calcx.trainer.server_key import remove_key_file, server_key, write_key_file
 
 
@@ -214,3 +215,79 @@ def test_gpu_profile_named_or_turned_off_on_the_command_line() -> None:
     assert mine.calcx.gpu_profile_applied == "large" and mine.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 24576
     with pytest.raises(ConfigError, match="no such profile"):
         compose(ComposeRequest(gpu_memory_gib=0, dotlist=["calcx.gpu_profile=huge"]))
+
+
+# -- run profiles ---------------------------------------------------------------------------------------
+# what src/gpu/h200_run.sh passed on the command line (its RUN_ARGS) before calcx.yaml's
+# run_profiles held the documented run's settings
+H200_RUN_ARGS = {
+    "data.train_batch_size": 32, "actor_rollout_ref.rollout.n": 4, "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
+    "actor_rollout_ref.actor.optim.lr": 5e-6,
+    "data.max_prompt_length": 2048, "data.max_response_length": 1024, "actor_rollout_ref.rollout.max_model_len": 4096,
+    "calcx.controller_concurrency": 128,
+    "trainer.val_before_train": True, "trainer.test_freq": 10, "trainer.save_freq": -1, "trainer.total_epochs": 1,
+}
+
+
+def _without_profile_name(cfg) -> dict:
+    data = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(data, dict) and isinstance(data["calcx"], dict)
+    data["calcx"].pop("run_profile_applied")
+    return data
+
+
+@pytest.mark.parametrize("profile,extra", [
+    ("gsm8k-h200", {}),
+    ("gsm8k-h200-anchor", {"trainer.test_freq": -1}),  # the script's ANCHOR_ARGS
+    ("gsm8k-h200-tooluse", {"calcx.reward.tool_bonus": 0.1}),  # the script's TOOLUSE_ARGS
+])
+def test_a_run_profile_composes_to_what_the_gpu_script_passed(profile, extra) -> None:
+    settings = {**H200_RUN_ARGS, **extra}
+    by_profile = compose(ComposeRequest(gpu_memory_gib=140.4, run_profile=profile))
+    by_dotlist = compose(ComposeRequest(gpu_memory_gib=140.4, dotlist=[f"{k}={v}" for k, v in settings.items()]))
+    assert by_profile.calcx.run_profile_applied == profile and by_dotlist.calcx.run_profile_applied == "none"
+    for key, value in settings.items():
+        assert OmegaConf.select(by_profile, key) == value, key
+    assert _without_profile_name(by_profile) == _without_profile_name(by_dotlist)
+
+
+def test_a_run_profile_wins_over_calcx_yaml_and_loses_to_the_command_line() -> None:
+    plain = compose(ComposeRequest(gpu_memory_gib=0))
+    assert plain.calcx.run_profile_applied == "none"
+    assert (plain.actor_rollout_ref.actor.optim.lr, plain.calcx.controller_concurrency) == (1e-6, 32)
+    cfg = compose(ComposeRequest(gpu_memory_gib=0, run_profile="gsm8k-h200-tooluse",
+                                 dotlist=["actor_rollout_ref.actor.optim.lr=2e-6", "calcx.reward.tool_bonus=0.2"]))
+    assert cfg.actor_rollout_ref.actor.optim.lr == 2e-6 and cfg.calcx.reward.tool_bonus == 0.2
+    assert cfg.calcx.controller_concurrency == 128 and cfg.data.max_response_length == 1024
+    # over async.yaml and the GPU profile, which it leaves alone where it says nothing
+    both = compose(ComposeRequest(gpu_memory_gib=140.4, async_mode=True, run_profile="gsm8k-h200"))
+    assert both.calcx.gpu_profile_applied == "large" and both.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 16384
+    assert both.trainer.v1.trainer_mode == "colocate_async" and both.data.train_batch_size == 32
+
+
+def test_an_unknown_run_profile_is_refused_with_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match="'gsm8k-h100'.*known: gsm8k-h200, gsm8k-h200-anchor, gsm8k-h200-tooluse"):
+        compose(ComposeRequest(gpu_memory_gib=0, run_profile="gsm8k-h100"))
+
+
+def test_run_profiles_extend_base_first_and_refuse_a_loop() -> None:
+    profiles = {"a": {"overrides": {"x": 1}}, "b": {"extends": "a", "overrides": {"x": 2}},
+                "c": {"extends": "d"}, "d": {"extends": "c"}, "e": {"extends": "gone"}}
+    assert run_profile_overrides(profiles, "b") == [{"x": 1}, {"x": 2}]
+    with pytest.raises(ConfigError, match="loops"):
+        run_profile_overrides(profiles, "c")
+    with pytest.raises(ConfigError, match="extends 'gone'"):
+        run_profile_overrides(profiles, "e")
+
+
+def test_both_train_commands_take_profile() -> None:
+    from calcx.anchor import cli as anchor_cli
+    from calcx.trainer import cli as trainer_cli
+
+    calcx_cfg = trainer_cli.compose_from_args(trainer_cli.build_parser().parse_args(["--profile", "gsm8k-h200"]))
+    anchor_cfg = anchor_cli.compose_from_args(
+        anchor_cli.build_parser().parse_args(["train", "--profile", "gsm8k-h200-anchor"]))
+    assert (calcx_cfg.calcx.run_profile_applied, anchor_cfg.calcx.run_profile_applied) == ("gsm8k-h200",
+                                                                                           "gsm8k-h200-anchor")
+    assert (calcx_cfg.trainer.test_freq, anchor_cfg.trainer.test_freq) == (10, -1)
+    assert calcx_cfg.actor_rollout_ref.actor.optim.lr == anchor_cfg.actor_rollout_ref.actor.optim.lr == 5e-6

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from calcx.trainer.cli import DEFAULT_MODEL, DEFAULT_TRAIN, DEFAULT_VAL, cuda_problem, raise_interrupt, run_command
+from calcx.trainer.cli import (DEFAULT_MODEL, DEFAULT_TRAIN, DEFAULT_VAL, add_profile_argument, cuda_problem,
+                              raise_interrupt, run_command)
 
 NO_GPU_MESSAGE = ("calcx anchor train: no CUDA GPU was found on this machine ({why}). The anchor trains "
                   "like calcx train: an NVIDIA GPU with torch, vLLM and verl installed.")
@@ -28,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser(
         "train", help="GRPO training with verl's ToolAgentLoop (needs a CUDA GPU)",
         description="Train with verl's ToolAgentLoop. The config is calcx train's (verl's ppo_trainer defaults, "
-                    "then calcx/trainer/config/calcx.yaml), then calcx/anchor/config/anchor.yaml, then these "
+                    "then calcx/trainer/config/calcx.yaml), then calcx/anchor/config/anchor.yaml, then the "
+                    "--profile run, then these "
                     "flags, then any KEY=VALUE overrides. No calcx server, controller or agent process is started.",
         epilog="overrides: the same Hydra-style dotlist as calcx train's (e.g. data.train_batch_size=32 "
                "calcx.report_dir=results/anchor); metrics go to calcx.report_dir/metrics.jsonl.",
@@ -41,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="experiment name: checkpoint and report directory name (default calcx-anchor)")
     train.add_argument("--chat-template", default=None, metavar="PATH|hermes",
                        help="Jinja chat template for vLLM and verl's tokenizer, as calcx train's (default: the model's own)")
+    add_profile_argument(train)
     train.add_argument("--print-config", action="store_true",
                        help="print the composed config and exit; needs no GPU")
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, applied last")
@@ -53,7 +56,7 @@ def compose_from_args(args: argparse.Namespace):
 
     return compose_anchor(ComposeRequest(
         model=args.model, train_files=args.train_file, val_files=args.val_file, run_name=args.run_name,
-        chat_template=args.chat_template, dotlist=list(args.overrides),
+        chat_template=args.chat_template, run_profile=args.profile, dotlist=list(args.overrides),
     ))
 
 

@@ -14,6 +14,7 @@ from calcx.api.tokens import key_problem
 from calcx.contract.env import CALCX_KEY
 from calcx.contract.ready import controller_ready_line
 from calcx.controller.base import Runner
+from calcx.controller.concurrency import SLOTS_PER_CORE, default_concurrency
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 
@@ -32,9 +33,9 @@ def build_parser(runner: str = "local") -> argparse.ArgumentParser:
     p.add_argument("--server", default=os.environ.get("CALCX_SERVER", DEFAULT_SERVER),
                    help=f"calcx server base URL (default $CALCX_SERVER or {DEFAULT_SERVER})")
     p.add_argument("--key", default=None, help="server key (default: $CALCX_KEY); required")
-    p.add_argument("--concurrency", type=int, default=24,
-                   help="rollouts run at once (default 24: what saturated 2 cores with the stub LLM, "
-                        "benchmarks/RESULTS.md; size it to the inference servers for a real policy)")
+    p.add_argument("--concurrency", type=int, default=default_concurrency(),
+                   help=f"rollouts run at once (default {SLOTS_PER_CORE} per CPU core, here {default_concurrency()}: "
+                        "the sweep in benchmarks/RESULTS.md; size it to the inference servers for a real policy)")
     p.add_argument("--controller-id", default=None, help="name in claims and leases (default HOST-PID)")
     p.add_argument("--claim-timeout-s", type=float, default=10.0,
                    help="long-poll length of one claim request (default 10)")

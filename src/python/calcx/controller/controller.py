@@ -21,6 +21,7 @@ from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.api.models import Claim, LostAttempt
 from calcx.contract.failures import FailureReason
 from calcx.controller.base import RunResult, Runner
+from calcx.controller.concurrency import default_concurrency
 
 log = logging.getLogger("calcx.controller")
 
@@ -61,7 +62,7 @@ class Controller:
         key: str,
         runner: Runner,
         *,
-        concurrency: int = 8,
+        concurrency: int | None = None,
         controller_id: str | None = None,
         claim_timeout_s: float = 10.0,
         max_rollouts: int | None = None,
@@ -69,6 +70,8 @@ class Controller:
         report_timeout_s: float = 120.0,
         on_ready: Callable[[], None] | None = None,
     ) -> None:
+        if concurrency is None:
+            concurrency = default_concurrency()
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.server_url = server_url.rstrip("/")

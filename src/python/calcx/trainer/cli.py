@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="calcx train",
         description=(
             "Train the Calc-X agent with GRPO on verl 0.9.1. The config is verl's ppo_trainer defaults, "
-            "then calcx/trainer/config/calcx.yaml, then these flags, then any KEY=VALUE overrides."
+            "then calcx/trainer/config/calcx.yaml (its GPU profile, then the --profile run), then these flags, "
+            "then any KEY=VALUE overrides."
         ),
         epilog=(
             "overrides: Hydra-style dotlist after the flags, e.g. trainer.total_epochs=1 "
@@ -62,10 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model-endpoint", default=None, metavar="URL",
                         help="with --eval-only: an OpenAI-compatible base URL (e.g. the stub LLM or a running "
                              "vLLM, http://HOST:PORT/v1) that plays the policy instead of verl's vLLM")
+    add_profile_argument(parser)
     parser.add_argument("--print-config", action="store_true",
                         help="print the composed config (secrets masked) and exit; needs no GPU")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, applied last")
     return parser
+
+
+def add_profile_argument(parser: argparse.ArgumentParser) -> None:
+    """--profile, the same flag for calcx train and calcx anchor train."""
+    parser.add_argument("--profile", default=None, metavar="NAME",
+                        help="a documented run's settings: an entry of calcx.yaml's run_profiles (e.g. gsm8k-h200), "
+                             "applied over calcx.yaml and the GPU profile, under the flags and overrides")
 
 
 def compose_from_args(args: argparse.Namespace, *, train_files: str | None = None, val_files: str | None = None):
@@ -80,6 +89,7 @@ def compose_from_args(args: argparse.Namespace, *, train_files: str | None = Non
         runner=args.runner,
         async_mode=args.async_mode,
         chat_template=args.chat_template,
+        run_profile=args.profile,
         dotlist=list(args.overrides),
     ))
 

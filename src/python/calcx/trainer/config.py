@@ -22,6 +22,7 @@ TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 NAMED_TEMPLATES = {"hermes": TEMPLATES_DIR / "hermes_tool_chat.jinja"}
 VERL_CONFIG_NAME = "ppo_trainer"
 SECRET_KEYS = ("calcx.key",)
+PROFILE_SECTIONS = ("gpu_profiles", "run_profiles")
 LONG_KEYS = ("actor_rollout_ref.model.custom_chat_template",)
 
 
@@ -62,6 +63,9 @@ class ComposeRequest:
     # memory of this machine's GPU in GiB (None: ask nvidia-smi; 0: no GPU), which picks the
     # settings of calcx.yaml's `gpu_profiles` unless `calcx.gpu_profile` names one
     gpu_memory_gib: float | None = None
+    # a `run_profiles` entry of calcx.yaml (a documented run's settings), over the GPU profile and
+    # under the flags and dotlist; None: no run profile
+    run_profile: str | None = None
 
 
 def _leaves(node: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
@@ -97,9 +101,9 @@ def _set(cfg: DictConfig, dotted: str, value: Any, *, must_exist: bool, origin: 
 
 def _load_sections(path: Path) -> dict[str, Any]:
     data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    if not isinstance(data, dict) or set(data) - {"overrides", "additions", "gpu_profiles"}:
+    if not isinstance(data, dict) or set(data) - {"overrides", "additions", *PROFILE_SECTIONS}:
         raise ConfigError(f"{path}: expected a mapping with 'overrides' and 'additions' sections "
-                          "(and, in calcx.yaml, 'gpu_profiles')")
+                          f"(and, in calcx.yaml, {' and '.join(map(repr, PROFILE_SECTIONS))})")
     return {str(k): v for k, v in data.items()}
 
 
@@ -113,8 +117,9 @@ def _apply_sections(cfg: DictConfig, data: dict[str, Any], origin: str,
 
 def _apply_file(cfg: DictConfig, path: Path, config_name: str = VERL_CONFIG_NAME) -> None:
     data = _load_sections(path)
-    if "gpu_profiles" in data:
-        raise ConfigError(f"{path}: 'gpu_profiles' belongs in calcx.yaml alone")
+    for section in PROFILE_SECTIONS:
+        if section in data:
+            raise ConfigError(f"{path}: {section!r} belongs in calcx.yaml alone")
     _apply_sections(cfg, data, str(path), config_name)
 
 
@@ -149,6 +154,28 @@ def choose_gpu_profile(profiles: dict[str, Any], requested: str, memory_gib: flo
     return max(fitting)[1] if fitting else None
 
 
+def run_profile_overrides(profiles: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """The `overrides` of run profile `name` and of the profiles it `extends`, base first, so that
+    a variant of a documented run states only what it changes."""
+    chain: list[dict[str, Any]] = []
+    seen: list[str] = []
+    current: str | None = name
+    while current is not None:
+        if current not in profiles:
+            known = ", ".join(profiles) or "none are defined"
+            where = f"--profile {name!r}" if current == name else f"run profile {seen[-1]!r} extends {current!r}"
+            raise ConfigError(f"{where}: no such run profile in {CALCX_OVERRIDES.name}; known: {known}")
+        if current in seen:
+            raise ConfigError(f"run profile {name!r}: 'extends' loops ({' -> '.join([*seen, current])})")
+        seen.append(current)
+        entry = profiles[current] or {}
+        if not isinstance(entry, dict) or set(entry) - {"extends", "overrides"}:
+            raise ConfigError(f"run profile {current!r}: expected a mapping with 'overrides' (and 'extends')")
+        chain.append(entry.get("overrides") or {})
+        current = entry.get("extends")
+    return chain[::-1]
+
+
 def _requested_gpu_profile(cfg: DictConfig, dotlist: list[str]) -> str:
     requested = str(cfg.calcx.get("gpu_profile", "auto"))
     for item in dotlist:  # the command line wins; it is applied after the profile
@@ -181,7 +208,8 @@ def _group_names(config_dir: Path) -> set[str]:
 
 
 def compose(request: ComposeRequest) -> DictConfig:
-    """verl defaults < calcx.yaml < (async.yaml) < overlays < flags < command-line dotlist."""
+    """verl defaults < calcx.yaml < (async.yaml) < overlays < GPU profile < run profile < flags <
+    command-line dotlist."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -216,6 +244,12 @@ def compose(request: ComposeRequest) -> DictConfig:
                         f"{CALCX_OVERRIDES} gpu_profiles.{profile}")
     _set(cfg, "calcx.gpu_profile_applied", profile or "none", must_exist=False, origin="calcx")
     _set(cfg, "calcx.gpu_memory_gib", round(memory, 1), must_exist=False, origin="calcx")
+
+    if request.run_profile is not None:
+        origin = f"{CALCX_OVERRIDES} run_profiles.{request.run_profile}"
+        for overrides in run_profile_overrides(calcx_sections.get("run_profiles") or {}, request.run_profile):
+            _apply_sections(cfg, {"overrides": overrides}, origin)
+    _set(cfg, "calcx.run_profile_applied", request.run_profile or "none", must_exist=False, origin="calcx")
 
     flags = {
         "actor_rollout_ref.model.path": request.model,
