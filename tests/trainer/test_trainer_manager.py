@@ -224,8 +224,10 @@ def test_task_runner_publishes_the_served_policy_version_at_each_weight_sync(sta
         get_llm_client=lambda: _llm_client(cfg, [replica_address]),
         get_teacher_client=lambda: None, get_reward_handles=lambda: [],
         replay_buffer=SimpleNamespace(poll_interval=2.0),  # verl's built-in interval
-        # what calcx's tool-use metrics wrap (verl's V1 trainer has both)
-        _validate=lambda *args, **kwargs: {}, _compute_metrics=lambda batch, metrics, *args, **kwargs: None)
+        # what calcx's tool-use metrics, checkpoint marker and training ledger wrap (verl's V1
+        # trainer has all four)
+        _validate=lambda *args, **kwargs: {}, _compute_metrics=lambda batch, metrics, *args, **kwargs: None,
+        _save_checkpoint=lambda: None, step=lambda metrics, timing_raw: None)
     runner = CalcxTaskRunnerBase()
     runner.config, runner.trainer = cfg, trainer
 
