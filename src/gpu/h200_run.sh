@@ -20,6 +20,10 @@
 #                                                # overrides win over RUN_PROFILE; FLAGS="--async" adds flags;
 #                                                # NAME anchor runs `calcx anchor train` (verl's
 #                                                # ToolAgentLoop, run name toolagentloop) instead
+#   src/gpu/h200_run.sh killresume NAME STEPS [KEY=VALUE...]  # `start`, checkpoints every SAVE_FREQ steps;
+#                                                # SIGKILL to the driver once KILL_AFTER steps are logged; then
+#                                                # the same command again, to its end; kill.log and ledger.md
+#                                                # say what happened (docs/resume.md); mode `resume` of a campaign
 #   src/gpu/h200_run.sh launch STEPS MODE...   # the campaign in the background (setsid nohup)
 #                                                # e.g. `launch 20 anchor:10:600 async`
 #   src/gpu/h200_run.sh watch SECONDS [OUT]    # the campaign's runs after it ends or SECONDS pass
@@ -55,7 +59,11 @@ RUN_PROFILE=gsm8k-h200
 
 # The runs a campaign knows; `anchor` is verl's own ToolAgentLoop on the same settings (docs/anchor.md);
 # `tooluse` is the tool-use recipe: RL from the warm-up's model with the reward options below.
-MODES=(sync async anchor tooluse)
+MODES=(sync async anchor tooluse resume)
+# the kill-and-resume run (docs/resume.md): a checkpoint every SAVE_FREQ steps, the driver killed
+# once KILL_AFTER steps are logged (during the next step's rollouts), one whole checkpoint kept
+SAVE_FREQ="${SAVE_FREQ:-5}"
+KILL_AFTER="${KILL_AFTER:-7}"
 WARMUP_DIR="$RESULTS/warmup"
 WARMUP_RUN_NAME=calcx-warmup
 # the tool-use recipe's RL settings: RUN_PROFILE's and its reward options (calcx.yaml's run_profiles)
@@ -133,6 +141,10 @@ case "$stage" in
       IFS=: read -r mode mode_steps max_s <<< "$spec"
       flags=""
       if [[ "$mode" == async ]]; then flags=--async; fi
+      if [[ "$mode" == resume ]]; then
+        "$0" killresume resume "${mode_steps:-$steps}" || echo "campaign: the kill-and-resume run failed; going on" >&2
+        continue
+      fi
       if [[ "$mode" == tooluse ]]; then
         "$0" warmup || { echo "campaign: the warm-up failed (warmup/train.log says why); going on" >&2; continue; }
       fi
@@ -169,6 +181,49 @@ case "$stage" in
       >"$dir/train.log" 2>&1 </dev/null &
     echo $! > "$dir/pid"
     echo "started $name (pid $(cat "$dir/pid")): $dir/train.log"
+    ;;
+  killresume)
+    name="${1:?NAME}"; steps="${2:?STEPS}"; shift 2
+    dir="$RESULTS/$name"
+    args=(trainer.save_freq="$SAVE_FREQ" calcx.keep_checkpoints=1 "$@")
+    logged() { local n; n=$(grep -c '"timing_s/step"' "$dir/metrics.jsonl" 2>/dev/null) || true; echo "${n:-0}"; }
+    note() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$dir/kill.log"; }
+    # wait until the run logged step $1 (or ended); echoes the seconds since its start
+    wait_step() {
+      local t0; t0=$(cat "$dir/started")
+      while (( $(logged) < $1 )) && kill -0 "$(cat "$dir/pid")" 2>/dev/null; do sleep 2; done
+      echo $(( $(date +%s) - t0 ))
+    }
+    mkdir -p "$dir"; : > "$dir/kill.log"
+    "$0" start "$name" "$steps" "${args[@]}"
+    note "first start: step 1 logged $(wait_step 1) s after the start (validation before training included)"
+    s=$(wait_step "$KILL_AFTER")
+    (( $(logged) >= KILL_AFTER )) || { note "the run ended before step $KILL_AFTER (train.log says why)"; exit 1; }
+    pid="$(cat "$dir/pid")"
+    # the driver's descendants, recorded before the kill, so that survivors can be named and ended by id
+    ps -e -o pid=,ppid= > "$dir/ps.before"
+    tree="$(awk -v root="$pid" '{ kids[$2] = kids[$2] " " $1 }
+      END { q[1] = root; n = 1; for (i = 1; i <= n; i++) { split(kids[q[i]], k, " "); for (j in k) q[++n] = k[j] }
+            for (i = 2; i <= n; i++) print q[i] }' "$dir/ps.before" | tr '\n' ' ')"
+    note "step $KILL_AFTER logged $s s after the start; SIGKILL to the driver (pid $pid) with $(wc -w <<< "$tree") descendant(s)"
+    kill -KILL "$pid"
+    sleep 20
+    left=""; for p in $tree; do kill -0 "$p" 2>/dev/null && left="$left,$p"; done; left="${left#,}"
+    note "20 s after the kill: $(wc -w <<< "${left//,/ }") descendant(s) alive${left:+ ($(ps -o comm= -p "$left" 2>/dev/null | sort | uniq -c | tr -s ' \n' ' '))}; GPU: $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tr '\n' ';')"
+    for p in ${left//,/ }; do kill -KILL "$p" 2>/dev/null || true; done
+    for _ in $(seq 1 30); do [[ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ]] && break; sleep 2; done
+    note "checkpoints on disk: $(find checkpoints -mindepth 3 -maxdepth 3 -path "*/$name/global_step_*" -printf '%f ' 2>/dev/null)"
+    mv "$dir/train.log" "$dir/train.before-kill.log"
+    cp "$dir/started" "$dir/started.before-kill"
+    "$0" start "$name" "$steps" "${args[@]}"
+    note "second start (the same command): step $(( $(logged) + 1 )) logged $(wait_step $(( $(logged) + 1 ))) s after the start"
+    grep -m1 "calcx train: resuming\|calcx train: starting" "$dir/train.log" | cut -c1-600 | tee -a "$dir/kill.log"
+    while kill -0 "$(cat "$dir/pid")" 2>/dev/null; do sleep 5; done
+    date +%s > "$dir/ended"
+    note "ended: $(logged) steps in metrics.jsonl; $(grep -h "checkpoint of step" "$dir/train.before-kill.log" "$dir/train.log" | sed 's/.*calcx: //' | tr '\n' ';')"
+    note "checkpoints on disk: $(du -sh checkpoints/*/"$name"/global_step_* 2>/dev/null | tr '\t\n' ' ;'); disk: $(df -h . | awk 'NR==2 {print $3 " used, " $4 " free"}')"
+    calcx ledger --db "$dir/services/calcx.db" --run "$name" --batch-rollouts 128 --show-queries > "$dir/ledger.md" 2>&1 || true
+    cat "$dir/ledger.md"
     ;;
   launch)
     # the campaign in its own session, so that it outlives the command that starts it
@@ -228,7 +283,8 @@ case "$stage" in
       cp "$RESULTS/machine.txt" "$dir/" 2>/dev/null || true
       kept=()
       for f in metrics.jsonl train.log steps.md eval.md report.md reward_curve.png incomplete_groups.jsonl \
-               machine.txt started ended; do
+               machine.txt started ended kill.log ledger.md train.before-kill.log started.before-kill \
+               superseded; do
         if [[ -e "$dir/$f" ]]; then kept+=("$f"); fi
       done
       (cd "$dir" && tar -czf "$out/$name.tar.gz" --ignore-failed-read "${kept[@]}")

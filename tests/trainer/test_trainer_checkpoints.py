@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from calcx.trainer.checkpoints import MARKER, is_complete, mark_after_save, newest_complete, write_marker
+import pytest
+
+from calcx.trainer.checkpoints import MARKER, is_complete, mark_after_save, newest_complete, prune_older, write_marker
 
 
 def verl_save(root: Path, step: int) -> Path:
@@ -94,3 +96,34 @@ def test_a_save_killed_part_way_is_never_chosen(tmp_path: Path) -> None:
     assert not (tmp_path / "global_step_6" / MARKER).exists()
     chosen = newest_complete(tmp_path)
     assert chosen is not None and chosen.step == 4
+
+
+def test_a_whole_save_removes_what_is_older_than_the_newest_kept_ones_across_restarts(tmp_path: Path) -> None:
+    # steps 2 and 4 were saved by a trainer that died; 5 is its half-written save; this trainer saves 6
+    for step in (2, 4):
+        write_marker(verl_save(tmp_path, step), step, 1.0)
+    (tmp_path / "global_step_5" / "actor").mkdir(parents=True)
+    trainer = SimpleNamespace(global_steps=6)
+    trainer._save_checkpoint = lambda: verl_save(tmp_path, trainer.global_steps)
+    mark_after_save(trainer, lambda: tmp_path, keep=2)
+    trainer._save_checkpoint()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["global_step_4", "global_step_5", "global_step_6"]
+    trainer.global_steps = 8
+    trainer._save_checkpoint()
+    # only whole ones count toward `keep`; what is older than the oldest kept goes, whole or not
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["global_step_6", "global_step_8"]
+    assert (found := newest_complete(tmp_path)) is not None and found.step == 8
+
+
+def test_nothing_is_removed_while_the_newest_save_is_not_whole(tmp_path: Path) -> None:
+    write_marker(verl_save(tmp_path, 3), 3, 1.0)
+    verl_save(tmp_path, 6)  # no marker: a save that never returned
+    assert prune_older(tmp_path, 1) == []
+    assert (found := newest_complete(tmp_path)) is not None and found.step == 3
+    assert prune_older(tmp_path, None) == []
+
+
+@pytest.mark.parametrize("keep", [0, -1, True, 1.5, "2"])
+def test_keep_must_be_a_whole_number_of_at_least_one(tmp_path: Path, keep: object) -> None:
+    with pytest.raises(ValueError, match="keep_checkpoints"):
+        prune_older(tmp_path, keep)  # type: ignore[arg-type]

@@ -86,6 +86,21 @@ def test_an_asynchronous_save_is_refused(tmp_path: Path) -> None:
         plan_resume(_cfg(tmp_path, "actor_rollout_ref.actor.checkpoint.async_save=true"), tmp_path)
 
 
+@pytest.mark.parametrize("setting", ["trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=2",
+                                     "+trainer.remove_previous_ckpt_in_save=true", "calcx.keep_checkpoints=0",
+                                     "calcx.keep_checkpoints=two"])
+def test_checkpoint_retention_other_than_calcxs_own_is_refused_before_anything_starts(tmp_path: Path,
+                                                                                    setting: str) -> None:
+    with pytest.raises(ValueError, match="keep_checkpoints"):
+        plan_resume(_cfg(tmp_path, setting), tmp_path)
+
+
+def test_the_default_keeps_two_whole_checkpoints(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    assert cfg.calcx.keep_checkpoints == 2
+    plan_resume(cfg, tmp_path)  # accepted as it is
+
+
 def test_rows_after_the_checkpoint_are_set_aside_not_lost(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": {"x": s}}) + "\n"
                                                     for s in (0, 1, 2, 3, 4, 3)))

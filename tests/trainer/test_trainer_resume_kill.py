@@ -23,6 +23,7 @@ import pytest
 
 from calcx.contract.ready import STUB_LLM_READY
 from calcx.procs.managed import ManagedProcess
+from calcx.server.ledger_audit import audit
 from calcx.trainer.server_key import remove_key_file, write_key_file
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
 from live_stack import SERVICES_PYTHON, needs_services
@@ -32,20 +33,6 @@ pytestmark = [needs_services, pytest.mark.timeout(600)]
 RUN = "resume-kill"
 PROBLEMS, BATCH, N, STEPS, SAVE_FREQ = 8, 2, 2, 8, 2  # 4 steps an epoch, 2 epochs, a checkpoint every 2 steps
 DRIVER = Path(__file__).with_name("resume_driver.py")
-
-#: docs/resume.md: each rollout trained at most once into the run's surviving weights (no rows)
-TRAINED_TWICE = """
-SELECT rollout_id, COUNT(*) FROM trained WHERE rolled_back_at IS NULL GROUP BY rollout_id HAVING COUNT(*) > 1
-"""
-#: docs/resume.md: the surviving steps, their rollouts, groups and whether each trained attempt succeeded
-STEP_BATCHES = """
-SELECT t.step, COUNT(*), COUNT(DISTINCT json_extract(r.spec, '$.group_id')),
-       SUM(a.state = 'SUCCEEDED' AND json_extract(r.spec, '$.labels.run') = t.run)
-FROM trained t JOIN rollouts r ON r.rollout_id = t.rollout_id
-JOIN attempts a ON a.rollout_id = t.rollout_id AND a.attempt_no = t.attempt_no
-WHERE t.run = ? AND t.rolled_back_at IS NULL GROUP BY t.step ORDER BY t.step
-"""
-
 
 @pytest.fixture
 def stack(tmp_path: Path):
@@ -145,14 +132,13 @@ def test_killed_at_each_phase_the_run_resumes_and_trains_each_rollout_once(stack
     assert "half-written checkpoint(s) removed: global_step_6" in line
     assert "driver: finished" in last
 
+    ledger = audit(stack["services"].workdir / "calcx.db", RUN)  # what `calcx ledger` reports
+    assert ledger.check(BATCH * N) == []
+    assert ledger.trained_twice == []
+    assert ledger.steps == [(step, BATCH * N, BATCH, BATCH * N) for step in range(1, STEPS + 1)]
+    assert ledger.rolled_back == [(5, BATCH * N), (6, BATCH * N)]
+    assert ledger.in_flight == 0
     with sqlite3.connect(stack["services"].workdir / "calcx.db") as db:
-        assert db.execute(TRAINED_TWICE).fetchall() == []
-        batches = db.execute(STEP_BATCHES, (RUN,)).fetchall()
-        assert batches == [(step, BATCH * N, BATCH, BATCH * N) for step in range(1, STEPS + 1)]
-        rolled_back = db.execute("SELECT step, COUNT(*) FROM trained WHERE rolled_back_at IS NOT NULL "
-                                 "GROUP BY step ORDER BY step").fetchall()
-        assert rolled_back == [(5, BATCH * N), (6, BATCH * N)]
-        assert db.execute("SELECT COUNT(*) FROM rollouts WHERE state IN ('QUEUED', 'RUNNING')").fetchone() == (0,)
         # each group of a surviving step trained all n of its rollouts
         groups = db.execute(
             "SELECT json_extract(r.spec, '$.group_id'), COUNT(*) FROM trained t JOIN rollouts r USING (rollout_id) "

@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "warmup": ("calcx.trainer.warmup", "supervised warm-up on tool-use traces with verl's SFT trainer (needs a CUDA GPU)"),
     "anchor": ("calcx.anchor.cli", "the step-time anchor: verl's own ToolAgentLoop, calculator in-process"),
     "profile-step": ("calcx.trainer.step_profile", "time and profile one GRPO step's GPU work, lever by lever"),
+    "ledger": ("calcx.server.ledger_audit", "check a run's training ledger: each rollout trained at most once, steps whole"),
     "k8s": ("calcx.k8s.build", "render and validate the Kubernetes manifests"),
     "model": ("calcx.model.__main__", "convert a GGUF file into a Hugging Face model directory"),
 }

@@ -8,6 +8,11 @@ on `int(b"")`). So calcx never reads the tracker: the task runner writes `calcx_
 into the step's directory once `_save_checkpoint` has returned (written to a temporary name, made
 durable, then renamed: a kill leaves either no marker or a whole one), and a resume loads the
 newest directory that holds one.
+
+calcx also keeps the number of checkpoints bounded (`calcx.keep_checkpoints`): verl's own
+`max_actor_ckpt_to_keep` remembers only what the running trainer saved (a restarted one never
+removes the checkpoints of the run before it) and removes the older actor right after the new
+actor's shards, before the new step's save is whole, so a kill in between leaves no whole one.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,9 +101,35 @@ def write_marker(path: Path, step: int, seconds: float) -> dict[str, Any]:
     return marker
 
 
-def mark_after_save(trainer: Any, root: Callable[[], Path]) -> None:
+def check_keep(keep: Any) -> int | None:
+    """`calcx.keep_checkpoints` as given, or a clear error: a whole number >= 1, or null (keep all)."""
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise ValueError(f"calcx.keep_checkpoints must be a whole number >= 1 or null (keep all), not {keep!r}")
+    return keep
+
+
+def prune_older(root: Path, keep: int | None) -> list[Path]:
+    """Remove the step directories older than the newest `keep` whole checkpoints (whole or not:
+    nothing resumes from them); None keeps every one. Returns what was removed, oldest first."""
+    if check_keep(keep) is None:
+        return []
+    assert keep is not None
+    whole = [step for step, path in step_dirs(root) if is_complete(step, path)]
+    if len(whole) <= keep:
+        return []
+    oldest_kept = whole[-keep]
+    removed = []
+    for step, path in step_dirs(root):
+        if step < oldest_kept:
+            shutil.rmtree(path)
+            removed.append(path)
+    return removed
+
+
+def mark_after_save(trainer: Any, root: Callable[[], Path], keep: int | None = None) -> None:
     """Make verl's `trainer._save_checkpoint()` write the marker once it returned (the step is
-    `trainer.global_steps`, the directory `root()/global_step_N`)."""
+    `trainer.global_steps`, the directory `root()/global_step_N`), then remove what is older than
+    the newest `keep` whole checkpoints."""
     save: Callable[[], Any] = trainer._save_checkpoint
 
     def save_then_mark() -> Any:
@@ -107,6 +139,10 @@ def mark_after_save(trainer: Any, root: Callable[[], Path]) -> None:
         marker = write_marker(root() / f"global_step_{step}", step, time.monotonic() - started)
         log.warning("calcx: checkpoint of step %d complete (%.1f s, %d files, %d bytes)", step,
                     marker["save_seconds"], marker["files"], marker["bytes"])
+        removed = prune_older(root(), keep)
+        if removed:
+            log.warning("calcx: older checkpoint(s) removed (calcx.keep_checkpoints=%d): %s", keep,
+                        ", ".join(p.name for p in removed))
         return result
 
     trainer._save_checkpoint = save_then_mark

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from calcx.trainer.checkpoints import Checkpoint, is_complete, newest_complete, step_dirs
+from calcx.trainer.checkpoints import Checkpoint, check_keep, is_complete, newest_complete, step_dirs
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,13 @@ def plan_resume(cfg: DictConfig, report_dir: Path) -> ResumePlan:
     if OmegaConf.select(cfg, "actor_rollout_ref.actor.checkpoint.async_save", default=False):
         raise ValueError("actor_rollout_ref.actor.checkpoint.async_save=true: calcx resumes only from checkpoints "
                          "whose save finished, which an asynchronous save does not tell; leave it false")
+    for key in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep"):
+        if OmegaConf.select(cfg, f"trainer.{key}", default=None) is not None:
+            raise ValueError(f"trainer.{key} is set: verl removes the older checkpoint before the newer one is whole "
+                             "and forgets the checkpoints of a restarted run; use calcx.keep_checkpoints")
+    if OmegaConf.select(cfg, "trainer.remove_previous_ckpt_in_save", default=False):
+        raise ValueError("trainer.remove_previous_ckpt_in_save=true: use calcx.keep_checkpoints=1 instead")
+    check_keep(OmegaConf.select(cfg, "calcx.keep_checkpoints", default=None))
     root = checkpoint_root(cfg)
     run = str(cfg.calcx.get("run") or "")
     mode = str(cfg.trainer.resume_mode)

@@ -92,7 +92,8 @@ class CalcxTaskRunnerBase(_VerlTaskRunner):  # type: ignore[misc,valid-type]
         # verl's runner calls this right after the trainer (and its replay buffer) is built, before fit()
         install_appending_file_logger()  # a resumed run's metrics continue the file
         checkpoints = Path(str(self.config.trainer.default_local_dir))
-        mark_after_save(self.trainer, lambda: checkpoints)  # a save that returned is marked whole
+        keep = OmegaConf.select(self.config, "calcx.keep_checkpoints", default=None)
+        mark_after_save(self.trainer, lambda: checkpoints, keep)  # a save that returned is marked whole
         set_replay_poll(self.trainer.replay_buffer, OmegaConf.select(self.config, "calcx.replay_poll_s", default=None))
         report_dir = OmegaConf.select(self.config, "calcx.report_dir", default=None)
         if report_dir:  # the AgentLoop sessions write each rollout's tool use there
