@@ -110,7 +110,9 @@ async def run_batch(server_url: str, key: str, rows: list[dict[str, Any]], group
     try:
         request = time.time()
         await asyncio.gather(*(session(s) for s in specs))
-        marks, spans, states = [], [], {}
+        marks: list[dict[str, float]] = []
+        spans: list[tuple[float, float]] = []
+        states: dict[str, int] = {}
         for spec in specs:
             rid = spec.own_rollout_id()
             rollout = await client.get_rollout(rid)
