@@ -28,6 +28,7 @@ from calcx.stub_llm.app import create_app
 from calcx.common.serving import ThreadedServer
 
 RUN_TIMEOUT_S = 60  # the whole-run deadline of these agents; every failure here must come well before it
+START_TIMEOUT_S = 60.0  # a calculator's start and handshake on a loaded machine (a test sandbox's interpreter)
 SLOW_S = 3.0
 
 # An MCP server whose `calculate` tool never answers (it lists its tools normally).
@@ -296,7 +297,7 @@ def test_first_model_call_is_sent_before_the_calculator_starts(counted_stub, eve
 
 def test_the_announced_tool_schema_is_what_the_real_calculator_lists():
     async def scenario() -> list:
-        workbench = make_workbench(_config())
+        workbench = make_workbench(dataclasses.replace(_config(), calculator_timeout_s=START_TIMEOUT_S))
         try:
             return await workbench.open()
         finally:
@@ -307,14 +308,15 @@ def test_the_announced_tool_schema_is_what_the_real_calculator_lists():
 
 def test_a_calculator_listing_other_tools_fails_the_run():
     other = HANGING_CALCULATOR.replace("    'Calculates/evaluates the given expression.'\n", "")
-    config = dataclasses.replace(_config(), calculator_command=(sys.executable, "-c", other))
+    config = dataclasses.replace(_config(), calculator_command=(sys.executable, "-c", other),
+                                 calculator_timeout_s=START_TIMEOUT_S)
 
     async def scenario() -> str:
         workbench = make_workbench(config)
         workbench.open_soon()
         try:
             with pytest.raises(CalculatorFailed) as failed:
-                await asyncio.wait_for(workbench.opened(), 30)
+                await asyncio.wait_for(workbench.opened(), 2 * START_TIMEOUT_S)
             return failed.value.detail
         finally:
             await workbench.stop()

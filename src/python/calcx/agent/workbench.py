@@ -108,7 +108,7 @@ class CalculatorWorkbench(McpWorkbench):
     # -- lifecycle --------------------------------------------------------------------------
     async def open(self) -> List[ToolSchema]:
         """Start the calculator, list its tools and watch its process; CalculatorFailed if it
-        cannot start (before any model call)."""
+        cannot start (the agent runs this in the background: :meth:`open_soon`)."""
         try:
             await self.start()
             tools = await self._until_failure(super().list_tools())
