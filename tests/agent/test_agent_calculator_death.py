@@ -1,5 +1,6 @@
 """A calculator that dies or hangs in the middle of a rollout fails it as calculator_failed (exit 11)
 promptly, never as a timeout at the run deadline, and model mistakes still go back to the model.
+The first model call does not wait for the calculator to start; tool calls do.
 
 Real processes throughout: the agent, the MCP calculator it starts, the stub LLM.
 """
@@ -7,6 +8,7 @@ Real processes throughout: the agent, the MCP calculator it starts, the stub LLM
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -21,10 +23,12 @@ from agent_harness import AgentRun, EventLog, agent_env, kill_group, start_agent
 from calcx.agent.config import AgentConfig
 from calcx.agent.failures import CalculatorFailed
 from calcx.agent.rollout import make_workbench
+from calcx.agent.workbench import CALCULATOR_TOOLS
 from calcx.stub_llm.app import create_app
 from calcx.common.serving import ThreadedServer
 
 RUN_TIMEOUT_S = 60  # the whole-run deadline of these agents; every failure here must come well before it
+START_TIMEOUT_S = 60.0  # a calculator's start and handshake on a loaded machine (a test sandbox's interpreter)
 SLOW_S = 3.0
 
 # An MCP server whose `calculate` tool never answers (it lists its tools normally).
@@ -35,10 +39,21 @@ server = FastMCP("hanging-calculator")
 
 @server.tool()
 def calculate(expression: str) -> str:
+    'Calculates/evaluates the given expression.'
     time.sleep(600)
     return "0"
 
 server.run(transport="stdio")
+"""
+
+# The real calculator, started only once the file named by argv[1] exists (at most 60 s later).
+GATED_CALCULATOR = """
+import os, runpy, sys, time
+gate, deadline = sys.argv[1], time.monotonic() + 60
+while not os.path.exists(gate) and time.monotonic() < deadline:
+    time.sleep(0.02)
+sys.argv = sys.argv[:1]
+runpy.run_module("calcx.agent.calculator", run_name="__main__")
 """
 
 
@@ -157,8 +172,11 @@ def test_calculator_killed_while_the_model_thinks_exits_11_at_once(counted_stub,
             kill_group(run.proc)
             run.proc.wait(10)
     assert_calculator_failed(run, event_log)
-    # The exit status is named when it can still be read (the event loop's child watcher may reap first).
-    assert f"calculator process (pid {calculators[0]})" in run.last_stderr_line
+    # Killed after its start, the watch names the process (and its exit status when it can still be
+    # read); killed during its start (the first model call does not wait for it), the MCP connection
+    # closes: either way the calculator's failure, at once.
+    line = run.last_stderr_line
+    assert f"calculator process (pid {calculators[0]})" in line or "calculator connection closed" in line, line
     assert after_kill < 5.0, f"the calculator's death took {after_kill:.1f} s to fail the run"
     # The run ended during the first model call: the tool was never called, no second model turn.
     arrivals.wait_idle(SLOW_S + 10)
@@ -251,3 +269,56 @@ def test_workbench_watch_fails_the_run_when_the_calculator_dies_mid_run():
     assert detail.startswith("calculator process (pid ") and ("exited" in detail or "signal 9" in detail)
     # noticed at once (~0.3 s here), not after the 60 s call it guards: 30 s still tells them apart
     assert seconds < 30.0
+
+
+def test_first_model_call_is_sent_before_the_calculator_starts(counted_stub, event_server, event_log, tmp_path):
+    stub, _ = counted_stub
+    gate = tmp_path / "gate"
+    env = run_env(stub.url, event_server.url, "calc_gated", "What is 7 * 8?", "56",
+                  CALCX_CALCULATOR_CMD=json.dumps([sys.executable, "-c", GATED_CALCULATOR, str(gate)]))
+    run = start_agent("calc_gated", env)
+    try:
+        deadline = time.monotonic() + 45  # well before the gate gives up waiting (60 s)
+        while not [e for e in stub.app.state.log if "What is 7 * 8?" in e["question"] and e["kind"] == "tool_call"]:
+            assert run.proc.poll() is None and time.monotonic() < deadline, "no model call while the calculator waited"
+            time.sleep(0.02)
+        assert run.proc.poll() is None
+        gate.touch()  # only now can the calculator start and answer its handshake
+        run.wait(RUN_TIMEOUT_S + 30)
+    finally:
+        if run.proc.poll() is None:
+            kill_group(run.proc)
+            run.proc.wait(10)
+    assert run.returncode == 0, run.stderr[-3000:]
+    # the stub answers with the tool's result: reward 1 means the real calculator computed 56
+    assert json.loads(run.stdout.strip().splitlines()[-1])["reward"] == 1.0
+    assert len(event_log.for_path("/ok/calc_gated")) == 1
+
+
+def test_the_announced_tool_schema_is_what_the_real_calculator_lists():
+    async def scenario() -> list:
+        workbench = make_workbench(dataclasses.replace(_config(), calculator_timeout_s=START_TIMEOUT_S))
+        try:
+            return await workbench.open()
+        finally:
+            await workbench.stop()
+
+    assert asyncio.run(scenario()) == CALCULATOR_TOOLS
+
+
+def test_a_calculator_listing_other_tools_fails_the_run():
+    other = HANGING_CALCULATOR.replace("    'Calculates/evaluates the given expression.'\n", "")
+    config = dataclasses.replace(_config(), calculator_command=(sys.executable, "-c", other),
+                                 calculator_timeout_s=START_TIMEOUT_S)
+
+    async def scenario() -> str:
+        workbench = make_workbench(config)
+        workbench.open_soon()
+        try:
+            with pytest.raises(CalculatorFailed) as failed:
+                await asyncio.wait_for(workbench.opened(), 2 * START_TIMEOUT_S)
+            return failed.value.detail
+        finally:
+            await workbench.stop()
+
+    assert "not the announced" in asyncio.run(scenario())

@@ -161,9 +161,10 @@ def test_http_500_exits_10_after_retries(runs, event_log, stub_server):
     assert [e["kind"] for e in log] == ["error500", "error500"]  # first try + CALCX_MODEL_MAX_RETRIES=1
 
 
-def test_dead_calculator_exits_11_before_any_model_call(runs, event_log, stub_server):
+def test_dead_calculator_exits_11(runs, event_log):
+    # The first model call may be under way when the calculator's start fails (it does not wait
+    # for the calculator); the rollout still fails as the calculator's fault, with no reward.
     assert_failed(runs["calc_dead"], event_log, 11, "calculator_failed")
-    assert not [e for e in stub_server.app.state.log if "[calc_dead]" in e["question"]]
 
 
 def test_hung_calculator_exits_11(runs, event_log):

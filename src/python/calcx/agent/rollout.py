@@ -89,6 +89,10 @@ def last_text(messages: list[Any]) -> str:
 
 
 async def _stop_workbench(workbench: CalculatorWorkbench) -> None:
+    try:
+        await workbench.cancel_opening()
+    except BaseException as exc:  # noqa: BLE001 - cleanup must not mask the rollout's outcome
+        log.debug("abandoning the calculator's start failed: %r", exc)
     actor = workbench._actor
     try:
         if actor is not None:
@@ -109,7 +113,10 @@ async def solve(config: AgentConfig) -> str:
     model_client = make_model_client(config)
     workbench = make_workbench(config)
     try:
-        await workbench.open()  # fails fast when the calculator cannot start
+        # The calculator starts while the first model call is under way: that call announces
+        # the calculator's fixed tool schema, tool calls wait for the start, and a start that
+        # fails ends the run (the guard) or, if no tool was called, fails it at the end.
+        workbench.open_soon()
         agent = AssistantAgent(
             name="calc_agent",
             model_client=model_client,
@@ -121,6 +128,7 @@ async def solve(config: AgentConfig) -> str:
             # The guard ends the run as soon as the calculator fails, even while a model call or
             # tool call is waiting (a failure raised inside AutoGen's tool task would be lost).
             result = await workbench.guard(agent.run(task=build_task(config.question)))
+            await workbench.opened()
         except AgentFailure:
             raise
         except Exception as exc:

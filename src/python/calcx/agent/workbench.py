@@ -19,6 +19,11 @@ Two traps make a plain ``raise`` from ``call_tool`` not enough:
   timeout. So the workbench watches the calculator process itself
   (:mod:`calcx.agent.process_watch`): its exit fails the run at once, a model
   call in flight included.
+
+The first model call does not wait for the calculator: :meth:`CalculatorWorkbench.open_soon`
+starts it in the background and, until it has listed its tools, the agent announces
+:data:`CALCULATOR_TOOLS` (the ``calculate`` tool's fixed schema). A tool call waits for the start;
+a calculator that cannot start, or that lists other tools, fails the run as before.
 """
 
 from __future__ import annotations
@@ -52,6 +57,20 @@ _TRANSPORT_ERRORS = (
 )
 _REQUEST_TIMEOUT = 408
 
+#: What the calculator's ``list_tools`` answers (checked against it once it has started).
+CALCULATOR_TOOLS: List[ToolSchema] = [
+    ToolSchema(
+        name="calculate",
+        description="Calculates/evaluates the given expression.",
+        parameters={
+            "type": "object",
+            "properties": {"expression": {"title": "Expression", "type": "string"}},
+            "required": ["expression"],
+            "additionalProperties": False,
+        },
+    )
+]
+
 
 def transport_failure(exc: BaseException) -> str | None:
     """A description when ``exc`` means the calculator itself failed, else None."""
@@ -84,14 +103,15 @@ class CalculatorWorkbench(McpWorkbench):
         self._watch: ProcessWatch | None = None
         self._guarded = False
         self._parked: set[asyncio.Task[Any]] = set()
+        self._opening: asyncio.Task[List[ToolSchema]] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
     async def open(self) -> List[ToolSchema]:
         """Start the calculator, list its tools and watch its process; CalculatorFailed if it
-        cannot start (before any model call)."""
+        cannot start (the agent runs this in the background: :meth:`open_soon`)."""
         try:
             await self.start()
-            tools = await self.list_tools()
+            tools = await self._until_failure(super().list_tools())
         except CalculatorFailed:
             raise
         except Exception as exc:
@@ -105,9 +125,35 @@ class CalculatorWorkbench(McpWorkbench):
             self._watch = ProcessWatch(pid, self._fail)
         return tools
 
+    def open_soon(self) -> None:
+        """Start :meth:`open` in the background, so that the first model call need not wait for
+        the calculator; its failure wakes :meth:`guard` like any other calculator failure."""
+        if self._opening is None:
+            self._opening = asyncio.ensure_future(self._open_checked())
+            self._opening.add_done_callback(_retrieve)
+
+    async def _open_checked(self) -> List[ToolSchema]:
+        tools = await self.open()
+        if tools != CALCULATOR_TOOLS:
+            raise self._fail(f"calculator lists tools {tools!r}, not the announced {CALCULATOR_TOOLS!r}")
+        return tools
+
+    async def opened(self) -> None:
+        """Wait until the calculator started by :meth:`open_soon` is up; CalculatorFailed if not."""
+        if self._opening is not None:
+            await self._until_failure(asyncio.shield(self._opening))
+
     async def stop(self) -> None:
         self.unwatch()  # stopping the calculator on purpose is not a failure
+        await self.cancel_opening()
         await super().stop()
+
+    async def cancel_opening(self) -> None:
+        """Abandon a background start still under way (the run ended first)."""
+        opening = self._opening
+        if opening is not None and not opening.done():
+            opening.cancel()
+            await asyncio.wait({opening}, timeout=5.0)
 
     def unwatch(self) -> None:
         if self._watch is not None:
@@ -187,6 +233,10 @@ class CalculatorWorkbench(McpWorkbench):
 
     # -- tools ------------------------------------------------------------------------------
     async def list_tools(self) -> List[ToolSchema]:
+        if self._opening is not None:
+            if self.failure is not None:
+                await self._give_up()
+            return list(CALCULATOR_TOOLS)  # the start checks the calculator lists exactly these
         try:
             return await self._until_failure(super().list_tools())
         except CalculatorFailed:
@@ -204,6 +254,7 @@ class CalculatorWorkbench(McpWorkbench):
     ) -> ToolResult:
         if self.failure is not None:
             await self._give_up()
+        await self.opened()
         if self._actor is None:
             self._fail("calculator session is not running")
             await self._give_up()
@@ -233,3 +284,9 @@ class CalculatorWorkbench(McpWorkbench):
             else:
                 parts.append(TextResultContent(content=content.model_dump_json()))
         return ToolResult(name=name, result=parts, is_error=bool(result.isError))
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a background start's outcome as seen (its failure is recorded in ``failure``)."""
+    if not task.cancelled():
+        task.exception()
