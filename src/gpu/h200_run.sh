@@ -36,7 +36,7 @@
 # torchvision and torchaudio out and appends that directory after its own packages).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-WORK="${WORK:-$HOME/calcx-gpu}"
+WORK="$(mkdir -p "${WORK:-$HOME/calcx-gpu}" && cd "${WORK:-$HOME/calcx-gpu}" && pwd)"
 RESULTS="${RESULTS:-$WORK/results}"
 IN="$WORK/in"
 PEX="$WORK/calcx-gpu.pex"
@@ -174,6 +174,9 @@ case "$stage" in
     model="$MODEL"
     [[ "$name" == anchor ]] && { cmd=(anchor train); run="$ANCHOR_RUN_NAME"; profile="$ANCHOR_PROFILE"; }
     [[ "$name" == tooluse ]] && { model="$WARMUP_DIR/model"; profile="$TOOLUSE_PROFILE"; }
+    # in $WORK, not in the checkout the script is run from: verl's checkpoints (checkpoints/PROJECT/RUN)
+    # and the trainer's other working files stay out of a tree that may be refreshed during the run
+    cd "$WORK"
     setsid nohup env PEX_EXTRA_SYS_PATH="$torch" "$PYTHON" "$PEX" "${cmd[@]}" \
       --model "$model" --train-file "$IN/gsm8k/train.parquet" --val-file "$IN/gsm8k/test.parquet" \
       --run-name "$run" --profile "$profile" "${flags[@]}" "calcx.report_dir=$dir" \
@@ -212,16 +215,20 @@ case "$stage" in
     note "20 s after the kill: $(wc -w <<< "${left//,/ }") descendant(s) alive${left:+ ($(ps -o comm= -p "$left" 2>/dev/null | sort | uniq -c | tr -s ' \n' ' '))}; GPU: $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tr '\n' ';')"
     for p in ${left//,/ }; do kill -KILL "$p" 2>/dev/null || true; done
     for _ in $(seq 1 30); do [[ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ]] && break; sleep 2; done
-    note "checkpoints on disk: $(find checkpoints -mindepth 3 -maxdepth 3 -path "*/$name/global_step_*" -printf '%f ' 2>/dev/null)"
+    note "checkpoints on disk: $(find "$WORK/checkpoints" -mindepth 3 -maxdepth 3 -path "*/$name/global_step_*" -printf '%f ' 2>/dev/null)"
     mv "$dir/train.log" "$dir/train.before-kill.log"
     cp "$dir/started" "$dir/started.before-kill"
     "$0" start "$name" "$steps" "${args[@]}"
-    note "second start (the same command): step $(( $(logged) + 1 )) logged $(wait_step $(( $(logged) + 1 ))) s after the start"
-    grep -m1 "calcx train: resuming\|calcx train: starting" "$dir/train.log" | cut -c1-600 | tee -a "$dir/kill.log"
+    # the steps the metrics file keeps are known once the start has set aside the rows after its checkpoint
+    plan='calcx train: resuming\|calcx train: starting'
+    while ! grep -q "$plan" "$dir/train.log" 2>/dev/null && kill -0 "$(cat "$dir/pid")" 2>/dev/null; do sleep 2; done
+    grep -m1 "$plan" "$dir/train.log" | cut -c1-600 | tee -a "$dir/kill.log"
+    next=$(( $(logged) + 1 ))
+    note "second start (the same command): step $next logged $(wait_step "$next") s after the start (no validation before it)"
     while kill -0 "$(cat "$dir/pid")" 2>/dev/null; do sleep 5; done
     date +%s > "$dir/ended"
     note "ended: $(logged) steps in metrics.jsonl; $(grep -h "checkpoint of step" "$dir/train.before-kill.log" "$dir/train.log" | sed 's/.*calcx: //' | tr '\n' ';')"
-    note "checkpoints on disk: $(du -sh checkpoints/*/"$name"/global_step_* 2>/dev/null | tr '\t\n' ' ;'); disk: $(df -h . | awk 'NR==2 {print $3 " used, " $4 " free"}')"
+    note "checkpoints on disk: $(du -sh "$WORK"/checkpoints/*/"$name"/global_step_* 2>/dev/null | tr '\t\n' ' ;'); disk: $(df -h "$WORK" | awk 'NR==2 {print $3 " used, " $4 " free"}')"
     calcx ledger --db "$dir/services/calcx.db" --run "$name" --batch-rollouts 128 --show-queries > "$dir/ledger.md" 2>&1 || true
     cat "$dir/ledger.md"
     ;;

@@ -26,7 +26,8 @@ def verl_save(root: Path, step: int) -> Path:
     return folder
 
 
-def test_the_marker_is_written_after_the_save_returned_and_says_its_cost(tmp_path: Path) -> None:
+def test_the_marker_is_written_after_the_save_returned_and_says_its_cost(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     trainer = SimpleNamespace(global_steps=4)
     seen: list[bool] = []
 
@@ -40,6 +41,8 @@ def test_the_marker_is_written_after_the_save_returned_and_says_its_cost(tmp_pat
     assert trainer._save_checkpoint() == "saved"
     assert seen == [False]  # no marker while verl was still saving
     marker = json.loads((tmp_path / "global_step_4" / MARKER).read_text())
+    assert f"calcx train: checkpoint of step 4 complete ({marker['save_seconds']:.1f} s, {marker['files']} files, " \
+           f"{marker['bytes']} bytes)" in capsys.readouterr().out  # on the driver's log, as the step lines are
     assert (marker["step"], marker["files"], marker["bytes"]) == (4, 2, 1010)
     assert marker["save_seconds"] >= 0
     assert newest_complete(tmp_path).step == 4  # type: ignore[union-attr]

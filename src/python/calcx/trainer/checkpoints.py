@@ -18,7 +18,6 @@ actor's shards, before the new step's save is whole, so a kill in between leaves
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shutil
@@ -27,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-log = logging.getLogger(__name__)
 
 MARKER = "calcx_complete.json"
 STEP_DIR = re.compile(r"^global_step_(\d{1,9})$")
@@ -137,12 +135,13 @@ def mark_after_save(trainer: Any, root: Callable[[], Path], keep: int | None = N
         result = save()
         step = int(trainer.global_steps)
         marker = write_marker(root() / f"global_step_{step}", step, time.monotonic() - started)
-        log.warning("calcx: checkpoint of step %d complete (%.1f s, %d files, %d bytes)", step,
-                    marker["save_seconds"], marker["files"], marker["bytes"])
+        # printed, like the step lines: verl's Ray workers show a library's log records only at its level
+        print(f"calcx train: checkpoint of step {step} complete ({marker['save_seconds']:.1f} s, "
+              f"{marker['files']} files, {marker['bytes']} bytes)", flush=True)
         removed = prune_older(root(), keep)
         if removed:
-            log.warning("calcx: older checkpoint(s) removed (calcx.keep_checkpoints=%d): %s", keep,
-                        ", ".join(p.name for p in removed))
+            print(f"calcx train: older checkpoint(s) removed (calcx.keep_checkpoints={keep}): "
+                  + ", ".join(p.name for p in removed), flush=True)
         return result
 
     trainer._save_checkpoint = save_then_mark
