@@ -1,5 +1,6 @@
 """settle_group against a real server: a group is trained only when every member SUCCEEDED with
-a reward; one member without a reward leaves the whole group out (never trained short)."""
+a reward; one member without a reward leaves the whole group out (never trained short). And the
+labels a group's rollouts carry: their partition and step, read back from the server."""
 
 from __future__ import annotations
 
@@ -9,12 +10,10 @@ from pathlib import Path
 import pytest
 
 from calcx.api.client import AsyncCalcxClient, CalcxClient
-from calcx.api.models import Rollout
-from calcx.trainer.group import GroupSpec, settle_group
+from calcx.api.models import RUN_LABEL, Rollout
+from calcx.trainer.group import GroupSpec, RolloutOrigin, settle_group
 from calcx.trainer.translate import RolloutIncomplete
 from live_stack import needs_services, start_server
-
-pytestmark = needs_services
 
 KEY = "group-test-key-0123456789abcdef0123456789"
 
@@ -46,12 +45,31 @@ def _settle(tmp_path: Path, rewarded: set[int]) -> Rollout:
         server.stop()
 
 
+@needs_services
 def test_a_group_whose_members_all_have_rewards_settles(tmp_path: Path) -> None:
     own = _settle(tmp_path, rewarded={0, 1})
     assert own.rollout_id == _spec().own_rollout_id() and own.reward == 1.0
+    assert RolloutOrigin.of(own) == RolloutOrigin("train", 1)  # the labels it was created with, read back
 
 
+@needs_services
 def test_a_member_that_succeeded_without_a_reward_leaves_the_group_out(tmp_path: Path) -> None:
     with pytest.raises(RolloutIncomplete) as info:
         _settle(tmp_path, rewarded={0})
     assert info.value.reason == "group_incomplete" and "without a reward" in info.value.detail
+
+
+def _labelled(labels: dict[str, str]) -> Rollout:
+    return Rollout.model_validate({"rollout_id": "x", "row": {}, "state": "SUCCEEDED", "labels": labels,
+                                   "attempts": [], "created_at": 1.0})
+
+
+def test_a_rollouts_origin_is_read_back_from_its_labels() -> None:
+    origin = RolloutOrigin("train", 7)
+    assert origin.labels(None) == {"partition": "train", "step": "7"}
+    assert origin.labels("run-1")[RUN_LABEL] == "run-1"
+    assert RolloutOrigin.of(_labelled(origin.labels("run-1"))) == origin
+    assert RolloutOrigin.of(_labelled({})) is None  # not made by the trainer
+    assert RolloutOrigin.of(_labelled({"step": "3"})) is None
+    assert RolloutOrigin.of(_labelled({"partition": "val", "step": "7a"})) is None
+    assert RolloutOrigin.of(_labelled({"partition": "val", "step": "\u0667"})) is None  # a digit, but not ASCII

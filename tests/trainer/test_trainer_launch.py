@@ -14,7 +14,6 @@ import pytest
 from omegaconf import OmegaConf
 
 from calcx.trainer.config import ComposeRequest, ConfigError, compose, resolve_model_path
-from calcx.trainer.evaluation import eval_collection
 from calcx.trainer.services import CALCX_SRC, ServicesConfig, as_path_list, portable_sys_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,20 +81,6 @@ def test_interpreter_paths_and_agent_path_settings() -> None:
     cfg = OmegaConf.create({"services_python": "/nonexistent/python3"})
     with pytest.raises(ValueError, match="calcx.services_python"):
         ServicesConfig.from_calcx_section(cfg, Path("/tmp/x"))
-
-
-def test_eval_collection_takes_the_last_validation_step() -> None:
-    def r(rid: str, state: str, reward, source: str = "gsm8k") -> dict:
-        return {"rollout_id": rid, "state": state, "reward": reward, "row": {"source": source, "id": rid}}
-
-    rollouts = [r("calcx-val-s0-u1-0", "SUCCEEDED", 0.0), r("calcx-train-s1-u2-0", "SUCCEEDED", 1.0),
-                r("calcx-val-s10-u3-0", "SUCCEEDED", 1.0, "svamp"), r("calcx-val-s10-u4-0", "FAILED", None),
-                r("other", "SUCCEEDED", 1.0)]
-    c = eval_collection(rollouts)
-    assert c.step == 10 and [(x["source"], x["reward"]) for x in c.records] == [("svamp", 1.0)]
-    assert len(c.unscored) == 1 and "1 not scored (FAILED 1)" in c.note()
-    assert eval_collection(rollouts, step=0).records[0]["reward"] == 0.0
-    assert eval_collection([]).step is None
 
 
 def _port_open(url: str) -> bool:

@@ -1,7 +1,9 @@
-"""The server's HTTP API as one table: every endpoint, who calls it, its auth and its answer.
+"""The server's HTTP API as one table: every endpoint, who calls it, its auth, body and answer.
 
-`calcx.api.client` builds every request from this table, and tests hold the server's routes
-to it. Paths are templates: `{rid}` is a rollout id, `{aid}` an attempt id (quoted when filled).
+Both ends are built from this table: `calcx.api.client` sends every request through a row of it,
+and the server attaches each handler to a row (`calcx.server.routing`), which gives the route its
+method, path, audience and body model. Paths are templates: `{rid}` is a rollout id, `{aid}` an
+attempt id (quoted when filled).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class Auth(str, Enum):
 
 @dataclass(frozen=True)
 class Endpoint:
+    """One endpoint, declared once: the client calls through it and the server serves it."""
+
     name: str
     method: str
     path: str
@@ -67,6 +71,8 @@ class Endpoint:
     long_poll: bool = False
     #: a read timeout of its own instead of the client's
     timeout_s: float | None = None
+    #: an empty body stands for the request model's defaults
+    body_optional: bool = False
 
     def path_for(self, **params: str) -> str:
         return self.path.format(**{name: quote(str(value), safe="") for name, value in params.items()})
@@ -85,6 +91,7 @@ LIST_ROLLOUTS = Endpoint(
 GET_ROLLOUT = Endpoint("get_rollout", "GET", "/v1/rollouts/{rid}", Auth.SERVER_KEY, "tests, tools", None, Rollout)
 WAIT = Endpoint(
     "wait", "POST", "/v1/rollouts/{rid}/wait", Auth.SERVER_KEY, "trainer", WaitRequest, Rollout, long_poll=True,
+    body_optional=True,
 )
 RETRY = Endpoint("retry", "POST", "/v1/rollouts/{rid}/retry", Auth.SERVER_KEY, "trainer", None, Rollout)
 CANCEL = Endpoint(

@@ -1,8 +1,10 @@
-"""The calcx server as a FastAPI app: `create_app(settings)` wires the routers of
-calcx.server.routes to one shared state, the error answers, and the store's life.
+"""The calcx server as a FastAPI app: `create_app(settings)` serves every endpoint of
+calcx.api.endpoints with its handler from calcx.server.routes, on one shared state, with the
+error answers and the store's life.
 
-Handlers read and validate bodies themselves (size limit first, then JSON, then the pydantic
-model) so every refusal has the `{"error": {"code", "message"}}` shape and a cheap path.
+Bodies are read and validated by calcx.server.routing, not FastAPI (size limit first, then
+JSON, then the endpoint's pydantic model), so every refusal has the `{"error": {"code",
+"message"}}` shape and a cheap path.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from calcx.server.auth import Authenticator
 from calcx.server.errors import APIError, error_response
 from calcx.server.gateway import Gateway
 from calcx.server.metrics import ServerMetrics
-from calcx.server.routes import ROUTERS
-from calcx.server.routing import include_router
+from calcx.server.routes import ROUTES
+from calcx.server.routing import include_routes
 from calcx.server.service import RolloutService
 from calcx.server.settings import ServerSettings
 from calcx.server.state import ServerState
@@ -74,8 +76,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.state.calcx = state
     metrics.watch_store(lambda: service.db.rollouts.count_by_state())
     _install_error_handlers(app, metrics)
-    for router in ROUTERS:
-        include_router(app, router, state)
+    include_routes(app, ROUTES, state)
     return app
 
 

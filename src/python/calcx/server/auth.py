@@ -1,6 +1,7 @@
 """Bearer auth: the server key opens everything, an attempt token only its own attempt's URLs.
 
-Each router declares its audience once (`server_key` or `own_attempt`, calcx.server.routing).
+Each endpoint of `calcx.api.endpoints` names its `Auth`; `audience_for` turns it into the check
+that runs before the endpoint's handler (calcx.server.routing).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Callable
 
 from fastapi import Request
 
+from calcx.api.endpoints import Auth
 from calcx.api.tokens import AttemptScope, key_problem, verify_attempt_token
 from calcx.server.errors import APIError
 
@@ -76,7 +78,7 @@ class Authenticator:
             )
 
 
-#: Who may call a router's routes: checked before each handler runs; raises 401 or 403.
+#: Who may call an endpoint: checked before its handler runs; raises 401 or 403.
 Audience = Callable[[Authenticator, Request], None]
 
 
@@ -89,3 +91,14 @@ def own_attempt(auth: Authenticator, request: Request) -> None:
     """An agent: the attempt token of the `{rid}` and `{aid}` in the path (or the server key)."""
     params = request.path_params
     auth.require_attempt(request, params["rid"], params["aid"])
+
+
+def audience_for(auth: Auth) -> Audience | None:
+    """The check for an endpoint's declared `Auth` (None: open to anyone)."""
+    if auth is Auth.OPEN:
+        return None
+    if auth is Auth.SERVER_KEY:
+        return server_key
+    if auth is Auth.ATTEMPT:
+        return own_attempt
+    raise ValueError(f"no audience for {auth!r}")

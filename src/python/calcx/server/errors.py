@@ -7,6 +7,7 @@ before anything is parsed; malformed JSON is a 422 that says where it broke.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -14,6 +15,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+N = TypeVar("N", int, float)
 
 
 class APIError(Exception):
@@ -120,10 +122,7 @@ def query_int(name: str, raw: str | None, default: int, lo: int, hi: int) -> int
     """An integer query parameter in [lo, hi]; absent or empty gives `default`."""
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise APIError(422, "invalid_query", f"query parameter {name}={raw!r} must be an integer") from None
+    value = _parse_query(name, raw, int, "an integer")
     if not lo <= value <= hi:
         raise APIError(422, "invalid_query", f"query parameter {name}={value} must be between {lo} and {hi}")
     return value
@@ -133,10 +132,14 @@ def query_float(name: str, raw: str | None, default: float) -> float:
     """A finite number >= 0 from the query; absent or empty gives `default`."""
     if raw is None or raw == "":
         return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise APIError(422, "invalid_query", f"query parameter {name}={raw!r} must be a number") from None
+    value = _parse_query(name, raw, float, "a number")
     if not value >= 0 or value == float("inf"):
         raise APIError(422, "invalid_query", f"query parameter {name}={raw!r} must be a finite number >= 0")
     return value
+
+
+def _parse_query(name: str, raw: str, parse: Callable[[str], N], what: str) -> N:
+    try:
+        return parse(raw)
+    except ValueError:
+        raise APIError(422, "invalid_query", f"query parameter {name}={raw!r} must be {what}") from None

@@ -1,9 +1,10 @@
 """Validation results of a run, read back from the calcx server, and the `--eval-only` driver.
 
-Every validation rollout the AgentLoop creates is named `calcx-val-s{step}-{uid}-{session}` and
-carries its Calc-X row, so the server alone can say, per row, which source it came from and what
-reward it got. The table of a run is its last validation step. A rollout that ended FAILED is an
-infrastructure failure, not a wrong answer: it is counted apart, never scored 0.
+Every validation rollout the AgentLoop creates is labelled with its partition (`val`) and step
+(`calcx.trainer.group.RolloutOrigin`) and carries its Calc-X row, so the server alone can say, per
+row, which source it came from and what reward it got. The table of a run is its last validation
+step. A rollout that ended FAILED is an infrastructure failure, not a wrong answer: it is counted
+apart, never scored 0.
 """
 
 from __future__ import annotations
@@ -11,16 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from calcx.api.client import AsyncCalcxClient
+from calcx.api.models import Rollout
+from calcx.trainer.group import RolloutOrigin
 from calcx.trainer.session import run_session_from_config
 from calcx.trainer.translate import RolloutIncomplete
-
-_VAL_ID = re.compile(r"^calcx-val-s(\d+)-")
 
 
 @dataclass
@@ -44,25 +44,23 @@ class EvalCollection:
         return text + "."
 
 
-def eval_collection(rollouts: Sequence[Mapping[str, Any]], *, step: int | None = None) -> EvalCollection:
+def eval_collection(rollouts: Sequence[Rollout], *, step: int | None = None) -> EvalCollection:
     """The records of validation step `step` (default: the last one present) from the server's rollouts."""
-    by_step: dict[int, list[Mapping[str, Any]]] = {}
+    by_step: dict[int, list[Rollout]] = {}
     for rollout in rollouts:
-        match = _VAL_ID.match(str(rollout.get("rollout_id", "")))
-        if match:
-            by_step.setdefault(int(match.group(1)), []).append(rollout)
+        origin = RolloutOrigin.of(rollout)
+        if origin is not None and origin.partition == "val":
+            by_step.setdefault(origin.step, []).append(rollout)
     if not by_step:
         return EvalCollection(step=None)
     chosen = max(by_step) if step is None else step
     out = EvalCollection(step=chosen)
     for rollout in by_step.get(chosen, []):
-        row = rollout.get("row") or {}
-        reward: Any = rollout.get("reward")  # a JSON value: scored only when a finite number
-        base = {"rollout_id": rollout.get("rollout_id"), "source": str(row.get("source") or "unknown"),
-                "row_id": row.get("id"), "state": rollout.get("state")}
-        scored = (rollout.get("state") == "SUCCEEDED" and isinstance(reward, (int, float))
-                  and not isinstance(reward, bool) and math.isfinite(float(reward)))
-        if scored:
+        row = rollout.row
+        reward = rollout.reward
+        base = {"rollout_id": rollout.rollout_id, "source": str(row.get("source") or "unknown"),
+                "row_id": row.get("id"), "state": rollout.state}
+        if rollout.state == "SUCCEEDED" and reward is not None and math.isfinite(reward):
             out.records.append({**base, "reward": float(reward)})
         else:
             out.unscored.append(base)
@@ -72,7 +70,7 @@ def eval_collection(rollouts: Sequence[Mapping[str, Any]], *, step: int | None =
 async def collect_eval_async(server_url: str, key: str, *, step: int | None = None) -> EvalCollection:
     client = AsyncCalcxClient(server_url, key)
     try:
-        return eval_collection([r.model_dump(mode="json") for r in await client.all_rollouts()], step=step)
+        return eval_collection(await client.all_rollouts(), step=step)
     finally:
         await client.aclose()
 

@@ -17,6 +17,35 @@ from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.api.models import RUN_LABEL, Rollout
 from calcx.trainer.translate import RolloutIncomplete, rollout_create_body, rollout_id_for
 
+#: The labels a trainer rollout carries beside RUN_LABEL: its partition and step, which evaluation
+#: reads back (a rollout id is a name, never parsed).
+PARTITION_LABEL = "partition"
+STEP_LABEL = "step"
+
+
+@dataclass(frozen=True)
+class RolloutOrigin:
+    """The partition (`train`, `val`) and training step a trainer rollout was made for."""
+
+    partition: str
+    step: int
+
+    def labels(self, run: str | None) -> dict[str, str]:
+        """What the rollout is created with (`run`: the training run's name, RUN_LABEL)."""
+        labels = {PARTITION_LABEL: self.partition, STEP_LABEL: str(self.step)}
+        if run:
+            labels[RUN_LABEL] = run
+        return labels
+
+    @classmethod
+    def of(cls, rollout: Rollout) -> RolloutOrigin | None:
+        """The origin its labels name; None for a rollout the trainer did not make."""
+        partition = rollout.labels.get(PARTITION_LABEL)
+        step = rollout.labels.get(STEP_LABEL, "")
+        if partition is None or not (step.isascii() and step.isdigit()):
+            return None
+        return cls(partition, int(step))
+
 
 @dataclass
 class GroupSpec:
@@ -36,6 +65,10 @@ class GroupSpec:
     sampling: Mapping[str, float | int] | None = None  # applied by the gateway to every model call
     run: str | None = None  # the training run's name: every rollout's RUN_LABEL (what the cancel API finds)
 
+    @property
+    def origin(self) -> RolloutOrigin:
+        return RolloutOrigin(self.partition, self.step)
+
     def rollout_ids(self) -> list[str]:
         return [rollout_id_for(self.partition, self.step, self.uid, j) for j in range(self.n)]
 
@@ -43,9 +76,8 @@ class GroupSpec:
         return rollout_id_for(self.partition, self.step, self.uid, self.session_id)
 
     def bodies(self) -> list[dict[str, Any]]:
-        labels = {"uid": self.uid, "step": str(self.step), "partition": self.partition}
-        if self.run:
-            labels[RUN_LABEL] = self.run
+        """Every member's `RolloutCreate`; the group is `group_id` (verl's uid), not a label."""
+        labels = self.origin.labels(self.run)
         return [
             rollout_create_body(rollout_id=rid, group_id=self.uid, row=self.row, policy_version=self.step,
                                 env_map=self.env_map, deadline_s=self.deadline_s,

@@ -5,17 +5,16 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import Response
 
+from calcx.api import endpoints as api
 from calcx.api.models import EventCreate
-from calcx.server.auth import own_attempt
-from calcx.server.errors import json_response, read_model
-from calcx.server.routing import Router
+from calcx.server.errors import json_response
+from calcx.server.routing import Routes
 from calcx.server.state import ServerState
 
-router = Router(audience=own_attempt)
+routes = Routes()
 
 
-@router.post("/v1/rollouts/{rid}/attempts/{aid}/events")
-async def post_event(request: Request, state: ServerState) -> Response:
+@routes.serve(api.POST_EVENT)
+async def post_event(request: Request, state: ServerState, body: EventCreate) -> Response:
     rid, aid = request.path_params["rid"], request.path_params["aid"]
-    body = await read_model(request, EventCreate, state.settings.max_body_bytes)
     return json_response({"event_id": state.service.add_event(rid, aid, body)})

@@ -9,16 +9,16 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import Response
 
-from calcx.server.auth import own_attempt
+from calcx.api import endpoints as api
 from calcx.server.errors import APIError, json_response, read_json
-from calcx.server.routing import Router
+from calcx.server.routing import Routes
 from calcx.server.state import ServerState
 
-router = Router(audience=own_attempt)
+routes = Routes()
 
 
-@router.post("/v1/rollouts/{rid}/attempts/{aid}/v1/chat/completions")
-async def chat_completions(request: Request, state: ServerState) -> Response:
+@routes.serve(api.CHAT_COMPLETIONS)
+async def chat_completions(request: Request, state: ServerState, body: None) -> Response:
     rid, aid = request.path_params["rid"], request.path_params["aid"]
     payload = await read_json(request, state.settings.max_body_bytes)
     current = state.db.attempts.state(rid, aid)
@@ -57,8 +57,8 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     return Response(content=answer.content, status_code=answer.status, media_type="application/json")
 
 
-@router.get("/v1/rollouts/{rid}/attempts/{aid}/v1/models")
-async def openai_models(request: Request, state: ServerState) -> Response:
+@routes.serve(api.OPENAI_MODELS)
+async def openai_models(request: Request, state: ServerState, body: None) -> Response:
     model = state.registry.get("model")
     data = [] if not model else [{"id": model, "object": "model", "owned_by": "calcx"}]
     return json_response({"object": "list", "data": data})

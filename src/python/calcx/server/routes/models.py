@@ -8,18 +8,17 @@ import time
 from fastapi import Request
 from fastapi.responses import Response
 
+from calcx.api import endpoints as api
 from calcx.api.models import ModelRegistryUpdate
-from calcx.server.auth import server_key
-from calcx.server.errors import json_response, read_model
-from calcx.server.routing import Router
+from calcx.server.errors import json_response
+from calcx.server.routing import Routes
 from calcx.server.state import ServerState
 
-router = Router(audience=server_key)
+routes = Routes()
 
 
-@router.put("/v1/models")
-async def put_models(request: Request, state: ServerState) -> Response:
-    body = await read_model(request, ModelRegistryUpdate, state.settings.max_body_bytes)
+@routes.serve(api.PUT_MODELS)
+async def put_models(request: Request, state: ServerState, body: ModelRegistryUpdate) -> Response:
     registry = {
         "model": body.model,
         "endpoints": body.endpoints,
@@ -31,7 +30,7 @@ async def put_models(request: Request, state: ServerState) -> Response:
     return json_response(registry)
 
 
-@router.get("/v1/models")
-async def get_models(request: Request, state: ServerState) -> Response:
+@routes.serve(api.GET_MODELS)
+async def get_models(request: Request, state: ServerState, body: None) -> Response:
     registry = state.registry or {"model": None, "endpoints": [], "policy_version": None, "updated_at": None}
     return json_response(registry)

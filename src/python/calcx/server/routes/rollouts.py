@@ -6,23 +6,22 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import Response
 
+from calcx.api import endpoints as api
 from calcx.api.models import ROLLOUT_STATES, CancelRequest, CreateRolloutsRequest, WaitRequest
-from calcx.server.auth import server_key
-from calcx.server.errors import APIError, json_response, query_float, query_int, read_model
-from calcx.server.routing import Router
+from calcx.server.errors import APIError, json_response, query_float, query_int
+from calcx.server.routing import Routes
 from calcx.server.state import ServerState
 
-router = Router(audience=server_key)
+routes = Routes()
 
 
-@router.post("/v1/rollouts")
-async def create_rollouts(request: Request, state: ServerState) -> Response:
-    body = await read_model(request, CreateRolloutsRequest, state.settings.max_body_bytes)
+@routes.serve(api.CREATE_ROLLOUTS)
+async def create_rollouts(request: Request, state: ServerState, body: CreateRolloutsRequest) -> Response:
     return json_response({"rollouts": state.service.create(body)})
 
 
-@router.get("/v1/rollouts")
-async def list_rollouts(request: Request, state: ServerState) -> Response:
+@routes.serve(api.LIST_ROLLOUTS)
+async def list_rollouts(request: Request, state: ServerState, body: None) -> Response:
     q = request.query_params
     settings = state.settings
     state_filter = q.get("state") or None
@@ -38,36 +37,34 @@ async def list_rollouts(request: Request, state: ServerState) -> Response:
     return json_response({"rollouts": rollouts})
 
 
-@router.get("/v1/rollouts/{rid}")
-async def get_rollout(request: Request, state: ServerState) -> Response:
+@routes.serve(api.GET_ROLLOUT)
+async def get_rollout(request: Request, state: ServerState, body: None) -> Response:
     return json_response(state.service.rollout(request.path_params["rid"]))
 
 
-@router.post("/v1/rollouts/{rid}/wait")
-async def wait_rollout(request: Request, state: ServerState) -> Response:
-    body = await read_model(request, WaitRequest, state.settings.max_body_bytes, allow_empty=True)
+@routes.serve(api.WAIT)
+async def wait_rollout(request: Request, state: ServerState, body: WaitRequest) -> Response:
     return json_response(await state.service.wait(request.path_params["rid"], body.timeout_s))
 
 
-@router.post("/v1/rollouts/{rid}/retry")
-async def retry_rollout(request: Request, state: ServerState) -> Response:
+@routes.serve(api.RETRY)
+async def retry_rollout(request: Request, state: ServerState, body: None) -> Response:
     return json_response(state.service.retry(request.path_params["rid"]))
 
 
-@router.post("/v1/cancel")
-async def cancel(request: Request, state: ServerState) -> Response:
-    body = await read_model(request, CancelRequest, state.settings.max_body_bytes)
+@routes.serve(api.CANCEL)
+async def cancel(request: Request, state: ServerState, body: CancelRequest) -> Response:
     return json_response(state.service.cancel(body))
 
 
-@router.get("/v1/rollouts/{rid}/calls")
-async def list_calls(request: Request, state: ServerState) -> Response:
+@routes.serve(api.CALLS)
+async def list_calls(request: Request, state: ServerState, body: None) -> Response:
     attempt_id = request.query_params.get("attempt_id") or None
     return json_response({"calls": state.db.calls.query(request.path_params["rid"], attempt_id)})
 
 
-@router.get("/v1/terminal")
-async def terminal(request: Request, state: ServerState) -> Response:
+@routes.serve(api.TERMINAL)
+async def terminal(request: Request, state: ServerState, body: None) -> Response:
     q = request.query_params
     settings = state.settings
     after = query_int("after", q.get("after"), 0, 0, 2**62)
