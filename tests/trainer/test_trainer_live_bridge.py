@@ -101,7 +101,7 @@ def _config(stack: dict, report_dir: Path, *extra: str):
 
 
 def _agent_loop(cfg):
-    from calcx.trainer.agent_loop import CalcxAgentLoop
+    from calcx.trainer.calcx_agent_loop import CalcxAgentLoop
 
     loop = CalcxAgentLoop.__new__(CalcxAgentLoop)  # run() needs only the config, not verl's tokenizer
     loop.config = cfg
