@@ -11,7 +11,7 @@ import pytest
 from calcx.api.client import AsyncCalcxClient, CalcxClient
 from calcx.api.models import Rollout
 from calcx.trainer.group import GroupSpec, settle_group
-from calcx.trainer.translate import RolloutIncomplete
+from calcx.trainer.rollout_samples import RolloutIncomplete
 from live_stack import needs_services, start_server
 
 pytestmark = needs_services

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from calcx.trainer.report import count_incomplete
-from calcx.trainer.translate import RolloutIncomplete, rollout_id_for, translate_rollout
+from calcx.trainer.rollout_request import rollout_id_for
+from calcx.trainer.rollout_samples import RolloutIncomplete
+from calcx.trainer.translate import translate_rollout
 
 
 def _call(rid: str, aid: str, seq: int, prompt: list[int], response: list[int], *, status: int = 200,

@@ -31,7 +31,7 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 
 from calcx.trainer.config import CALCX_AGENT_LOOP
-from calcx.trainer.translate import RolloutSamples
+from calcx.trainer.rollout_samples import RolloutSamples
 from calcx.trainer.session import run_session_from_config
 
 logger = logging.getLogger(__name__)

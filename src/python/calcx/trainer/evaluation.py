@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from calcx.api.client import AsyncCalcxClient
 from calcx.trainer.session import run_session_from_config
-from calcx.trainer.translate import RolloutIncomplete
+from calcx.trainer.rollout_samples import RolloutIncomplete
 
 _VAL_ID = re.compile(r"^calcx-val-s(\d+)-")
 
