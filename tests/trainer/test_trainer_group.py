@@ -12,7 +12,7 @@ import pytest
 from calcx.api.client import AsyncCalcxClient, CalcxClient
 from calcx.api.models import RUN_LABEL, Rollout
 from calcx.trainer.group import GroupSpec, RolloutOrigin, settle_group
-from calcx.trainer.translate import RolloutIncomplete
+from calcx.trainer.rollout_samples import RolloutIncomplete
 from live_stack import needs_services, start_server
 
 KEY = "group-test-key-0123456789abcdef0123456789"

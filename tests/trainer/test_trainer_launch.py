@@ -23,16 +23,20 @@ SERVICES_PYTHON = os.environ.get("CALCX_SERVICES_PYTHON") or (
 
 
 def test_ray_workers_get_calcx_on_their_path_and_the_metrics_file(tmp_path: Path, monkeypatch) -> None:
-    from calcx.trainer.launch import prepare_files
+    from calcx.trainer.run_settings import prepare_run
 
     monkeypatch.setenv("PYTHONPATH", "src/python" + os.pathsep + "/site/trainer")
+    monkeypatch.delenv("VERL_FILE_LOGGER_PATH", raising=False)  # prepare_run sets it for verl's driver
     monkeypatch.chdir(REPO)
     rows = [{"id": "r1", "source": "gsm8k", "question": "What is 2 + 3?", "chain": "<gadget>2+3</gadget>",
              "result": "5"}]
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps(rows[0]) + "\n")
-    cfg = compose(ComposeRequest(dotlist=["+ray_kwargs.ray_init.runtime_env.env_vars.KEEP=1"]))
-    metrics = prepare_files(cfg, tmp_path, train_src=data, val_src=data)
+    cfg = compose(ComposeRequest(dotlist=["+ray_kwargs.ray_init.runtime_env.env_vars.KEEP=1",
+                                          f"calcx.report_dir={tmp_path}"]))
+    settings = prepare_run(cfg, train_src=data, val_src=data)
+    settings.apply(cfg)
+    metrics = settings.metrics_path
     env = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env.env_vars)
     assert isinstance(env, dict)  # the container of a DictConfig
     assert env["PYTHONPATH"].split(os.pathsep) == [str(CALCX_SRC), "/site/trainer"]

@@ -30,7 +30,7 @@ from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.report import count_incomplete
 from calcx.trainer.server_key import write_key_file
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
-from calcx.trainer.translate import RolloutIncomplete
+from calcx.trainer.rollout_samples import RolloutIncomplete
 
 DEFAULT_SERVICES_PYTHON = "/opt/calcx-dev/bin/python"
 SERVICES_PYTHON = os.environ.get("CALCX_SERVICES_PYTHON") or (
@@ -101,7 +101,7 @@ def _config(stack: dict, report_dir: Path, *extra: str):
 
 
 def _agent_loop(cfg):
-    from calcx.trainer.agent_loop import CalcxAgentLoop
+    from calcx.trainer.calcx_agent_loop import CalcxAgentLoop
 
     loop = CalcxAgentLoop.__new__(CalcxAgentLoop)  # run() needs only the config, not verl's tokenizer
     loop.config = cfg

@@ -27,7 +27,7 @@ from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.replicas import register_replicas_async
 from calcx.trainer.server_key import write_key_file
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
-from calcx.trainer.translate import rollout_create_body
+from calcx.trainer.rollout_request import rollout_create_body
 from live_stack import SERVICES_PYTHON, alive, needs_services, start_stub
 from verl_v1_cpu import load_v1
 

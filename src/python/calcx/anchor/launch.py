@@ -9,15 +9,16 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from calcx.anchor.data import anchor_records
-from calcx.trainer.launch import prepare_files, run_then_report, run_verl
+from calcx.trainer.launch import run_then_report, run_verl
 from calcx.trainer.report import write_report
+from calcx.trainer.run_settings import prepare_run
 
 
 def run_anchor(cfg: DictConfig, *, train_src: Path, val_src: Path) -> int:
     """Train and write the report (metrics, reward curve); 0 when both succeeded."""
-    report_dir = Path(str(cfg.calcx.report_dir)).expanduser().resolve()
-    report_dir.mkdir(parents=True, exist_ok=True)
-    metrics_path = prepare_files(cfg, report_dir, train_src=train_src, val_src=val_src, records=anchor_records)
+    settings = prepare_run(cfg, train_src=train_src, val_src=val_src, records=anchor_records)
+    settings.apply(cfg)
+    report_dir, metrics_path = settings.report_dir, settings.metrics_path
 
     def report() -> str:
         path = write_report(report_dir, metrics_path=metrics_path, eval_records=None, allow_no_reward=True,

@@ -18,6 +18,9 @@ PACKAGE_CONFIG_DIR = Path(__file__).resolve().parent / "config"
 CALCX_OVERRIDES = PACKAGE_CONFIG_DIR / "calcx.yaml"
 ASYNC_OVERRIDES = PACKAGE_CONFIG_DIR / "async.yaml"
 AGENT_LOOPS_FILE = PACKAGE_CONFIG_DIR / "agent_loops.yaml"
+# calcx's agent loop in verl's registry (`@register` in calcx.trainer.calcx_agent_loop, which
+# imports verl and so cannot be imported here) and verl's `default_agent_loop` of a calcx run
+CALCX_AGENT_LOOP = "calcx_agent"
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 NAMED_TEMPLATES = {"hermes": TEMPLATES_DIR / "hermes_tool_chat.jinja"}
 VERL_CONFIG_NAME = "ppo_trainer"
@@ -229,6 +232,7 @@ def compose(request: ComposeRequest) -> DictConfig:
 
     calcx_sections = _load_sections(CALCX_OVERRIDES)
     _apply_sections(cfg, calcx_sections, str(CALCX_OVERRIDES))
+    _set(cfg, "actor_rollout_ref.rollout.agent.default_agent_loop", CALCX_AGENT_LOOP, must_exist=True, origin="calcx")
     _set(cfg, "actor_rollout_ref.rollout.agent.agent_loop_config_path", str(AGENT_LOOPS_FILE),
          must_exist=True, origin="calcx")
     if request.async_mode:

@@ -20,7 +20,7 @@ from calcx.api.client import AsyncCalcxClient
 from calcx.api.models import Rollout
 from calcx.trainer.group import RolloutOrigin
 from calcx.trainer.session import run_session_from_config
-from calcx.trainer.translate import RolloutIncomplete
+from calcx.trainer.rollout_samples import RolloutIncomplete
 
 
 @dataclass

@@ -15,7 +15,8 @@ from typing import Any, Mapping
 
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.api.models import RUN_LABEL, Rollout
-from calcx.trainer.translate import RolloutIncomplete, rollout_create_body, rollout_id_for
+from calcx.trainer.rollout_request import rollout_create_body, rollout_id_for
+from calcx.trainer.rollout_samples import RolloutIncomplete
 
 #: The labels a trainer rollout carries beside RUN_LABEL: its partition and step, which evaluation
 #: reads back (a rollout id is a name, never parsed).

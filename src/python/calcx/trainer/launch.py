@@ -1,12 +1,12 @@
 """Run one `calcx train`: rollout services, verl (or the eval-only driver), then the run report.
 
-Order: Calc-X files -> verl's layout; the calcx server + controller are started (unless
-`calcx.server_url` names running ones) and their URL and key written into the config; Ray workers
-get calcx's import path and the metrics file through `ray_kwargs.ray_init.runtime_env.env_vars`;
-verl's own checks; verl's V1 trainer, with a progress line a step on the console and the curve
-redrawn at each validation (calcx.trainer.progress). Whatever happens, the validation rollouts are read back from
-the server and `eval.md`, `reward_curve.png` and `report.md` are written, then every process this
-run started is ended.
+Order: Calc-X files -> verl's layout, and every value the run adds to its config resolved
+(calcx.trainer.run_settings); the calcx server + controller are started (unless
+`calcx.server_url` names running ones); the run's values, with the server's URL and key file,
+written into the config in one step; verl's own checks; verl's V1 trainer, with a progress line a
+step on the console and the curve redrawn at each validation (calcx.trainer.progress). Whatever
+happens, the validation rollouts are read back from the server and `eval.md`, `reward_curve.png`
+and `report.md` are written, then every process this run started is ended.
 """
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
-from calcx.trainer.data import to_verl_parquet, verl_records
 from calcx.trainer.progress import ProgressWatch, total_training_steps
 from calcx.trainer.report import count_incomplete, write_report
 from calcx.trainer.resume import ResumePlan, plan_resume, settle_previous_run
+from calcx.trainer.run_settings import prepare_run
 from calcx.trainer.server_key import remove_key_file, server_key, write_key_file
-from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
+from calcx.trainer.services import LocalServices, ServicesConfig
 
 log = logging.getLogger(__name__)
 
@@ -64,50 +64,6 @@ def validate_with_verl(cfg: DictConfig) -> None:
     omega_conf_to_dataclass(cfg.algorithm)
 
 
-def worker_pythonpath() -> str:
-    """calcx's source root, then this process's PYTHONPATH entries made absolute (Ray workers do
-    not run in our working directory), for the workers where verl instantiates CalcxAgentLoop."""
-    parts = [str(CALCX_SRC)]
-    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-        if entry.strip():
-            absolute = str(Path(entry).expanduser().resolve())
-            if absolute not in parts:
-                parts.append(absolute)
-    return os.pathsep.join(parts)
-
-
-def set_worker_env(cfg: DictConfig, env: dict[str, str]) -> None:
-    """Add `env` to the runtime_env verl passes to `ray.init` (a value the user set there wins)."""
-    with open_dict(cfg):
-        if OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars") is None:
-            OmegaConf.update(cfg, "ray_kwargs.ray_init.runtime_env.env_vars", {}, merge=False, force_add=True)
-        env_vars = cfg.ray_kwargs.ray_init.runtime_env.env_vars
-        for name, value in env.items():
-            if name not in env_vars:
-                env_vars[name] = value
-
-
-def prepare_files(cfg: DictConfig, report_dir: Path, *, train_src: Path, val_src: Path,
-                  records: Callable[[Sequence[dict[str, Any]]], list[dict[str, Any]]] = verl_records) -> Path:
-    """verl-layout data files (`records` of the Calc-X rows) and the file logger; returns the
-    metrics JSONL path."""
-    from calcx.trainer.config import resolve_model_path
-
-    with open_dict(cfg):
-        cfg.actor_rollout_ref.model.path = resolve_model_path(str(cfg.actor_rollout_ref.model.path))
-        cfg.calcx.report_dir = str(report_dir)
-        cfg.data.train_files = str(to_verl_parquet(train_src, report_dir / "verl_train.parquet", records))
-        cfg.data.val_files = str(to_verl_parquet(val_src, report_dir / "verl_val.parquet", records))
-        loggers = list(cfg.trainer.logger)
-        if "file" not in loggers:
-            loggers.append("file")  # the report's metrics JSONL
-        cfg.trainer.logger = loggers
-    metrics_path = report_dir / "metrics.jsonl"
-    os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
-    set_worker_env(cfg, {"PYTHONPATH": worker_pythonpath(), "VERL_FILE_LOGGER_PATH": str(metrics_path)})
-    return metrics_path
-
-
 def preflight(server_url: str, key: str) -> None:
     """An external calcx server must answer, and accept the key, before Ray and vLLM start."""
     from calcx.api.client import AsyncCalcxClient, CalcxAPIError
@@ -127,33 +83,40 @@ def preflight(server_url: str, key: str) -> None:
         raise LaunchError(f"calcx server at {server_url} is not usable: {exc}; {hint}") from exc
 
 
-def _cancel_leftovers(cfg: DictConfig, key: str, plan: ResumePlan | None) -> None:
+def _cancel_leftovers(cfg: DictConfig, server_url: str, key: str, plan: ResumePlan | None) -> None:
     """Before any work of this run: cancel what an earlier run of the same name left (a killed
     trainer's QUEUED and RUNNING rollouts), so that it neither runs first nor is trained; with a
     resume plan, also roll back the training ledger after its checkpoint and say where it starts."""
     from calcx.trainer.leftovers import cancel_previous_run
 
     if plan is not None:
-        settle_previous_run(str(cfg.calcx.server_url), key, plan)
+        settle_previous_run(server_url, key, plan)
         return
     run = str(cfg.calcx.get("run") or "")
     if run:
-        cancel_previous_run(str(cfg.calcx.server_url), key, run)
+        cancel_previous_run(server_url, key, run)
+
+
+@dataclass(frozen=True)
+class RolloutServer:
+    """The calcx server a run's rollouts go to: `url` None for the configured one (`calcx.server_url`),
+    and the owner-only file that holds its key (never the key: see server_key), which Ray workers read."""
+
+    key_file: Path
+    url: str | None = None
 
 
 @contextlib.contextmanager
 def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
-                     plan: ResumePlan | None = None) -> Iterator[LocalServices | None]:
+                     plan: ResumePlan | None = None) -> Iterator[RolloutServer]:
     """Start the server and controller unless `calcx.server_url` is set (then `key` is its key);
-    fill in the URL, and the owner-only file that holds the key (never the key: see server_key)."""
+    say where they are. The config is not changed here (RunSettings.with_server writes it)."""
     if cfg.calcx.get("server_url"):
         preflight(str(cfg.calcx.server_url), key)
-        _cancel_leftovers(cfg, key, plan)
+        _cancel_leftovers(cfg, str(cfg.calcx.server_url), key, plan)
         key_file = write_key_file(key)
         try:
-            with open_dict(cfg):
-                cfg.calcx.key_file = str(key_file)  # Ray workers read it there
-            yield None
+            yield RolloutServer(key_file=key_file)
         finally:
             remove_key_file(key_file)
         return
@@ -171,11 +134,8 @@ def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
         services.start()
         log.info("calcx train: server %s and controller started (logs in %s)", services.server_url,
                  services.workdir)
-        with open_dict(cfg):
-            cfg.calcx.server_url = services.server_url
-            cfg.calcx.key_file = str(key_file)
-        _cancel_leftovers(cfg, services.key, plan)
-        yield services
+        _cancel_leftovers(cfg, services.server_url, services.key, plan)
+        yield RolloutServer(key_file=key_file, url=services.server_url)
     finally:
         services.stop()
         remove_key_file(key_file)
@@ -223,16 +183,14 @@ def finish_report(cfg: DictConfig, report_dir: Path, metrics_path: Path) -> Path
 def run_training(cfg: DictConfig, *, train_src: Path, val_src: Path, eval_only: bool = False,
                  model_endpoint: str | None = None, key: str = "") -> int:
     """Train (or, with `eval_only`, only validate) and write the report; 0 when both succeeded."""
-    report_dir = Path(str(cfg.calcx.report_dir)).expanduser().resolve()
-    report_dir.mkdir(parents=True, exist_ok=True)
-    metrics_path = prepare_files(cfg, report_dir, train_src=train_src, val_src=val_src)
-    if eval_only and model_endpoint is None:
-        with open_dict(cfg):
-            cfg.trainer.val_before_train = True
-            cfg.trainer.val_only = True
+    settings = prepare_run(cfg, train_src=train_src, val_src=val_src,
+                           validate_only=eval_only and model_endpoint is None)
+    report_dir, metrics_path = settings.report_dir, settings.metrics_path
     # a training run continues from its newest whole checkpoint (docs/resume.md)
     plan = None if eval_only else plan_resume(cfg, report_dir)
-    with rollout_services(cfg, report_dir, key, plan):
+    with rollout_services(cfg, report_dir, key, plan) as server:
+        settings.with_server(server.key_file, server.url).apply(cfg)
+
         def run() -> None:
             if model_endpoint is not None:
                 register_endpoint(cfg, model_endpoint)

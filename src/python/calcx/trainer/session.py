@@ -19,7 +19,8 @@ from calcx.trainer.server_key import server_key
 from calcx.api.client import AsyncCalcxClient
 from calcx.trainer.reward_options import RewardOptions, apply_reward_options
 from calcx.trainer.tool_use import attempt_calls, record_tool_use, rollout_tool_use
-from calcx.trainer.translate import RolloutIncomplete, RolloutSamples, translate_rollout
+from calcx.trainer.rollout_samples import RolloutIncomplete, RolloutSamples
+from calcx.trainer.translate import translate_rollout
 
 logger = logging.getLogger(__name__)
 CALCX_ROW_COLUMN = "calcx_row"

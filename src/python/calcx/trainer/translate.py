@@ -12,50 +12,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-
-class RolloutIncomplete(Exception):
-    """This rollout (and so its GRPO group) must be left out of the training step."""
-
-    def __init__(self, rollout_id: str, reason: str, detail: str = "") -> None:
-        self.rollout_id = rollout_id
-        self.reason = reason
-        self.detail = detail
-        super().__init__(f"rollout {rollout_id}: {reason}" + (f" ({detail})" if detail else ""))
-
-
-@dataclass
-class CallSample:
-    """One model call, ready to become a verl AgentLoopOutput."""
-
-    call_id: str
-    seq: int
-    prompt_ids: list[int]
-    response_ids: list[int]
-    response_mask: list[int]
-    response_logprobs: list[float]
-    reward: float
-    policy_version: int | None
-    latency_s: float
-    prompt_truncated: bool = False
-    response_truncated: bool = False
-
-
-@dataclass
-class RolloutSamples:
-    """All samples of one rollout, plus what a metrics line needs."""
-
-    rollout_id: str
-    group_id: str | None
-    attempt_id: str
-    reward: float
-    samples: list[CallSample]
-    skipped_calls: int = 0
-    min_policy_version: int | None = None
-    max_policy_version: int | None = None
-    counters: dict[str, int] = field(default_factory=dict)
+from calcx.trainer.rollout_samples import CallSample, RolloutIncomplete, RolloutSamples
 
 
 def _int_list(value: Any, what: str, rollout_id: str) -> list[int]:
@@ -177,36 +136,3 @@ def translate_rollout(
         max_policy_version=max(versions) if versions else None,
         counters=counters,
     )
-
-
-def rollout_id_for(partition: str, step: int, uid: str, session_id: int) -> str:
-    """Deterministic rollout id: the same verl sample always names the same rollout (idempotent)."""
-    return f"calcx-{partition}-s{step}-{uid}-{session_id}"
-
-
-def rollout_create_body(
-    *,
-    rollout_id: str,
-    group_id: str,
-    row: Mapping[str, Any],
-    policy_version: int,
-    env_map: Mapping[str, str] | None,
-    deadline_s: float,
-    max_attempts: int,
-    labels: Mapping[str, str],
-    sampling: Mapping[str, float | int] | None = None,
-) -> dict[str, Any]:
-    """A `RolloutCreate` as JSON (docs/architecture.md)."""
-    body: dict[str, Any] = {
-        "rollout_id": rollout_id,
-        "group_id": group_id,
-        "row": dict(row),
-        "env_map": dict(env_map) if env_map is not None else None,
-        "deadline_s": float(deadline_s),
-        "max_attempts": int(max_attempts),
-        "policy_version": int(policy_version),
-        "labels": {str(k): str(v) for k, v in labels.items()},
-    }
-    if sampling is not None:
-        body["sampling"] = dict(sampling)
-    return body

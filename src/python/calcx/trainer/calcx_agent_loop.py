@@ -7,6 +7,14 @@ replay buffer then evicts the group (async always; sync with
 `trainer.v1.sampler.sync_refill_failed_groups=true`) and counts it in
 `training/rollout_failure/evicted_samples`: an incomplete group is never trained as reward 0.
 
+Registered under verl's own hook, `@register(CALCX_AGENT_LOOP)`, as verl's loops are
+(tool_agent_loop.py). A decorator only runs where its module is imported, and verl's
+AgentLoopWorker (a Ray actor in its own process) imports only verl's own loops
+(`verl.experimental.agent_loop`) and the classes named in `agent.agent_loop_config_path`: so that
+config names this class in the packaged agent_loops.yaml, and instantiating it imports this module
+in the worker. The name itself is `calcx.trainer.config.CALCX_AGENT_LOOP`, which composition also
+makes verl's `default_agent_loop` (config.py cannot import this module: it imports verl).
+
 Imports verl (and so torch and ray): load it only where verl is installed.
 """
 
@@ -15,20 +23,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import (  # noqa: F401  (register is the public hook)
+from verl.experimental.agent_loop.agent_loop import (
     AgentLoopBase,
     AgentLoopMetrics,
     AgentLoopOutput,
     register,
 )
 
-from calcx.trainer.session import (  # noqa: F401  (re-exported for callers of the old names)
-    CALCX_ROW_COLUMN,
-    record_incomplete,
-    row_from_kwargs,
-    run_session_from_config,
-)
-from calcx.trainer.translate import RolloutSamples
+from calcx.trainer.config import CALCX_AGENT_LOOP
+from calcx.trainer.rollout_samples import RolloutSamples
+from calcx.trainer.session import run_session_from_config
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +71,7 @@ def to_agent_loop_outputs(samples: RolloutSamples, *, step: int) -> list[AgentLo
     return outputs
 
 
+@register(CALCX_AGENT_LOOP)
 class CalcxAgentLoop(AgentLoopBase):
     """Create the rollout on the calcx server, wait for its group, return its recorded calls.
 
