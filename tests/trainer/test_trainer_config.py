@@ -125,6 +125,14 @@ def test_unknown_key_is_an_error_naming_it() -> None:
         compose(ComposeRequest(dotlist=["trainer.total_epochs"]))
 
 
+def test_agent_tool_rounds_default_to_one_and_are_bounded_at_composition() -> None:
+    assert compose(ComposeRequest()).calcx.agent_tool_rounds == 1
+    assert compose(ComposeRequest(dotlist=["calcx.agent_tool_rounds=16"])).calcx.agent_tool_rounds == 16
+    for bad, message in (("0", "=0 is out of range"), ("17", "=17 is out of range"), ("two", "whole number")):
+        with pytest.raises(ConfigError, match=f"calcx.agent_tool_rounds{message}" if "=" in message else message):
+            compose(ComposeRequest(dotlist=[f"calcx.agent_tool_rounds={bad}"]))
+
+
 def test_async_sets_verl_v1_colocate_async_knobs() -> None:
     cfg = compose(ComposeRequest(async_mode=True))
     v1 = cfg.trainer.v1

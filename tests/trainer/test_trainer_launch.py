@@ -84,6 +84,16 @@ def test_interpreter_paths_and_agent_path_settings() -> None:
         ServicesConfig.from_calcx_section(cfg, Path("/tmp/x"))
 
 
+def test_the_controller_hands_its_agents_the_configured_tool_rounds() -> None:
+    assert ServicesConfig.from_calcx_section(OmegaConf.create({}), Path("/tmp/x")).agent_settings() == {
+        "CALCX_AGENT_TOOL_ROUNDS": "1"}
+    three = ServicesConfig.from_calcx_section(OmegaConf.create({"agent_tool_rounds": 3}), Path("/tmp/x"))
+    assert three.tool_rounds == 3 and three.agent_settings() == {"CALCX_AGENT_TOOL_ROUNDS": "3"}
+    for bad in (0, 17, "many", 2.5):
+        with pytest.raises(ValueError, match="calcx.agent_tool_rounds"):
+            ServicesConfig.from_calcx_section(OmegaConf.create({"agent_tool_rounds": bad}), Path("/tmp/x"))
+
+
 def test_eval_collection_takes_the_last_validation_step() -> None:
     def r(rid: str, state: str, reward, source: str = "gsm8k") -> dict:
         return {"rollout_id": rid, "state": state, "reward": reward, "row": {"source": source, "id": rid}}
