@@ -269,5 +269,6 @@ def test_the_gpu_run_starts_the_tool_use_recipe_from_its_run_profile(tmp_path: P
     assert argv[argv.index("--profile") + 1] == "gsm8k-h200-tooluse"
     cfg = trainer_cli.compose_from_args(trainer_cli.build_parser().parse_args(argv[1:]))
     assert cfg.calcx.run_profile_applied == "gsm8k-h200-tooluse" and cfg.calcx.reward.tool_bonus == 0.1
+    assert cfg.calcx.agent_tool_rounds == 8  # the agent calls the calculator one step at a time
     assert cfg.actor_rollout_ref.model.path.endswith("warmup/model")  # RL from the warm-up's model
     assert (cfg.actor_rollout_ref.actor.optim.lr, cfg.calcx.controller_concurrency) == (5e-6, 128)

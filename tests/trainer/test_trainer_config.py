@@ -247,7 +247,8 @@ def _without_profile_name(cfg) -> dict:
 @pytest.mark.parametrize("profile,extra", [
     ("gsm8k-h200", {}),
     ("gsm8k-h200-anchor", {"trainer.test_freq": -1}),  # the script's ANCHOR_ARGS
-    ("gsm8k-h200-tooluse", {"calcx.reward.tool_bonus": 0.1}),  # the script's TOOLUSE_ARGS
+    ("gsm8k-h200-tooluse", {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8}),
+    ("gsm8k-h200-tooluse-one-round", {"calcx.reward.tool_bonus": 0.1}),  # the first run's TOOLUSE_ARGS
 ])
 def test_a_run_profile_composes_to_what_the_gpu_script_passed(profile, extra) -> None:
     settings = {**H200_RUN_ARGS, **extra}
@@ -274,7 +275,8 @@ def test_a_run_profile_wins_over_calcx_yaml_and_loses_to_the_command_line() -> N
 
 
 def test_an_unknown_run_profile_is_refused_with_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match="'gsm8k-h100'.*known: gsm8k-h200, gsm8k-h200-anchor, gsm8k-h200-tooluse"):
+    with pytest.raises(ConfigError, match="'gsm8k-h100'.*known: gsm8k-h200, gsm8k-h200-anchor, gsm8k-h200-tooluse, "
+                                          "gsm8k-h200-tooluse-one-round"):
         compose(ComposeRequest(gpu_memory_gib=0, run_profile="gsm8k-h100"))
 
 
