@@ -68,6 +68,10 @@ def test_missing_variable_is_named(missing):
         ({"CALCX_AGENT_TIMEOUT_S": "-1"}, "CALCX_AGENT_TIMEOUT_S"),
         ({"CALCX_CALCULATOR_CMD": "python -m calc"}, "CALCX_CALCULATOR_CMD"),
         ({"CALCX_CALCULATOR_CMD": "[]"}, "CALCX_CALCULATOR_CMD"),
+        ({"CALCX_AGENT_TOOL_ROUNDS": "0"}, "CALCX_AGENT_TOOL_ROUNDS=0 is out of range"),
+        ({"CALCX_AGENT_TOOL_ROUNDS": "17"}, "CALCX_AGENT_TOOL_ROUNDS=17 is out of range: 1 .* to 16"),
+        ({"CALCX_AGENT_TOOL_ROUNDS": "2.5"}, "CALCX_AGENT_TOOL_ROUNDS must be a whole number"),
+        ({"CALCX_AGENT_TOOL_ROUNDS": "-1"}, "CALCX_AGENT_TOOL_ROUNDS must be a whole number"),
     ],
 )
 def test_bad_settings_are_named(extra, fragment):
@@ -80,6 +84,8 @@ def test_config_defaults_and_bounds():
     assert config.run_timeout_s == 300 and config.model_max_retries == 6 and config.calculator_timeout_s == 120
     assert AgentConfig.from_env({**GOOD_ENV, "CALCX_AGENT_TIMEOUT_S": "9999"}).run_timeout_s == 300
     assert AgentConfig.from_env({**GOOD_ENV, "CALCX_AGENT_TIMEOUT_S": "5"}).run_timeout_s == 5
+    assert config.tool_rounds == 1  # one round of calls, then the answer: AutoGen's own default
+    assert AgentConfig.from_env({**GOOD_ENV, "CALCX_AGENT_TOOL_ROUNDS": " 16 "}).tool_rounds == 16
 
 
 def test_calculator_command_default_and_override():

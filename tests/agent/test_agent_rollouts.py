@@ -72,6 +72,16 @@ def _scenarios(stub_url: str, event_url: str) -> dict[str, tuple[dict[str, str],
             CALCX_CALCULATOR_CMD=json.dumps([py, "-c", "import time; time.sleep(60)"]),
             CALCX_CALCULATOR_TIMEOUT_S="2",
         ),
+        # tool rounds: the stub chains one call a round (6*7, then +1 each), so the answer shows
+        # how many rounds the agent allowed before its last call, without tools, had to answer
+        "one_round": env("one_round", "[stub:steps=3] What is 6 * 8?", "48"),
+        "three_rounds": env("three_rounds", "[stub:steps=3] What is 5 * 8?", "42", CALCX_AGENT_TOOL_ROUNDS="3"),
+        "capped_rounds": env("capped_rounds", "[stub:steps=9] What is 4 * 9?", "38", CALCX_AGENT_TOOL_ROUNDS="3"),
+        "badjson_rounds": env("badjson_rounds", "[stub:badjson] What is 3 * 9?", "27", CALCX_AGENT_TOOL_ROUNDS="3"),
+        "calc_dead_rounds": env(
+            "calc_dead_rounds", "[stub:steps=3] What is 7 * 7?", "51", CALCX_AGENT_TOOL_ROUNDS="3",
+            CALCX_CALCULATOR_CMD=json.dumps([py, "-c", "import sys; sys.exit(3)"]),
+        ),
         "rejected": {**env("rejected", "What is 5 * 5?", "25"), "AGL_EVENT_URL": f"{event_url}/reject/rejected"},
         "forked": env("forked", WORD_PROBLEM, SCRIPTED[WORD_PROBLEM][1]),
     }
@@ -149,6 +159,33 @@ def test_agent_in_forked_worker_scores_one(runs, event_log):
 @pytest.mark.parametrize("name", ["wrong", "noformat", "badjson", "unknowntool"])
 def test_model_mistakes_finish_with_reward_zero(runs, event_log, name):
     assert_finished(runs[name], event_log, 0.0)
+
+
+def _model_turns(stub_server, question: str) -> list[str]:
+    return [e["kind"] for e in list(stub_server.app.state.log) if e["question"].startswith(question)]
+
+
+def test_one_tool_round_by_default_then_the_answer(runs, event_log, stub_server):
+    assert_finished(runs["one_round"], event_log, 1.0)  # 48: the first result, no second round
+    assert _model_turns(stub_server, "What is 6 * 8?") == ["tool_call", "answer"]
+
+
+def test_tool_rounds_see_each_result_before_the_next_call(runs, event_log, stub_server):
+    assert_finished(runs["three_rounds"], event_log, 1.0)  # 40, 41, 42: each call on the last result
+    assert _model_turns(stub_server, "What is 5 * 8?") == ["tool_call"] * 3 + ["answer"]
+
+
+def test_tool_rounds_stop_at_the_setting_and_the_agent_must_answer(runs, event_log, stub_server):
+    assert_finished(runs["capped_rounds"], event_log, 1.0)  # 36, 37, 38 and no fourth call
+    assert _model_turns(stub_server, "What is 4 * 9?") == ["tool_call"] * 3 + ["answer"]
+
+
+def test_an_unparseable_call_in_a_multi_round_run_is_the_agents_own_failure(runs, event_log):
+    assert_finished(runs["badjson_rounds"], event_log, 0.0)
+
+
+def test_a_dead_calculator_in_a_multi_round_run_is_infrastructure(runs, event_log):
+    assert_failed(runs["calc_dead_rounds"], event_log, 11, "calculator_failed")
 
 
 def test_unreachable_model_exits_10(runs, event_log):

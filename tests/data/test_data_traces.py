@@ -165,3 +165,55 @@ def test_held_out_rows_make_no_trace(tmp_path: Path, capsys) -> None:
     assert main(["data", "traces", str(source), "--exclude", str(tmp_path / "missing.parquet"),
                  "--out", str(out), "--force"]) == 2
     assert "--exclude" in capsys.readouterr().err
+
+
+def test_sequential_traces_make_one_call_a_turn_each_after_the_last_result(tmp_path: Path, capsys) -> None:
+    """--tool-rounds N: each annotation its own turn, answered before the next; the reasoning is cut
+    at the marks, so no turn states a result its call has not returned."""
+    source = tmp_path / "gsm8k.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in GOOD), encoding="utf-8")
+    out = tmp_path / "traces.jsonl"
+    assert main(["data", "traces", str(source), "--tool-rounds", "3", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (f"wrote {out} (3 traces, 4 calculator calls); 3 rows read, "
+                                                        "3 kept, 0 skipped")
+    traces = [json.loads(line) for line in out.read_text().splitlines()]
+    messages = traces[0]["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    first, first_answer, second, second_answer, closing = messages[2:]
+    assert first["content"] == "In May she sold 48/2 ="
+    assert second["content"] == "24 clips.\nIn all 48+24 ="  # the first result opens the turn after it
+    assert closing["content"] == "72 clips.\n\n### ANSWER: 72 ###"
+    for turn, answer, expression, result in ((first, first_answer, "48/2", "24.0"),
+                                             (second, second_answer, "48+24", "72")):
+        [tool_call] = turn["tool_calls"]
+        assert json.loads(tool_call["function"]["arguments"]) == {"expression": expression}
+        assert (answer["tool_call_id"], answer["content"]) == (tool_call["id"], result)
+    assert "24" not in first["content"] and "72" not in second["content"]
+    assert extract_answer(closing["content"]) == "72"
+    # the turns' texts, joined, are GSM8K's reasoning without the marks
+    joined = " ".join(m["content"] for m in messages[2::2] if m["content"])
+    assert " ".join(joined.split()).startswith(" ".join(GOOD[0]["answer"].split("####")[0].replace(
+        "<<48/2=24>>", "").replace("<<48+24=72>>", "").split()))
+    one_call = traces[1]["messages"][2:]
+    assert [m["role"] for m in one_call] == ["assistant", "tool", "assistant"]
+    assert one_call[0]["content"] == "Each gets 10/3 = $" and one_call[2]["content"].startswith("3.33.")
+
+
+def test_sequential_traces_skip_rows_the_agents_rounds_cannot_hold(tmp_path: Path, capsys) -> None:
+    source = tmp_path / "gsm8k.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in GOOD), encoding="utf-8")
+    out = tmp_path / "traces.jsonl"
+    assert main(["data", "traces", str(source), "--tool-rounds", "1", "--out", str(out)]) == 0
+    one_round = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(one_round[0]["messages"][2]["tool_calls"]) == 2  # 1: today's shape, both calls at once
+    capsys.readouterr()
+    assert main(["data", "traces", str(source), "--tool-rounds", "16", "--out", str(out), "--force"]) == 0
+    for bad in ("0", "17", "two"):
+        assert main(["data", "traces", str(source), "--tool-rounds", bad, "--out", str(out), "--force"]) == 2
+        assert "--tool-rounds" in capsys.readouterr().err
+    many = {"question": "Count up.", "answer": "1+1=<<1+1=2>>2, 2+1=<<2+1=3>>3, 3+1=<<3+1=4>>4.\n#### 4"}
+    source.write_text(json.dumps(many) + "\n" + json.dumps(GOOD[2]) + "\n", encoding="utf-8")
+    assert main(["data", "traces", str(source), "--tool-rounds", "2", "--out", str(out), "--force"]) == 0
+    captured = capsys.readouterr()
+    assert f"{source}: line 1: too_many_rounds (3 annotations > 2 tool rounds)" in captured.err
+    assert len(out.read_text().splitlines()) == 1

@@ -3,6 +3,7 @@ its docstring for what it does not model), through the real `kubernetes` client.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from fake_apiserver import FakeApiServer, Scenario, Step
 from calcx.api.models import Attempt, Claim, Rollout
 from calcx.api.tokens import attempt_token
 from calcx.controller.base import RunResult
-from calcx.controller.k8s_runner import K8sRunner, K8sRunnerConfig, TokenBucket
+from calcx.controller.k8s_runner import K8sRunner, K8sRunnerConfig, TokenBucket, build_runner
 from calcx.k8s.render import SECRET_KEY_NAME, JobSettings, StaticSettings, render_static
 
 KEY = "server-key-for-tests-0123456789-abc"
@@ -284,6 +285,28 @@ def test_hostile_question_reaches_the_job_env_verbatim(api: FakeApiServer, tmp_p
     assert result.state == "SUCCEEDED" and job is not None
     env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["QUESTION"] == question
+
+
+def test_a_job_gets_the_controllers_tool_rounds(tmp_path: Path) -> None:
+    """The trainer's calcx.agent_tool_rounds reaches a Job's agent through the controller's
+    environment, as it reaches a local agent; a Job inherits nothing else of it."""
+    def job_env(runner: K8sRunner) -> dict[str, Any]:
+        job = runner.render(make_claim("r-rounds")).job
+        return {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    job = JobSettings(namespace="calcx", image="fake/agent:ok", controller_id="ctl-test")
+    forwarded = K8sRunner(K8sRunnerConfig(job=job, agent_settings=(("CALCX_AGENT_TOOL_ROUNDS", "8"),)))
+    assert job_env(forwarded)["CALCX_AGENT_TOOL_ROUNDS"] == "8"
+    assert "CALCX_AGENT_TOOL_ROUNDS" not in job_env(K8sRunner(K8sRunnerConfig(job=job)))
+
+    args = argparse.Namespace(controller_id="ctl-test", namespace="calcx", agent_image="fake/agent:ok",
+                              image_pull_policy="IfNotPresent", job_ttl_s=600, kubeconfig=None, max_jobs_per_s=5.0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CALCX_AGENT_TOOL_ROUNDS", "3")
+        assert job_env(build_runner(args))["CALCX_AGENT_TOOL_ROUNDS"] == "3"
+        patch.setenv("CALCX_AGENT_TOOL_ROUNDS", "99")
+        with pytest.raises(SystemExit, match="CALCX_AGENT_TOOL_ROUNDS=99 is out of range"):
+            build_runner(args)
 
 
 def test_nul_in_question_fails_as_bad_environment_without_a_job(api: FakeApiServer, tmp_path: Path) -> None:

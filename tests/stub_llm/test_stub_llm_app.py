@@ -106,6 +106,22 @@ def test_badjson_mode_sends_unparseable_arguments(client):
         json.loads(call["function"]["arguments"])
 
 
+def test_steps_mode_calls_one_step_a_round_on_the_last_result(client):
+    question = "[stub:steps=3] What is 6 * 7?"
+    history: list[dict] = []
+    expressions = []
+    for result in ("42", "43", "44"):
+        call = chat(client, question, extra_messages=history).json()["choices"][0]["message"]["tool_calls"][0]
+        expressions.append(json.loads(call["function"]["arguments"])["expression"])
+        history += tool_turn(call, result)
+    assert expressions == ["6 * 7", "42 + 1", "43 + 1"]
+    done = chat(client, question, extra_messages=history).json()["choices"][0]
+    assert done["finish_reason"] == "stop" and done["message"]["content"].endswith("### ANSWER: 44 ###")
+    # tools withheld (an agent's last call after its rounds): the last result is the answer
+    forced = chat(client, question, tool_choice="none", extra_messages=history[:2]).json()["choices"][0]
+    assert forced["message"]["content"].endswith("### ANSWER: 42 ###")
+
+
 def test_unknowntool_mode_calls_a_tool_not_offered(client):
     call = chat(client, "[stub:unknowntool] What is 6 * 7?").json()["choices"][0]["message"]["tool_calls"][0]
     assert call["function"]["name"] not in {t["function"]["name"] for t in TOOLS}

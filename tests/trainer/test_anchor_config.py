@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
@@ -19,7 +20,7 @@ from calcx.anchor import cli as anchor_cli
 from calcx.anchor.config import TOOLS_FILE, compose_anchor
 from calcx.anchor.data import TOOL_AGENT
 from calcx.trainer import cli as trainer_cli
-from calcx.trainer.config import ComposeRequest, compose
+from calcx.trainer.config import ComposeRequest, ConfigError, compose
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src" / "python")}
@@ -129,11 +130,27 @@ def test_verl_checks_the_anchor_config_and_loads_its_parts() -> None:
 
 def test_command_line_wins_over_the_anchor_settings() -> None:
     cfg = compose_anchor(ComposeRequest(run_name="mine", dotlist=[
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3", "actor_rollout_ref.rollout.multi_turn."
+        "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=3", "actor_rollout_ref.rollout.multi_turn."
         "tool_config_path=/elsewhere/tools.yaml"]))
     assert cfg.trainer.experiment_name == "mine"
-    assert cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 3
+    assert cfg.actor_rollout_ref.rollout.multi_turn.max_parallel_calls == 3
     assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path == "/elsewhere/tools.yaml"
+
+
+def test_the_anchors_turns_follow_the_agents_tool_rounds() -> None:
+    """One fact: calcx.agent_tool_rounds sets calcx's agent and verl's ToolAgentLoop alike."""
+    multi_turn = compose_anchor(ComposeRequest(dotlist=["calcx.agent_tool_rounds=4"])).actor_rollout_ref.rollout.multi_turn
+    assert (multi_turn.max_assistant_turns, multi_turn.max_user_turns) == (5, 4)
+    agreeing = compose_anchor(ComposeRequest(dotlist=[
+        "calcx.agent_tool_rounds=2", "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3"]))
+    assert agreeing.actor_rollout_ref.rollout.multi_turn.max_user_turns == 2
+    with pytest.raises(ConfigError, match="max_assistant_turns=3 disagrees with calcx.agent_tool_rounds=1"):
+        compose_anchor(ComposeRequest(dotlist=["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3"]))
+    with pytest.raises(ConfigError, match="max_user_turns=1 disagrees with calcx.agent_tool_rounds=3"):
+        compose_anchor(ComposeRequest(dotlist=["calcx.agent_tool_rounds=3",
+                                               "actor_rollout_ref.rollout.multi_turn.max_user_turns=1"]))
+    with pytest.raises(ConfigError, match="calcx.agent_tool_rounds=17 is out of range"):
+        compose_anchor(ComposeRequest(dotlist=["calcx.agent_tool_rounds=17"]))
 
 
 def _calcx(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -252,5 +269,6 @@ def test_the_gpu_run_starts_the_tool_use_recipe_from_its_run_profile(tmp_path: P
     assert argv[argv.index("--profile") + 1] == "gsm8k-h200-tooluse"
     cfg = trainer_cli.compose_from_args(trainer_cli.build_parser().parse_args(argv[1:]))
     assert cfg.calcx.run_profile_applied == "gsm8k-h200-tooluse" and cfg.calcx.reward.tool_bonus == 0.1
+    assert cfg.calcx.agent_tool_rounds == 8  # the agent calls the calculator one step at a time
     assert cfg.actor_rollout_ref.model.path.endswith("warmup/model")  # RL from the warm-up's model
     assert (cfg.actor_rollout_ref.actor.optim.lr, cfg.calcx.controller_concurrency) == (5e-6, 128)

@@ -125,6 +125,14 @@ def test_unknown_key_is_an_error_naming_it() -> None:
         compose(ComposeRequest(dotlist=["trainer.total_epochs"]))
 
 
+def test_agent_tool_rounds_default_to_one_and_are_bounded_at_composition() -> None:
+    assert compose(ComposeRequest()).calcx.agent_tool_rounds == 1
+    assert compose(ComposeRequest(dotlist=["calcx.agent_tool_rounds=16"])).calcx.agent_tool_rounds == 16
+    for bad, message in (("0", "=0 is out of range"), ("17", "=17 is out of range"), ("two", "whole number")):
+        with pytest.raises(ConfigError, match=f"calcx.agent_tool_rounds{message}" if "=" in message else message):
+            compose(ComposeRequest(dotlist=[f"calcx.agent_tool_rounds={bad}"]))
+
+
 def test_async_sets_verl_v1_colocate_async_knobs() -> None:
     cfg = compose(ComposeRequest(async_mode=True))
     v1 = cfg.trainer.v1
@@ -239,7 +247,8 @@ def _without_profile_name(cfg) -> dict:
 @pytest.mark.parametrize("profile,extra", [
     ("gsm8k-h200", {}),
     ("gsm8k-h200-anchor", {"trainer.test_freq": -1}),  # the script's ANCHOR_ARGS
-    ("gsm8k-h200-tooluse", {"calcx.reward.tool_bonus": 0.1}),  # the script's TOOLUSE_ARGS
+    ("gsm8k-h200-tooluse", {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8}),
+    ("gsm8k-h200-tooluse-one-round", {"calcx.reward.tool_bonus": 0.1}),  # the first run's TOOLUSE_ARGS
 ])
 def test_a_run_profile_composes_to_what_the_gpu_script_passed(profile, extra) -> None:
     settings = {**H200_RUN_ARGS, **extra}
@@ -266,7 +275,8 @@ def test_a_run_profile_wins_over_calcx_yaml_and_loses_to_the_command_line() -> N
 
 
 def test_an_unknown_run_profile_is_refused_with_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match="'gsm8k-h100'.*known: gsm8k-h200, gsm8k-h200-anchor, gsm8k-h200-tooluse"):
+    with pytest.raises(ConfigError, match="'gsm8k-h100'.*known: gsm8k-h200, gsm8k-h200-anchor, gsm8k-h200-tooluse, "
+                                          "gsm8k-h200-tooluse-one-round"):
         compose(ComposeRequest(gpu_memory_gib=0, run_profile="gsm8k-h100"))
 
 

@@ -87,6 +87,16 @@ def test_interpreter_paths_and_agent_path_settings() -> None:
         ServicesConfig.from_calcx_section(cfg, Path("/tmp/x"))
 
 
+def test_the_controller_hands_its_agents_the_configured_tool_rounds() -> None:
+    assert ServicesConfig.from_calcx_section(OmegaConf.create({}), Path("/tmp/x")).agent_settings() == {
+        "CALCX_AGENT_TOOL_ROUNDS": "1"}
+    three = ServicesConfig.from_calcx_section(OmegaConf.create({"agent_tool_rounds": 3}), Path("/tmp/x"))
+    assert three.tool_rounds == 3 and three.agent_settings() == {"CALCX_AGENT_TOOL_ROUNDS": "3"}
+    for bad in (0, 17, "many", 2.5):
+        with pytest.raises(ValueError, match="calcx.agent_tool_rounds"):
+            ServicesConfig.from_calcx_section(OmegaConf.create({"agent_tool_rounds": bad}), Path("/tmp/x"))
+
+
 def _port_open(url: str) -> bool:
     host, port = url.rsplit("/", 1)[-1].split(":") if "//" not in url else url.split("//")[1].split(":")
     with socket.socket() as s:

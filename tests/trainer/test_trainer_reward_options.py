@@ -135,5 +135,22 @@ def test_void_turns_leave_the_loss() -> None:
     # the musing turn and the closing turn without ### ANSWER are out; the tool call stays in
     assert [s.response_mask for s in shaped.samples] == [[0, 0], [1, 1], [0, 0]]
     assert shaped.counters["void_turns_masked"] == 2 and [s.reward for s in shaped.samples] == [0.0] * 3
+    assert shaped.counters["void_rollouts_kept"] == 0
     assert not is_void_turn(json.dumps({"choices": [{"message": {"content": "### ANSWER: 7 ###"}}]}))
     assert is_void_turn({"choices": [{"message": {"content": "", "tool_calls": []}}]})
+
+
+def test_a_rollout_of_only_void_turns_keeps_them_in_the_loss() -> None:
+    """Masking them all would leave the rollout without a trained token (verl's token-mean loss
+    over such rows divides by zero); it never answered, so it trains as the wrong answer it is."""
+    musing = [USER[0], {"role": "user", "content": "q, asked again"}]
+    calls = [_call(0, USER, "Let me think about the clips."), _call(1, musing, "So it is probably 42.")]
+    samples = _samples(0.0, calls)
+    shaped = apply_reward_options(samples, calls, rollout_tool_use(calls), RewardOptions(mask_void_turns=True))
+    assert [s.response_mask for s in shaped.samples] == [[1, 1], [1, 1]]
+    assert shaped.counters["void_turns_masked"] == 0 and shaped.counters["void_rollouts_kept"] == 1
+    [alone] = calls[:1]
+    single = apply_reward_options(_samples(0.0, [alone]), [alone], rollout_tool_use([alone]),
+                                  RewardOptions(mask_void_turns=True))
+    assert [s.response_mask for s in single.samples] == [[1, 1]] and single.counters["void_rollouts_kept"] == 1
+    assert all(any(s.response_mask) for s in shaped.samples + single.samples)

@@ -1,6 +1,6 @@
 """The server and controller `calcx train` starts die with it, even when it is killed with SIGKILL
 (no cleanup runs then): a second start of the run finds no old controller claiming work from the
-run's database."""
+run's database. The controller runs with the agents' settings in its environment."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
 python = sys.argv[2]
 services = LocalServices(ServicesConfig(workdir=Path(sys.argv[1]), services_python=python,
                                         services_pythonpath=[str(CALCX_SRC)], agent_python=python,
-                                        agent_pythonpath=[str(CALCX_SRC)], concurrency=2)).start()
+                                        agent_pythonpath=[str(CALCX_SRC)], concurrency=2, tool_rounds=3)).start()
 print(services.server.pid, services.controller.pid, flush=True)
 time.sleep(600)
 """
@@ -36,6 +36,9 @@ def test_a_sigkilled_trainer_leaves_no_server_or_controller(tmp_path: Path) -> N
         assert trainer.stdout is not None
         pids = [int(p) for p in trainer.stdout.readline().split()]
         assert len(pids) == 2 and all(alive(p) for p in pids)
+        # what its agents inherit (calcx.contract.env.AGENT_INHERITED_NAMES): calcx.agent_tool_rounds
+        controller_env = Path(f"/proc/{pids[1]}/environ").read_bytes().split(b"\0")
+        assert b"CALCX_AGENT_TOOL_ROUNDS=3" in controller_env
     finally:
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(timeout=30)

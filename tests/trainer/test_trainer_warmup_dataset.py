@@ -54,6 +54,28 @@ def trace():
     return trace
 
 
+@pytest.fixture(scope="module")
+def sequential_trace():
+    """The shape of an agent of several tool rounds: one call a turn, each after the last result."""
+    row = {"id": "gsm8k-train-2", "question": "Ana has 48 clips, sells half, then buys 10. How many now?",
+           "chain": "She sells 48/2 = <<48/2=24>>24.\nShe keeps 48-24 = <<48-24=24>>24.\n"
+                    "Then 24+10 = <<24+10=34>>34 clips.", "result": "34"}
+    trace, calls = asyncio.run(build_trace(row, [calculator_tool_entry()], tool_rounds=4))
+    assert calls == 3
+    return trace
+
+
+def trained_spans(mask):
+    spans, start = [], None
+    for position, flag in enumerate(mask + [0]):
+        if flag and start is None:
+            start = position
+        if not flag and start is not None:
+            spans.append((start, position))
+            start = None
+    return spans
+
+
 def trained_and_context(tokenizer, trace):
     ids, mask = tokenize_trace(tokenizer, trace["messages"], trace["tools"])
     trained = tokenizer.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False)
@@ -78,13 +100,7 @@ def test_each_model_turn_is_one_call_prompt_then_its_response(request, trace, te
     assert len(turns) == 2
     # the trained spans, in order, are exactly the two responses; each starts where that call's
     # prompt (the conversation so far with the generation prompt) ends
-    spans, start = [], None
-    for position, flag in enumerate(mask + [0]):
-        if flag and start is None:
-            start = position
-        if not flag and start is not None:
-            spans.append((start, position))
-            start = None
+    spans = trained_spans(mask)
     assert len(spans) == 2
     for (begin, end), turn in zip(spans, turns):
         prompt = tokenizer.apply_chat_template(rendered[:turn], tools=trace["tools"], add_generation_prompt=True,
@@ -131,3 +147,34 @@ def test_the_dataset_reads_the_traces_file_and_bounds_its_rows(tmp_path: Path, q
     short = AgentTraceDataset([str(path)], qwen_like, {"max_length": 100})
     with pytest.raises(DataError, match="gsm8k-train-1: .* tokens > data.max_length 100"):
         short[0]
+
+
+@pytest.mark.parametrize("template", ["qwen_like", "hermes"])
+def test_every_turn_of_a_sequential_trace_is_trained_as_its_own_call(request, sequential_trace, template):
+    """Three calls, one a turn, then the answer: four trained spans, each the response to a prompt
+    that already holds every earlier call and its result."""
+    tokenizer = request.getfixturevalue("qwen_like") if template == "qwen_like" else byte_tokenizer()
+    ids, mask, _ = trained_and_context(tokenizer, sequential_trace)
+    rendered = as_rendered(sequential_trace["messages"])
+    turns = [i for i, m in enumerate(rendered) if m["role"] == "assistant"]
+    spans = trained_spans(mask)
+    assert len(turns) == len(spans) == 4
+    responses = []
+    for (begin, end), turn in zip(spans, turns):
+        prompt = tokenizer.apply_chat_template(rendered[:turn], tools=sequential_trace["tools"],
+                                               add_generation_prompt=True, tokenize=False)
+        full = tokenizer.apply_chat_template(rendered[:turn + 1], tools=sequential_trace["tools"], tokenize=False)
+        assert tokenizer.decode(ids[:begin], skip_special_tokens=False) == prompt
+        response = tokenizer.decode(ids[begin:end], skip_special_tokens=False)
+        assert response.endswith("<|im_end|>") and full.startswith(prompt + response)
+        assert full[len(prompt + response):].strip() == ""
+        responses.append(response)
+    # each call turn is the text since the last result and one call on it; the results are context
+    assert "She sells 48/2 =" in responses[0] and '"expression": "48/2"' in responses[0]
+    assert responses[1].count("<tool_call>") == 1 and '"expression": "48-24"' in responses[1]
+    assert "24.\nShe keeps 48-24 =" in responses[1]
+    assert '"expression": "24+10"' in responses[2] and "### ANSWER: 34 ###" in responses[3]
+    assert not any("<tool_response>" in r for r in responses)
+    context = tokenizer.decode([i for i, m in zip(ids, mask) if not m], skip_special_tokens=False)
+    assert all(f"<tool_response>\n{value}\n</tool_response>" in context for value in ("24.0", "24", "34"))
+    assert sum(mask) == sum(len(tokenizer.encode(r, add_special_tokens=False)) for r in responses)

@@ -12,11 +12,14 @@ from calcx.contract.env import (
     AGL_KEY,
     AGL_OPENAI_BASE_URL,
     CALCX_AGENT_TIMEOUT_S,
+    CALCX_AGENT_TOOL_ROUNDS,
     CALCX_CALCULATOR_TIMEOUT_S,
     CALCX_MODEL_MAX_RETRIES,
     QUESTION,
     REQUIRED_VARIABLES,
     RESULT,
+    TOOL_ROUNDS_DEFAULT,
+    parse_tool_rounds,
 )
 
 MAX_RUN_SECONDS = 300.0
@@ -35,6 +38,7 @@ class AgentConfig:
     model_max_retries: int = DEFAULT_MODEL_MAX_RETRIES
     calculator_timeout_s: float = DEFAULT_CALCULATOR_TIMEOUT_S
     calculator_command: tuple[str, ...] = ()
+    tool_rounds: int = TOOL_ROUNDS_DEFAULT
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "AgentConfig":
@@ -51,6 +55,8 @@ class AgentConfig:
                 raise BadEnvironment(f"environment variable {name} must be an http(s) URL, got {value[:200]!r}")
         try:
             command = tuple(calculator_command(env))
+            raw_rounds = (env.get(CALCX_AGENT_TOOL_ROUNDS) or "").strip()
+            tool_rounds = parse_tool_rounds(raw_rounds) if raw_rounds else TOOL_ROUNDS_DEFAULT
         except ValueError as exc:
             raise BadEnvironment(str(exc)) from None
         return cls(
@@ -63,6 +69,7 @@ class AgentConfig:
             model_max_retries=int(_positive_float(env, CALCX_MODEL_MAX_RETRIES, DEFAULT_MODEL_MAX_RETRIES, zero_ok=True)),
             calculator_timeout_s=_positive_float(env, CALCX_CALCULATOR_TIMEOUT_S, DEFAULT_CALCULATOR_TIMEOUT_S),
             calculator_command=command,
+            tool_rounds=tool_rounds,
         )
 
 

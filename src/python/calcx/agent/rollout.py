@@ -122,6 +122,9 @@ async def solve(config: AgentConfig) -> str:
             model_client=model_client,
             workbench=workbench,
             reflect_on_tool_use=True,
+            # up to this many rounds of calls, each seeing the results of the last; after the
+            # last round one more call, without tools, must answer (1: one round, then answer)
+            max_tool_iterations=config.tool_rounds,
             system_message=SYSTEM_MESSAGE,
         )
         try:

@@ -42,6 +42,25 @@ CALCX_AGENT_TIMEOUT_S = "CALCX_AGENT_TIMEOUT_S"  # the agent's own bound on the 
 CALCX_MODEL_MAX_RETRIES = "CALCX_MODEL_MAX_RETRIES"
 CALCX_CALCULATOR_TIMEOUT_S = "CALCX_CALCULATOR_TIMEOUT_S"
 CALCX_CALCULATOR_CMD = "CALCX_CALCULATOR_CMD"  # a JSON list: the command that starts the calculator
+CALCX_AGENT_TOOL_ROUNDS = "CALCX_AGENT_TOOL_ROUNDS"  # rounds of calculator calls before the agent must answer
+
+#: One round: the agent's calls go out together, their results come back, then it must answer.
+TOOL_ROUNDS_DEFAULT = 1
+#: Every round is one more model call; past this the run would outgrow its deadline and context.
+TOOL_ROUNDS_MAX = 16
+
+
+def parse_tool_rounds(value: object, *, what: str = CALCX_AGENT_TOOL_ROUNDS) -> int:
+    """A tool-round count (an int, or its text) checked against 1..TOOL_ROUNDS_MAX; ValueError
+    naming ``what`` otherwise. The agent reads its variable with it, the trainer its setting."""
+    text = str(value).strip()[:100]
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not text.isdigit():
+        raise ValueError(f"{what} must be a whole number of tool rounds from 1 to {TOOL_ROUNDS_MAX}, got {text!r}")
+    rounds = int(text)
+    if not 1 <= rounds <= TOOL_ROUNDS_MAX:
+        raise ValueError(f"{what}={rounds} is out of range: 1 (one round of calls, then the answer) "
+                         f"to {TOOL_ROUNDS_MAX}")
+    return rounds
 
 # -- the controller's own (never an agent's) ----------------------------------------------------
 CALCX_KEY = "CALCX_KEY"  # the server key: server, controller and trainer only
@@ -56,7 +75,7 @@ CALCX_ZYGOTE_PROFILE_DIR = "CALCX_ZYGOTE_PROFILE_DIR"  # tuning aid: where the a
 AGENT_INHERITED_NAMES: frozenset[str] = frozenset(
     {
         CALCX_AGENT_TIMEOUT_S, CALCX_MODEL_MAX_RETRIES, CALCX_CALCULATOR_TIMEOUT_S, CALCX_CALCULATOR_CMD,
-        CALCX_ZYGOTE_PROFILE_DIR,
+        CALCX_AGENT_TOOL_ROUNDS, CALCX_ZYGOTE_PROFILE_DIR,
         "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP",
         "SSL_CERT_FILE", "SSL_CERT_DIR", "VIRTUAL_ENV",
     }

@@ -32,7 +32,13 @@ from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 from kubernetes.client.rest import ApiException
 
-from calcx.contract.env import CALCX_AGENT_TIMEOUT_S, CALCX_ATTEMPT_ID, CALCX_ROLLOUT_ID
+from calcx.contract.env import (
+    CALCX_AGENT_TIMEOUT_S,
+    CALCX_AGENT_TOOL_ROUNDS,
+    CALCX_ATTEMPT_ID,
+    CALCX_ROLLOUT_ID,
+    parse_tool_rounds,
+)
 from calcx.contract.failures import FailureReason
 from calcx.controller.base import RunResult
 from calcx.controller.k8s_outcomes import (
@@ -66,6 +72,9 @@ class K8sRunnerConfig:
     watch_timeout_s: int = 60
     request_timeout_s: float = 30.0
     api_threads: int = 16
+    # (name, value) of agent settings every Job gets from the controller's own environment (a Job
+    # inherits nothing else of it): CALCX_AGENT_TOOL_ROUNDS, the rounds the trainer's run was composed with
+    agent_settings: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not (self.max_jobs_per_s > 0 and math.isfinite(self.max_jobs_per_s)):
@@ -217,6 +226,8 @@ class K8sRunner:
         # The agent stops itself (exit 12, reason timeout) just before Kubernetes would kill it.
         agent_timeout = max(1.0, float(claim.deadline_s) - self.config.agent_timeout_margin_s)
         env.setdefault(CALCX_AGENT_TIMEOUT_S, f"{agent_timeout:g}")
+        for name, value in self.config.agent_settings:
+            env.setdefault(name, value)
         return env
 
     def render(self, claim: Any) -> RenderedAttempt:
@@ -480,7 +491,12 @@ def build_runner(args: argparse.Namespace) -> K8sRunner:
         ttl_seconds_after_finished=args.job_ttl_s, controller_id=controller_id,
     )
     try:
-        config = K8sRunnerConfig(job=job, kubeconfig=args.kubeconfig, max_jobs_per_s=args.max_jobs_per_s)
+        rounds = os.environ.get(CALCX_AGENT_TOOL_ROUNDS, "").strip()
+        if rounds:
+            parse_tool_rounds(rounds)  # refused here, not once per Job by its agent
+        settings = ((CALCX_AGENT_TOOL_ROUNDS, rounds),) if rounds else ()
+        config = K8sRunnerConfig(job=job, kubeconfig=args.kubeconfig, max_jobs_per_s=args.max_jobs_per_s,
+                                 agent_settings=settings)
     except ValueError as exc:
         raise SystemExit(f"calcx controller: {exc}") from exc
     return K8sRunner(config)

@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from calcx.contract.env import TOOL_ROUNDS_DEFAULT, TOOL_ROUNDS_MAX, parse_tool_rounds
 from calcx.data.importers import FORMATS
 
 SHOWN_PROBLEMS = 20
@@ -46,14 +47,19 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser(
         "traces", help="turn GSM8K calculator annotations into agent-format chat traces (supervised warm-up)",
         description="Read GSM8K jsonl/parquet and write one chat trace per row in the agent's own format: its "
-                    "system and user messages, one turn calling the calculate tool per <<expression=result>> "
-                    "annotation, the MCP calculator's answers, then the reasoning and ### ANSWER: x ###. Rows "
+                    "system and user messages, the calculate tool called once per <<expression=result>> "
+                    "annotation (all in one turn, or one a turn with --tool-rounds N), the MCP calculator's "
+                    "answers, then the reasoning and ### ANSWER: x ###. Rows "
                     "whose annotations cannot make a faithful trace are skipped and named.")
     tr.add_argument("files", nargs="+", help="GSM8K .jsonl or .parquet files ({question, answer})")
     tr.add_argument("--out", required=True, help="traces file: .parquet (verl's SFT trainer) or .jsonl")
     tr.add_argument("--exclude", nargs="+", default=[], metavar="FILE",
                     help="rows held out of training (e.g. the validation file `calcx data import` wrote): a row "
                          "whose id or question text is in them makes no trace")
+    tr.add_argument("--tool-rounds", default=str(TOOL_ROUNDS_DEFAULT), metavar="N",
+                    help="the agent's calcx.agent_tool_rounds: 1 (default) writes every call in one turn; N > 1 "
+                         "writes one call a turn, each followed by its result, and skips rows with more than N "
+                         f"annotations (at most {TOOL_ROUNDS_MAX})")
     tr.add_argument("--force", action="store_true", help="overwrite an existing file")
     return parser
 
@@ -181,6 +187,11 @@ def _traces(args: argparse.Namespace) -> int:
     from calcx.data.schema import DataError
     from calcx.data.traces import TRACE_SUFFIXES, Skipped, build_traces, write_traces
 
+    try:
+        tool_rounds = parse_tool_rounds(args.tool_rounds, what="--tool-rounds")
+    except ValueError as exc:
+        print(f"calcx data: error: {exc}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     if out.suffix not in TRACE_SUFFIXES:
         print(f"calcx data: error: --out {out} must end in {' or '.join(TRACE_SUFFIXES)}", file=sys.stderr)
@@ -199,7 +210,7 @@ def _traces(args: argparse.Namespace) -> int:
     except (DataError, OSError) as exc:
         print(f"calcx data: error: --exclude: {exc}", file=sys.stderr)
         return 2
-    result = build_traces(rows, origins)
+    result = build_traces(rows, origins, tool_rounds)
     skipped = [Skipped(f"{p.file}: {p.unit} {p.line}", "bad_row", f"field '{p.field}' {p.reason}" if p.field else p.reason)
                for p in imported.problems] + held_out + result.skipped
     if skipped:

@@ -4,12 +4,21 @@ GSM8K's answers mark each computation as `48/2 = <<48/2=24>>24`: an expression a
 A trace is the conversation calcx's agent has when it uses the calculator for all of them:
 
 1. system and user messages exactly as the agent sends them (`calcx.agent.answer.prompt_messages`);
-2. one assistant turn calling the `calculate` tool once per annotation, in order (AutoGen's
-   AssistantAgent makes one round of tool calls, then reflects: `reflect_on_tool_use`);
+2. one assistant turn calling the `calculate` tool once per annotation, in order (an agent of one
+   tool round, `calcx.agent_tool_rounds: 1`, makes all its calls at once, then answers);
 3. one `tool` message per call holding what the MCP calculator answers for the expression (its own
    server code, in-process: `calcx.anchor.calculator`);
 4. the closing assistant turn: GSM8K's reasoning with the annotations removed, then the answer in
    the agent's format (`### ANSWER: 72 ###`).
+
+For an agent of N > 1 tool rounds (`tool_rounds=N`) a trace is sequential: each annotation is its
+own assistant turn with one call, answered by its tool message before the next turn, so an
+expression may use what an earlier call returned. GSM8K writes the result right after its mark
+(`48/2 = <<48/2=24>>24 clips`), so the reasoning is cut at the marks, not at line ends: a turn
+holds the text from the last mark's result up to its own mark (`24 clips.\nIn all 48+24 =`), the
+closing turn the text after the last mark and the answer; a line's whole text before its call would
+state the result the call has not returned yet. Joined, the turns' texts are the reasoning. A row
+with more annotations than N rounds is skipped (`too_many_rounds`): the agent could not follow it.
 
 Every row comes with `tools`, the `calculate` entry the agent's requests carry, so a chat template
 renders the trace as it renders the agent's calls. A row whose annotations cannot make a faithful
@@ -31,6 +40,7 @@ from typing import Any, Sequence
 
 from calcx.agent.answer import format_answer, prompt_messages
 from calcx.anchor.calculator import calculator_tool_entry, call
+from calcx.contract.env import TOOL_ROUNDS_DEFAULT
 from calcx.data.schema import DataError
 
 ANNOTATION_RE = re.compile(r"<<([^<>]*)>>")
@@ -130,38 +140,66 @@ def reasoning(chain: str) -> str:
     return ANNOTATION_RE.sub("", chain).strip()
 
 
-async def build_trace(row: dict[str, Any], tools: list[dict[str, Any]]) -> tuple[dict[str, Any], int]:
-    """(trace row, calculator calls) for one imported GSM8K row, or TraceError."""
-    pairs = annotation_pairs(str(row["chain"]))
-    tool_calls, answers = [], []
-    for index, (expression, annotated) in enumerate(pairs):
+def _tool_call(index: int, expression: str) -> dict[str, Any]:
+    return {"id": f"call_{index}", "type": "function",
+            "function": {"name": "calculate", "arguments": json.dumps({"expression": expression})}}
+
+
+async def _calculated(pairs: list[tuple[str, str]]) -> list[str]:
+    """What the calculator answers for each annotation; TraceError unless it reproduces them all."""
+    answers = []
+    for expression, annotated in pairs:
         check_bounded(expression)
         text, is_error = await call("calculate", {"expression": expression})
         if is_error:
             raise TraceError("calculator_error", f"<<{expression}={annotated}>>: {text}")
         if not same_result(annotated, text):
             raise TraceError("result_mismatch", f"<<{expression}={annotated}>>: the calculator answers {text}")
-        call_id = f"call_{index}"
-        tool_calls.append({"id": call_id, "type": "function",
-                           "function": {"name": "calculate", "arguments": json.dumps({"expression": expression})}})
-        answers.append({"role": "tool", "tool_call_id": call_id, "content": text})
-    closing = f"{reasoning(str(row['chain']))}\n\n{format_answer(str(row['result']))}"
-    messages = [*prompt_messages(str(row["question"])),
-                {"role": "assistant", "content": None, "tool_calls": tool_calls},
-                *answers,
-                {"role": "assistant", "content": closing}]
+        answers.append(text)
+    return answers
+
+
+def turn_texts(chain: str) -> list[str]:
+    """The reasoning cut at the marks: the text before each mark, then the text after the last."""
+    return [part.strip() for part in ANNOTATION_RE.split(chain)[0::2]]
+
+
+async def build_trace(row: dict[str, Any], tools: list[dict[str, Any]],
+                      tool_rounds: int = TOOL_ROUNDS_DEFAULT) -> tuple[dict[str, Any], int]:
+    """(trace row, calculator calls) for one imported GSM8K row, or TraceError: one round of all
+    the calls (`tool_rounds` 1), else one call a turn (module docstring)."""
+    chain, answer = str(row["chain"]), format_answer(str(row["result"]))
+    pairs = annotation_pairs(chain)
+    if tool_rounds > 1 and len(pairs) > tool_rounds:
+        raise TraceError("too_many_rounds", f"{len(pairs)} annotations > {tool_rounds} tool rounds")
+    results = await _calculated(pairs)
+    calls = [_tool_call(index, expression) for index, (expression, _) in enumerate(pairs)]
+    answers = [{"role": "tool", "tool_call_id": c["id"], "content": text} for c, text in zip(calls, results)]
+    if tool_rounds == 1:
+        turns = [{"role": "assistant", "content": None, "tool_calls": calls}, *answers,
+                 {"role": "assistant", "content": f"{reasoning(chain)}\n\n{answer}"}]
+    else:
+        texts = turn_texts(chain)
+        turns = []
+        for text, tool_call, tool_answer in zip(texts, calls, answers):
+            turns += [{"role": "assistant", "content": text or None, "tool_calls": [tool_call]}, tool_answer]
+        closing = texts[-1]
+        turns.append({"role": "assistant", "content": f"{closing}\n\n{answer}" if closing else answer})
+    messages = [*prompt_messages(str(row["question"])), *turns]
     return {"id": row["id"], "source": row.get("source", "gsm8k"), "messages": messages, "tools": tools}, len(pairs)
 
 
-def build_traces(rows: Sequence[dict[str, Any]], origins: Sequence[str]) -> TraceResult:
-    """Traces of the rows (imported by `calcx.data.importers`), each skip named by its origin."""
+def build_traces(rows: Sequence[dict[str, Any]], origins: Sequence[str],
+                 tool_rounds: int = TOOL_ROUNDS_DEFAULT) -> TraceResult:
+    """Traces of the rows (imported by `calcx.data.importers`) for an agent of `tool_rounds`, each
+    skip named by its origin."""
     tools = [calculator_tool_entry()]
 
     async def run() -> TraceResult:
         result = TraceResult()
         for row, where in zip(rows, origins):
             try:
-                trace, calls = await build_trace(row, tools)
+                trace, calls = await build_trace(row, tools, tool_rounds)
             except TraceError as exc:
                 result.skipped.append(Skipped(where, exc.reason, exc.detail))
                 continue

@@ -17,6 +17,8 @@ MODES = {
     "wrong": "call the calculator, then answer a different number",
     "noformat": "call the calculator, then answer without the ### ANSWER: ### format",
     "badjson": "call the calculator with arguments that are not valid JSON",
+    "steps": "call the calculator one call a round, each on the last result plus 1 (name=count calls, default 3), "
+             "then answer the last result",
     "unknowntool": "call a tool that was not offered",
     "error500": "answer every request with HTTP 500",
     "slow": "wait (default 1 s, or name=seconds) and then behave normally",

@@ -1,7 +1,9 @@
 """The scripted model: given a chat request and a mode, the assistant turn it plays.
 
 Turn rules: after a tool result, answer with that result; with tools offered and
-no tool result yet, call the calculator-like tool; otherwise answer directly.
+no tool result yet, call the calculator-like tool; otherwise answer directly. In
+``steps`` mode the calls go one a round, each on the result of the last, so an
+agent's number of tool rounds shows in its answer.
 Everything is a pure function of the request, so the same request always gets
 the same response (ids and tokens included).
 """
@@ -21,6 +23,7 @@ from calcx.stub_llm.script import Script, strip_markers
 from calcx.stub_llm.tokens import content_text
 
 UNKNOWN_TOOL_NAME = "web_search"
+STEPS_DEFAULT = 3
 _OPTION_RE = re.compile(r"\b([A-E])\)\s*([-+\d.,/_ ]+?)(?=\s+[A-E]\)|\s*$)")
 
 
@@ -95,11 +98,39 @@ def _answer_text(value: float | None, mode: Mode, question: str) -> str:
     return f"The calculation gives {number}. ### ANSWER: {number} ###"
 
 
+def _tool_call(tool_name: str, expression: str, seed: str) -> Turn:
+    call = {"id": call_id(seed), "type": "function",
+            "function": {"name": tool_name, "arguments": json.dumps({"expression": expression})}}
+    return Turn(content=None, tool_calls=[call], kind="tool_call")
+
+
+def _next_step(request: dict[str, Any], mode: Mode, script: Script) -> Turn | None:
+    """``steps`` mode: the next call of the chain (the question's expression, then the last
+    result + 1), or None once the chain is done or tools are not offered (the usual rules answer)."""
+    messages: list[dict] = request["messages"]
+    tool_name = pick_tool(request.get("tools") or []) if request.get("tool_choice") != "none" else None
+    results = [m for m in messages if m.get("role") == "tool"]
+    wanted = int(mode.seconds) if mode.seconds is not None else STEPS_DEFAULT
+    if tool_name is None or len(results) >= wanted:
+        return None
+    question = first_user_text(messages)
+    if results:
+        last = try_evaluate(content_text(results[-1].get("content")).strip())
+        expression = f"{format_number(last)} + 1" if last is not None else None
+    else:
+        expression = script.expression_for(question)
+    if expression is None:
+        return None
+    return _tool_call(tool_name, expression, json.dumps([strip_markers(question), len(messages), mode.name]))
+
+
 def play(request: dict[str, Any], mode: Mode, script: Script) -> Turn:
     """The assistant turn for ``request`` in ``mode`` (slow/hang/error500 are handled by the app)."""
     messages: list[dict] = request["messages"]
     tools = request.get("tools") or []
     question = first_user_text(messages)
+    if mode.name == "steps" and (step := _next_step(request, mode, script)) is not None:
+        return step
     last = messages[-1]
     if last.get("role") == "tool":
         value = try_evaluate(content_text(last.get("content")).strip())

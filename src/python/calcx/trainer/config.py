@@ -275,7 +275,23 @@ def compose(request: ComposeRequest) -> DictConfig:
     if template:
         apply_chat_template(cfg, str(template))
     check_reward_options(cfg)
+    agent_tool_rounds(cfg)
     return cfg
+
+
+def agent_tool_rounds(cfg: DictConfig) -> int:
+    """`calcx.agent_tool_rounds`: the agent's rounds of calculator calls before it must answer (the
+    controller's agents get it as CALCX_AGENT_TOOL_ROUNDS; the anchor's turn limits follow it). A
+    bad value stops the run at composition, by name."""
+    from calcx.contract.env import TOOL_ROUNDS_DEFAULT, parse_tool_rounds
+
+    value = OmegaConf.select(cfg, "calcx.agent_tool_rounds", default=None)
+    if value is None:
+        return TOOL_ROUNDS_DEFAULT
+    try:
+        return parse_tool_rounds(value, what="calcx.agent_tool_rounds")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_reward_options(cfg: DictConfig) -> None:

@@ -9,7 +9,9 @@ rollout's samples are trained with, never validation (its accuracy stays the age
   lowest reward of its GRPO group and its advantage never turns positive.
 - `mask_void_turns` (SimpleTIR-style): a model turn with neither a tool call (parsed or not) nor the
   `### ANSWER` marker is left out of the loss (its response mask is zeros); the rollout's other
-  turns keep its reward and advantage.
+  turns keep its reward and advantage. A rollout whose every turn is void keeps them all: it never
+  answered, so it is trained as the wrong answer it is, and no rollout reaches verl without a single
+  trained token (a group or micro-batch of such rows would divide verl's token-mean loss by zero).
 
 A tool call the parser could not read is the model's mistake: the rollout is trained with the
 agent's reward like any other (no bonus for it), and counted in `calcx/train/tool_parse_failures`.
@@ -85,12 +87,14 @@ def apply_reward_options(samples: RolloutSamples, calls: Sequence[Mapping[str, A
         return samples
     reward = shaped_reward(samples.reward, use, options)
     responses = {str(c.get("call_id")): c.get("response") for c in calls}
-    out = []
-    for sample in samples.samples:
-        mask = sample.response_mask
-        if options.mask_void_turns and is_void_turn(responses.get(sample.call_id)):
-            mask = [0] * len(mask)
-        out.append(replace(sample, reward=reward, response_mask=mask))
+    void = [options.mask_void_turns and is_void_turn(responses.get(s.call_id)) for s in samples.samples]
+    all_void = bool(void) and all(void)
+    if all_void:
+        void = [False] * len(void)  # nothing would be left to train: the rollout is a wrong answer
+    out = [replace(sample, reward=reward, response_mask=[0] * len(sample.response_mask) if masked
+                   else sample.response_mask)
+           for sample, masked in zip(samples.samples, void)]
     counters = dict(samples.counters)
-    counters["void_turns_masked"] = sum(1 for s in out if not any(s.response_mask))
+    counters["void_turns_masked"] = sum(void)
+    counters["void_rollouts_kept"] = int(all_void)
     return replace(samples, reward=reward, samples=out, counters=counters)

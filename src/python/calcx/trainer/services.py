@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from calcx.contract.env import CALCX_KEY
+from calcx.contract.env import CALCX_AGENT_TOOL_ROUNDS, CALCX_KEY, TOOL_ROUNDS_DEFAULT, parse_tool_rounds
 from calcx.contract.ready import CONTROLLER_READY, SERVER_READY
 from calcx.procs.managed import ManagedProcess, ProcessStartError, live_pids, stop_all
 from calcx.worker.protocol import WORKER_MODULE
@@ -97,6 +97,7 @@ class ServicesConfig:
     concurrency: int = 32
     prefork: bool = True
     agent_logs: bool = False
+    tool_rounds: int = TOOL_ROUNDS_DEFAULT
     server_args: Sequence[str] = ()
     controller_args: Sequence[str] = ()
     start_timeout_s: float = 180.0
@@ -104,11 +105,13 @@ class ServicesConfig:
     @classmethod
     def from_calcx_section(cls, calcx: Any, workdir: Path) -> "ServicesConfig":
         """Read `calcx.services_python`, `services_pythonpath`, `agent_python`, `agent_pythonpath`,
-        `controller_concurrency`, `prefork`, `agent_logs`, `server_args` and `controller_args` (null = default)."""
+        `controller_concurrency`, `prefork`, `agent_logs`, `agent_tool_rounds`, `server_args` and
+        `controller_args` (null = default)."""
         get = calcx.get
         services_path = as_path_list(get("services_pythonpath"), what="calcx.services_pythonpath")
         agent_path = as_path_list(get("agent_pythonpath"), what="calcx.agent_pythonpath")
         concurrency = int(get("controller_concurrency") or 32)
+        rounds = get("agent_tool_rounds")
         if concurrency < 1:
             raise ValueError(f"calcx.controller_concurrency={concurrency} must be at least 1")
         return cls(
@@ -120,9 +123,15 @@ class ServicesConfig:
             concurrency=concurrency,
             prefork=bool(get("prefork", True)),
             agent_logs=bool(get("agent_logs", False)),
+            tool_rounds=parse_tool_rounds(TOOL_ROUNDS_DEFAULT if rounds is None else rounds,
+                                          what="calcx.agent_tool_rounds"),
             server_args=[str(a) for a in (get("server_args") or [])],
             controller_args=[str(a) for a in (get("controller_args") or [])],
         )
+
+    def agent_settings(self) -> dict[str, str]:
+        """The agents' settings, in the controller's environment (its agents inherit them)."""
+        return {CALCX_AGENT_TOOL_ROUNDS: str(self.tool_rounds)}
 
     def agent_commands(self) -> list[str]:
         """Controller flags that run the agent (and its pre-forked worker) under the agent's Python."""
@@ -178,8 +187,8 @@ class LocalServices:
             self.server_url = self.server.match.group(1).rstrip("/")
             controller_cmd = [c.services_python, "-m", "calcx.controller", "--runner", "local",
                               "--server", self.server_url, *controller_tail]
-            self.controller = ManagedProcess("calcx controller", controller_cmd, self.workdir / "controller.log", env,
-                                             die_with_parent=True)
+            self.controller = ManagedProcess("calcx controller", controller_cmd, self.workdir / "controller.log",
+                                             {**env, **c.agent_settings()}, die_with_parent=True)
             self.controller.start(CONTROLLER_READY, c.start_timeout_s)
         except ProcessStartError as exc:
             self.stop()
