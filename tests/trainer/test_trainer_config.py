@@ -40,7 +40,7 @@ def test_calcx_overrides_land_where_verl_reads_them(cfg) -> None:
     assert arr.model.use_remove_padding is True and arr.model.enable_gradient_checkpointing is True
     assert arr.model.path == "Qwen/Qwen2.5-1.5B-Instruct"
     t = cfg.trainer
-    assert (t.n_gpus_per_node, t.nnodes, t.total_epochs, t.save_freq, t.test_freq) == (1, 1, 2, 64, 10)
+    assert (t.n_gpus_per_node, t.nnodes, t.total_epochs, t.save_freq, t.test_freq) == (1, 1, 2, 50, 10)
     assert list(t.logger) == ["console"]
     assert t.use_v1 is True and t.v1.trainer_mode == "sync"
     assert t.v1.sampler.sync_refill_failed_groups is True
