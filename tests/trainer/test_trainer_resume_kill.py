@@ -92,8 +92,12 @@ def drive(stack: dict[str, Any], kill: str | None, on_line: Callable[[str], None
     return out
 
 
+#: how `calcx train` says what a start continues from (calcx.trainer.resume.ResumePlan.summary)
+START_LINE = ("calcx train: resuming run ", "calcx train: starting run ")
+
+
 def start_line(out: str) -> str:
-    (line,) = [ln for ln in out.splitlines() if ln.startswith("calcx train: ")]
+    (line,) = [ln for ln in out.splitlines() if ln.startswith(START_LINE)]
     return line
 
 
@@ -106,7 +110,7 @@ def test_killed_at_each_phase_the_run_resumes_and_trains_each_rollout_once(stack
             os.kill(controller, signal.SIGSTOP)
 
     def release_controller(line: str) -> None:
-        if line.startswith("calcx train: "):
+        if line.startswith("calcx train: "):  # the first line a start prints: the controller may go on
             os.kill(controller, signal.SIGCONT)
 
     try:
