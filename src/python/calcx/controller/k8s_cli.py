@@ -24,10 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        choices=["Always", "IfNotPresent", "Never"])
     group.add_argument("--kubeconfig", default=env.get("KUBECONFIG") or None,
                        help="kubeconfig path (default: in-cluster config inside a pod, else $KUBECONFIG or ~/.kube/config)")
-    group.add_argument("--max-jobs-per-s", type=float, default=float(env.get("CALCX_K8S_MAX_JOBS_PER_S", "5")),
-                       help="Job creation rate limit (token bucket, default 5/s)")
+    group.add_argument("--max-jobs-per-s", type=float, default=float(env.get("CALCX_K8S_MAX_JOBS_PER_S", K8sRunnerConfig.max_jobs_per_s)),
+                       help=f"Job creation rate limit (token bucket, default {K8sRunnerConfig.max_jobs_per_s:g}/s)")
     group.add_argument("--job-ttl-s", type=int, default=int(env.get("CALCX_K8S_JOB_TTL_S", str(defaults.ttl_seconds_after_finished))),
-                       help="ttlSecondsAfterFinished of the Jobs (default 600)")
+                       help=f"ttlSecondsAfterFinished of the Jobs (default {defaults.ttl_seconds_after_finished})")
 
 
 def build_runner(args: argparse.Namespace) -> K8sRunner:
