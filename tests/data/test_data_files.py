@@ -93,3 +93,18 @@ def test_invalid_rows_are_not_written(tmp_path):
     with pytest.raises(DataError, match="row 2"):
         write_jsonl([ROW, {"id": "x"}], target)
     assert not target.exists() and list(tmp_path.iterdir()) == []
+
+
+# a value each writer takes past validation but cannot write: json has no object(), parquet no
+# struct without fields
+UNWRITABLE = {".jsonl": object(), ".parquet": {}}
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, suffix):
+    path = write_rows([ROW], tmp_path / f"rows{suffix}")
+    before = path.read_bytes()
+    with pytest.raises(Exception):  # noqa: B017 - json's TypeError, pyarrow's ArrowNotImplementedError
+        write_rows([{**ROW, "id": "r2"}, {**ROW, "id": "r3", "extra": UNWRITABLE[suffix]}], path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]

@@ -16,7 +16,9 @@ from fake_apiserver import FakeApiServer, Scenario, Step
 from calcx.api.models import Attempt, Claim, Rollout
 from calcx.api.tokens import attempt_token
 from calcx.controller.base import RunResult
-from calcx.controller.k8s_runner import K8sRunner, K8sRunnerConfig, TokenBucket, build_runner
+from calcx.controller.k8s_cli import build_runner
+from calcx.controller.k8s_runner import K8sRunner, K8sRunnerConfig
+from calcx.controller.token_bucket import TokenBucket
 from calcx.k8s.render import SECRET_KEY_NAME, JobSettings, StaticSettings, render_static
 
 KEY = "server-key-for-tests-0123456789-abc"

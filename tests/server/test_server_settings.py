@@ -9,7 +9,7 @@ import pytest
 
 from calcx.api.client import CalcxAPIError, CalcxClient
 from calcx.api.tokens import key_problem
-from calcx.server.__main__ import build_parser, main
+from calcx.server.__main__ import TUNED_SETTINGS, build_parser, main, settings_from_args
 from calcx.server.app import create_app
 from calcx.server.serve import start_server_thread
 from calcx.server.settings import DEFAULTS, ServerSettings
@@ -50,6 +50,17 @@ def test_help_shows_the_settings_defaults() -> None:
                   f"default {DEFAULTS.lease_s:g})", f"default {DEFAULTS.max_poll_s:g})",
                   f"default {DEFAULTS.upstream_retries})", f"default {DEFAULTS.abort_retry_s:g})", f"default {DEFAULTS.max_body_bytes // 2**20} MiB"):
         assert shown in text
+
+
+def test_every_flag_reaches_the_settings_the_server_runs_with() -> None:
+    # each tuned flag given a value of its own, unlike every default and every other flag's
+    given = {name: type(getattr(DEFAULTS, name))(101 + i) for i, (name, _) in enumerate(TUNED_SETTINGS)}
+    argv = [arg for name, value in given.items() for arg in ("--" + name.replace("_", "-"), str(value))]
+    argv += ["--host", "0.0.0.0", "--db", "x.db", "--log-level", "debug", "--access-log"]
+    settings = settings_from_args(build_parser().parse_args(argv), key="k", port=9, public_url="http://h:9")
+    assert {name: getattr(settings, name) for name in given} == given
+    assert (settings.host, settings.store_path, settings.log_level, settings.access_log) == ("0.0.0.0", "x.db", "debug", True)
+    assert (settings.key, settings.port, settings.public_url) == ("k", 9, "http://h:9")
 
 
 def test_poll_timeouts_are_cut_to_the_longest_poll() -> None:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 import yaml
+
+from calcx.trainer.cli import run_interruptible
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src" / "python")}
@@ -58,3 +63,25 @@ def test_train_without_gpu_fails_fast_pointing_to_rehearse(tmp_path: Path) -> No
     assert done.returncode == 3
     assert "no CUDA GPU was found" in done.stderr and "calcx rehearse" in done.stderr
     assert not (tmp_path / "data").exists()  # failed before generating or starting anything
+
+
+def test_sigterm_and_the_named_errors_end_a_run_with_a_status_and_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+
+    def terminated() -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the handler unwinds this at once
+        return 0
+
+    def bad_rows() -> int:
+        raise ValueError("row 3: no question")
+
+    def a_bug() -> int:
+        raise KeyError("unexpected")
+
+    assert run_interruptible("calcx x", terminated, (ValueError,), interrupted="interrupted; all ended") == 130
+    assert run_interruptible("calcx x", bad_rows, (ValueError,)) == 2
+    with pytest.raises(KeyError):  # not a named error: not turned into a status
+        run_interruptible("calcx x", a_bug, (ValueError,))
+    assert capsys.readouterr().err.splitlines() == ["calcx x: interrupted; all ended", "calcx x: row 3: no question"]
+    assert signal.getsignal(signal.SIGTERM) is before

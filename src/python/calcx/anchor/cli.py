@@ -7,13 +7,12 @@ files (verl is located, not imported); training needs the GPU stack and fails fa
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from calcx.trainer.cli import (DEFAULT_MODEL, DEFAULT_TRAIN, DEFAULT_VAL, add_profile_argument, cuda_problem,
-                              raise_interrupt, run_command)
+from calcx.trainer.cli import (DEFAULT_MODEL, DEFAULT_TRAIN, DEFAULT_VAL, add_profile_argument,
+                              ready_to_train, run_command, run_interruptible)
 
 NO_GPU_MESSAGE = ("calcx anchor train: no CUDA GPU was found on this machine ({why}). The anchor trains "
                   "like calcx train: an NVIDIA GPU with torch, vLLM and verl installed.")
@@ -61,31 +60,20 @@ def compose_from_args(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
-    problem = cuda_problem()
-    if problem is not None:
-        print(NO_GPU_MESSAGE.format(why=problem), file=sys.stderr)
+    if not ready_to_train(NO_GPU_MESSAGE):
         return 3
-    from calcx.trainer.native_libs import expose_native_libraries
-
-    expose_native_libraries()  # before Ray and vLLM start: their processes inherit the environment
     from calcx.anchor.launch import run_anchor
     from calcx.trainer import data as data_mod
     from calcx.trainer.config import ConfigError
 
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)  # SIGTERM unwinds like Ctrl-C
-    try:
+    def train() -> int:
         train_src, val_src = Path(args.train_file), Path(args.val_file)
         data_mod.ensure_generated(train_src)
         data_mod.ensure_generated(val_src)
         return run_anchor(compose_from_args(args), train_src=train_src, val_src=val_src)
-    except (ConfigError, FileNotFoundError, ValueError) as exc:  # bad data rows are ValueErrors
-        print(f"calcx anchor train: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("calcx anchor train: interrupted", file=sys.stderr)
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+
+    # bad data rows are ValueErrors
+    return run_interruptible("calcx anchor train", train, (ConfigError, FileNotFoundError, ValueError))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

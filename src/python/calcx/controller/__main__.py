@@ -76,10 +76,10 @@ def chosen_runner(argv: list[str] | None) -> str:
 
 def _k8s_module() -> Any:
     try:
-        from calcx.controller import k8s_runner
+        from calcx.controller import k8s_cli
     except ImportError as exc:
         raise SystemExit(f"calcx controller: the k8s runner is not available in this build ({exc})") from exc
-    return k8s_runner
+    return k8s_cli
 
 
 def build_runner(args: argparse.Namespace) -> Runner:

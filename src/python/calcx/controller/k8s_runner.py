@@ -3,41 +3,37 @@
 For each claim it renders the Job and a per-attempt Secret (holding the attempt token, read by
 the Job as `AGL_KEY` through `secretKeyRef`) from `src/k8s/templates`, creates the Secret, then
 the Job, then makes the Job the Secret's owner so Kubernetes deletes both together. Two
-background threads watch this controller's Jobs and Pods (list, then watch from that
-resourceVersion; re-list on 410 Gone) and hand each object to the event loop, which maps it to
-an outcome (`k8s_outcomes`: Complete, Failed, deadline, image pull, config error).
+background threads (`k8s_watch`) watch this controller's Jobs and Pods and hand each object to
+the event loop, which maps it to an outcome (`k8s_outcomes`: Complete, Failed, deadline, image
+pull, config error).
 
-Job creation is rate-limited by a token bucket. `close()` deletes every Job and Secret this
+Job creation is rate-limited by a token bucket (`token_bucket`); `k8s_cli` builds the runner
+from `calcx controller --runner k8s`'s flags. `close()` deletes every Job and Secret this
 runner created (propagationPolicy Background).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import math
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from kubernetes import watch as k8s_watch
 from kubernetes.client.rest import ApiException
 
 from calcx.contract.env import (
     CALCX_AGENT_TIMEOUT_S,
-    CALCX_AGENT_TOOL_ROUNDS,
     CALCX_ATTEMPT_ID,
     CALCX_ROLLOUT_ID,
-    parse_tool_rounds,
 )
 from calcx.contract.failures import FailureReason
 from calcx.controller.base import RunResult
@@ -50,11 +46,12 @@ from calcx.controller.k8s_outcomes import (
     job_is_finished,
     object_name,
 )
+from calcx.controller.k8s_watch import JobPodWatches
+from calcx.controller.token_bucket import TokenBucket
 from calcx.k8s.escaping import label_value
 from calcx.k8s.render import MANAGED_BY, JobSettings, RenderedAttempt, RenderError, render_attempt
 
 log = logging.getLogger("calcx.controller.k8s")
-
 
 
 @dataclass(frozen=True)
@@ -81,29 +78,6 @@ class K8sRunnerConfig:
             raise ValueError(f"max_jobs_per_s must be a positive number, got {self.max_jobs_per_s!r}")
         if self.burst < 1:
             raise ValueError(f"burst must be at least 1, got {self.burst!r}")
-
-
-class TokenBucket:
-    """At most `burst` at once, then `rate` per second on average; waits without polling."""
-
-    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate = rate
-        self.burst = burst
-        self._clock = clock
-        self._tokens = float(burst)
-        self._stamp = clock()
-        self._lock = asyncio.Lock()
-
-    async def acquire(self) -> None:
-        async with self._lock:  # FIFO: waiters are served in arrival order
-            while True:
-                now = self._clock()
-                self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
-                self._stamp = now
-                if self._tokens >= 1:
-                    self._tokens -= 1
-                    return
-                await asyncio.sleep((1 - self._tokens) / self.rate)
 
 
 # --- the runner --------------------------------------------------------------------------------
@@ -133,9 +107,7 @@ class K8sRunner:
         self._created_jobs: set[str] = set()
         self._created_secrets: set[str] = set()
         self._stopping = threading.Event()
-        self._watches: set[k8s_watch.Watch] = set()
-        self._watch_lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
+        self._watches: JobPodWatches | None = None
         self._runs: set[asyncio.Task[Any]] = set()
         self.selector = (
             f"app.kubernetes.io/managed-by={MANAGED_BY},"
@@ -188,18 +160,19 @@ class K8sRunner:
                 f"k8s runner: cannot list Jobs in namespace {namespace!r} ({exc.status} {exc.reason}); "
                 "check the namespace exists and the RBAC Role from src/k8s is bound to this account"
             ) from exc
-        for kind in ("job", "pod"):
-            thread = threading.Thread(target=self._watch_forever, args=(kind,), name=f"calcx-k8s-watch-{kind}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._watches = JobPodWatches(
+            {"job": self._batch.list_namespaced_job, "pod": self._core.list_namespaced_pod}, namespace, self.selector,
+            watch_timeout_s=self.config.watch_timeout_s, request_timeout_s=self.config.request_timeout_s,
+            stopping=self._stopping,
+        )
+        self._watches.start(self._loop, self._on_object)
         log.info("k8s runner: namespace %s, image %s, %s Jobs/s", namespace, self.config.job.image,
                  self.config.max_jobs_per_s)
 
     async def close(self) -> None:
         self._stopping.set()
-        with self._watch_lock:
-            for w in list(self._watches):
-                w.stop()
+        if self._watches is not None:
+            self._watches.stop()
         for tracked in self._tracked.values():
             if not tracked.future.done():
                 tracked.future.set_result(("cancelled", None))
@@ -209,9 +182,8 @@ class K8sRunner:
         if self._batch is not None:
             await asyncio.gather(*(self._delete_job(name) for name in sorted(self._created_jobs)))
             await asyncio.gather(*(self._delete_secret(name) for name in sorted(self._created_secrets)))
-        for thread in self._threads:
-            await asyncio.get_running_loop().run_in_executor(None, thread.join, 5.0)
-        self._threads.clear()
+        if self._watches is not None:
+            await self._watches.join()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         if self._api_client is not None:
@@ -383,7 +355,7 @@ class K8sRunner:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
 
-    # -- watching (background threads -> event loop) --
+    # -- what the watches report (on the event loop) --
 
     def _on_object(self, kind: str, event: str, obj: Any) -> None:
         """Runs on the event loop: route a Job or Pod to the attempt it belongs to."""
@@ -406,97 +378,3 @@ class K8sRunner:
         fast = classify_pod_waiting(obj)
         if fast is not None:
             tracked.future.set_result(("fast", fast))
-
-    def _dispatch(self, kind: str, event: str, obj: Any) -> None:
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._on_object, kind, event, obj)
-
-    def _watch_forever(self, kind: str) -> None:
-        """List, then watch from the list's resourceVersion; re-list after 410 Gone or errors."""
-        ns = self.config.job.namespace
-        list_fn = self._batch_v1.list_namespaced_job if kind == "job" else self._core_v1.list_namespaced_pod
-        resource_version: str | None = None
-        failures = 0
-        while not self._stopping.is_set():
-            try:
-                if resource_version is None:
-                    listed = list_fn(ns, label_selector=self.selector, _request_timeout=self.config.request_timeout_s)
-                    for item in listed.items or []:
-                        self._dispatch(kind, "ADDED", item)
-                    assert listed.metadata is not None  # the API server always sends it
-                    resource_version = listed.metadata.resource_version
-                w = k8s_watch.Watch()
-                with self._watch_lock:
-                    if self._stopping.is_set():
-                        return
-                    self._watches.add(w)
-                try:
-                    for event in w.stream(list_fn, ns, label_selector=self.selector,
-                                          resource_version=resource_version,
-                                          timeout_seconds=self.config.watch_timeout_s,
-                                          _request_timeout=self.config.watch_timeout_s + 30):
-                        if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                            self._dispatch(kind, event["type"], event["object"])
-                        if self._stopping.is_set():
-                            break
-                    resource_version = w.resource_version or resource_version
-                finally:
-                    with self._watch_lock:
-                        self._watches.discard(w)
-                failures = 0
-            except ApiException as exc:
-                if exc.status == 410:
-                    resource_version = None  # history compacted: list again
-                    continue
-                failures += 1
-                log.warning("k8s runner: %s watch failed (%s %s); retrying", kind, exc.status, exc.reason)
-                resource_version = None
-                self._stopping.wait(min(30.0, 0.5 * 2**failures))
-            except Exception as exc:  # noqa: BLE001 - connection resets: back off and re-list
-                if self._stopping.is_set():
-                    return
-                failures += 1
-                log.warning("k8s runner: %s watch interrupted (%s); retrying", kind, exc)
-                resource_version = None
-                self._stopping.wait(min(30.0, 0.5 * 2**failures))
-
-
-# --- `calcx controller --runner k8s` wiring -----------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    env = os.environ
-    defaults = JobSettings()
-    group = parser.add_argument_group("k8s runner")
-    group.add_argument("--namespace", default=env.get("CALCX_K8S_NAMESPACE", defaults.namespace),
-                       help="namespace of the agent Jobs (default $CALCX_K8S_NAMESPACE or calcx)")
-    group.add_argument("--agent-image", default=env.get("CALCX_AGENT_IMAGE", defaults.image),
-                       help="agent image (default $CALCX_AGENT_IMAGE or calcx/agent:latest)")
-    group.add_argument("--image-pull-policy", default=env.get("CALCX_K8S_IMAGE_PULL_POLICY", defaults.image_pull_policy),
-                       choices=["Always", "IfNotPresent", "Never"])
-    group.add_argument("--kubeconfig", default=env.get("KUBECONFIG") or None,
-                       help="kubeconfig path (default: in-cluster config inside a pod, else $KUBECONFIG or ~/.kube/config)")
-    group.add_argument("--max-jobs-per-s", type=float, default=float(env.get("CALCX_K8S_MAX_JOBS_PER_S", "5")),
-                       help="Job creation rate limit (token bucket, default 5/s)")
-    group.add_argument("--job-ttl-s", type=int, default=int(env.get("CALCX_K8S_JOB_TTL_S", str(defaults.ttl_seconds_after_finished))),
-                       help="ttlSecondsAfterFinished of the Jobs (default 600)")
-
-
-def build_runner(args: argparse.Namespace) -> K8sRunner:
-    controller_id = getattr(args, "controller_id", None) or socket.gethostname()
-    job = replace(
-        JobSettings(),
-        namespace=args.namespace, image=args.agent_image, image_pull_policy=args.image_pull_policy,
-        ttl_seconds_after_finished=args.job_ttl_s, controller_id=controller_id,
-    )
-    try:
-        rounds = os.environ.get(CALCX_AGENT_TOOL_ROUNDS, "").strip()
-        if rounds:
-            parse_tool_rounds(rounds)  # refused here, not once per Job by its agent
-        settings = ((CALCX_AGENT_TOOL_ROUNDS, rounds),) if rounds else ()
-        config = K8sRunnerConfig(job=job, kubeconfig=args.kubeconfig, max_jobs_per_s=args.max_jobs_per_s,
-                                 agent_settings=settings)
-    except ValueError as exc:
-        raise SystemExit(f"calcx controller: {exc}") from exc
-    return K8sRunner(config)

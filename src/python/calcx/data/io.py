@@ -6,7 +6,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from calcx.data.schema import FIELDS, DataError, validate_row
 
@@ -61,24 +61,31 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     raise DataError(f"{path}: unknown file type; expected one of {', '.join(SUFFIXES)}")
 
 
-def _atomic_target(path: Path) -> tuple[int, str]:
+def _write_atomically(path: Path, write: Callable[[str], None]) -> None:
+    """`write(tmp)` fills a temporary file beside `path`, which then replaces `path` in one step:
+    a reader never sees half a file, and a failed write leaves the old file and no temporary."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
     """Validate and write rows as JSON lines (written to a temporary file, then renamed)."""
     path = Path(path)
     checked = [validate_row(row, file=str(path), number=i) for i, row in enumerate(rows, start=1)]
-    fd, tmp = _atomic_target(path)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as handle:
             for row in checked:
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    _write_atomically(path, write)
     return path
 
 
@@ -92,14 +99,7 @@ def write_parquet(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
     extra = sorted({key for row in checked for key in row} - set(FIELDS))
     columns = list(FIELDS) + extra
     table = pa.table({name: [row.get(name) for row in checked] for name in columns})
-    fd, tmp = _atomic_target(path)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _write_atomically(path, lambda tmp: pq.write_table(table, tmp))
     return path
 
 

@@ -62,7 +62,7 @@ CONTROLLER = Recipe(
     title="calcx-controller",
     description="calcx controller: runs each rollout as a Kubernetes Job",
     entrypoint=("/opt/calcx/bin/python", "-m", "calcx.cli"),
-    import_check=("import calcx.controller.k8s_runner, calcx.k8s.render, kubernetes; "
+    import_check=("import calcx.controller.k8s_cli, calcx.k8s.render, kubernetes; "
                   "calcx.k8s.render.templates_dir()"),
     # the k8s runner's flags and the Job template must be inside
     selftest=("controller", "--runner", "k8s", "--help"),

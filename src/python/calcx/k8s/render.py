@@ -13,7 +13,7 @@ import math
 import os
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -184,24 +184,12 @@ def render_attempt(
         job_yaml = render_text(
             "job.yaml.j2",
             directory,
+            **{**asdict(settings), **common},  # the template names each setting as JobSettings does
             name=job_name,
             annotations=annotations,
             env=env_items,
             secret_name=secret_name,
             active_deadline_seconds=max(1, math.ceil(deadline_s)),
-            ttl_seconds_after_finished=settings.ttl_seconds_after_finished,
-            image=settings.image,
-            image_pull_policy=settings.image_pull_policy,
-            service_account=settings.service_account,
-            image_pull_secret=settings.image_pull_secret,
-            cpu_request=settings.cpu_request,
-            memory_request=settings.memory_request,
-            cpu_limit=settings.cpu_limit,
-            memory_limit=settings.memory_limit,
-            tmp_size_limit=settings.tmp_size_limit,
-            run_as_user=settings.run_as_user,
-            termination_grace_seconds=settings.termination_grace_seconds,
-            **common,
         )
         secret_yaml = render_text("attempt-secret.yaml.j2", directory, name=secret_name, token=token, **common)
     except UnsafeValueError as exc:
@@ -246,21 +234,25 @@ def _check_job(
     _expect(src, "container env", container.get("env"), want_env)
 
 
+_JOB_DEFAULTS = JobSettings()
+
+
 @dataclass(frozen=True)
 class StaticSettings:
     """Settings of the manifests applied once per namespace (`python -m calcx.k8s.build`)."""
 
-    namespace: str = "calcx"
+    # where the controller runs is where its agent Jobs run: those defaults are JobSettings'
+    namespace: str = _JOB_DEFAULTS.namespace
     service_account: str = "calcx-controller"
     server_key_secret: str = "calcx-server-key"
     controller_image: str = "calcx/controller:latest"
-    agent_image: str = "calcx/agent:latest"
-    image_pull_policy: str = "IfNotPresent"
+    agent_image: str = _JOB_DEFAULTS.image
+    image_pull_policy: str = _JOB_DEFAULTS.image_pull_policy
     server_url: str = "http://calcx-server:8000"
     replicas: int = 1
     concurrency: int = 32
     max_jobs_per_s: float = 5.0
-    job_ttl_s: int = 600
+    job_ttl_s: int = _JOB_DEFAULTS.ttl_seconds_after_finished
 
 
 #: file name -> (template, kind); applied in this order.

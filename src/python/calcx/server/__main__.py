@@ -16,8 +16,46 @@ from calcx.server.serve import CalcxUvicornServer, uvicorn_config
 from calcx.server.settings import DEFAULTS, ServerSettings
 
 
-def _size(n: int) -> str:
-    return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n} bytes"
+# ServerSettings fields that `calcx server` sets with a flag of the same name (`--lease-s` sets
+# lease_s), typed and defaulted by DEFAULTS; the text is the flag's help before its default.
+TUNED_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("max_tokens_ceiling", "gateway max_tokens ceiling (a larger request is clamped to it)"),
+    ("max_body_bytes", "largest request body accepted"),
+    ("lease_s", "claim lease; controllers heartbeat within it"),
+    ("max_poll_s", "longest long poll the server holds"),
+    ("upstream_timeout_s", "read timeout of one upstream call"),
+    ("upstream_retries", "retries of a failed upstream call"),
+    ("abort_retry_s", "a call the model server aborted (e.g. paused for a weight update) is sent again until "
+     "this many seconds have passed, then the agent gets the aborted answer; 0: at once"),
+    ("max_events_per_attempt", "events one attempt may post; past it 413"),
+    ("max_event_bytes_per_attempt", "bytes of event data one attempt may post"),
+    ("max_calls_per_attempt", "model calls one attempt may make; past it 413"),
+    ("max_call_bytes_per_attempt", "bytes of recorded requests and answers per attempt"),
+    ("retain_s", "delete rollouts terminal for longer than this, with their calls and events; 0 keeps everything"),
+    ("reward_min", "smallest reward an agent may post; below it the post is refused"),
+    ("reward_max", "largest reward an agent may post; above it the post is refused"),
+)
+
+
+def _shown(name: str, value: int | float) -> str:
+    """A default as --help shows it: sizes in MiB where whole, seconds and rewards without noise."""
+    if "_bytes" in name:
+        return f"{value // 2**20} MiB" if value % 2**20 == 0 else f"{value} bytes"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def settings_from_args(args: argparse.Namespace, *, key: str, port: int, public_url: str) -> ServerSettings:
+    """The settings `calcx server` serves with: the parsed flags, the key and the bound port."""
+    return ServerSettings(
+        key=key,
+        store_path=args.db,
+        host=args.host,
+        port=port,
+        public_url=public_url,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        **{name: getattr(args, name) for name, _ in TUNED_SETTINGS},
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,38 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.public_url,
         help="base URL agents use to reach this server (default http://HOST:PORT)",
     )
-    p.add_argument("--max-tokens-ceiling", type=int, default=d.max_tokens_ceiling,
-                   help=f"gateway max_tokens ceiling (clamped; default {d.max_tokens_ceiling})")
-    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
-                   help=f"largest request body accepted (default {_size(d.max_body_bytes)})")
-    p.add_argument("--lease-s", type=float, default=d.lease_s,
-                   help=f"claim lease; controllers heartbeat within it (default {d.lease_s:g})")
-    p.add_argument("--max-poll-s", type=float, default=d.max_poll_s,
-                   help=f"longest long poll the server holds (default {d.max_poll_s:g})")
-    p.add_argument("--upstream-timeout-s", type=float, default=d.upstream_timeout_s,
-                   help=f"read timeout of one upstream call (default {d.upstream_timeout_s:g})")
-    p.add_argument("--upstream-retries", type=int, default=d.upstream_retries,
-                   help=f"retries of a failed upstream call (default {d.upstream_retries})")
-    p.add_argument("--abort-retry-s", type=float, default=d.abort_retry_s,
-                   help="a call the model server aborted (e.g. paused for a weight update) is sent again until "
-                   f"this many seconds have passed, then the agent gets the aborted answer; 0: at once "
-                   f"(default {d.abort_retry_s:g})")
-    p.add_argument("--max-events-per-attempt", type=int, default=d.max_events_per_attempt,
-                   help=f"events one attempt may post; past it 413 (default {d.max_events_per_attempt})")
-    p.add_argument("--max-event-bytes-per-attempt", type=int, default=d.max_event_bytes_per_attempt,
-                   help=f"bytes of event data one attempt may post (default {_size(d.max_event_bytes_per_attempt)})")
-    p.add_argument("--max-calls-per-attempt", type=int, default=d.max_calls_per_attempt,
-                   help=f"model calls one attempt may make; past it 413 (default {d.max_calls_per_attempt})")
-    p.add_argument("--max-call-bytes-per-attempt", type=int, default=d.max_call_bytes_per_attempt,
-                   help=f"bytes of recorded requests and answers per attempt (default "
-                   f"{_size(d.max_call_bytes_per_attempt)})")
-    p.add_argument("--retain-s", type=float, default=d.retain_s,
-                   help=f"delete rollouts terminal for longer than this, with their calls and events; 0 keeps "
-                   f"everything (default {d.retain_s:g})")
-    p.add_argument("--reward-min", type=float, default=d.reward_min,
-                   help=f"smallest reward an agent may post; below it the post is refused (default {d.reward_min:g})")
-    p.add_argument("--reward-max", type=float, default=d.reward_max,
-                   help=f"largest reward an agent may post; above it the post is refused (default {d.reward_max:g})")
+    for name, text in TUNED_SETTINGS:
+        default = getattr(d, name)
+        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
+                       help=f"{text} (default {_shown(name, default)})")
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"],
                    help=f"(default {d.log_level})")
     p.add_argument("--access-log", action="store_true", default=d.access_log,
@@ -138,29 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from calcx.server.app import create_app
 
-    settings = ServerSettings(
-        key=key,
-        store_path=args.db,
-        host=args.host,
-        port=port,
-        public_url=public_url,
-        log_level=args.log_level,
-        access_log=args.access_log,
-        max_body_bytes=args.max_body_bytes,
-        lease_s=args.lease_s,
-        max_poll_s=args.max_poll_s,
-        max_tokens_ceiling=args.max_tokens_ceiling,
-        upstream_timeout_s=args.upstream_timeout_s,
-        upstream_retries=args.upstream_retries,
-        abort_retry_s=args.abort_retry_s,
-        max_events_per_attempt=args.max_events_per_attempt,
-        max_event_bytes_per_attempt=args.max_event_bytes_per_attempt,
-        max_calls_per_attempt=args.max_calls_per_attempt,
-        max_call_bytes_per_attempt=args.max_call_bytes_per_attempt,
-        retain_s=args.retain_s,
-        reward_min=args.reward_min,
-        reward_max=args.reward_max,
-    )
+    settings = settings_from_args(args, key=key, port=port, public_url=public_url)
     app = create_app(settings)
     server = CalcxUvicornServer(uvicorn_config(app, log_level=settings.log_level, access_log=settings.access_log))
     # Printed once listening is certain, so a parent process can read the address from stdout.

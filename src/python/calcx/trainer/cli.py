@@ -108,6 +108,20 @@ def cuda_problem() -> str | None:
     return None
 
 
+def ready_to_train(no_gpu_message: str, *, needs_gpu: bool = True) -> bool:
+    """False, after saying why, where a needed CUDA GPU is missing; else True, with the native
+    libraries exposed before Ray and vLLM start (their processes inherit the environment)."""
+    if needs_gpu:
+        problem = cuda_problem()
+        if problem is not None:
+            print(no_gpu_message.format(why=problem), file=sys.stderr)
+            return False
+    from calcx.trainer.native_libs import expose_native_libraries
+
+    expose_native_libraries()
+    return True
+
+
 def raise_interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
@@ -119,21 +133,14 @@ def _train(args: argparse.Namespace) -> int:
         print("calcx train: --model-endpoint is only for --eval-only (training needs verl's own vLLM replicas)",
               file=sys.stderr)
         return 2
-    if args.model_endpoint is None:
-        problem = cuda_problem()
-        if problem is not None:
-            print(NO_GPU_MESSAGE.format(why=problem), file=sys.stderr)
-            return 3
-    from calcx.trainer.native_libs import expose_native_libraries
-
-    expose_native_libraries()  # before Ray and vLLM start: their processes inherit the environment
+    if not ready_to_train(NO_GPU_MESSAGE, needs_gpu=args.model_endpoint is None):
+        return 3
     from calcx.contract.env import CALCX_KEY
     from calcx.trainer import data as data_mod
     from calcx.trainer.launch import LaunchError, run_training
     from calcx.trainer.services import ServicesError
 
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)  # SIGTERM unwinds like Ctrl-C: cleanup runs
-    try:
+    def train() -> int:
         train_src, val_src = Path(args.train_file), Path(args.val_file)
         if not args.eval_only:
             data_mod.ensure_generated(train_src)
@@ -142,11 +149,23 @@ def _train(args: argparse.Namespace) -> int:
         key = args.agl_key or os.environ.get(CALCX_KEY, "")  # kept out of cfg: verl prints and uploads it
         return run_training(cfg, train_src=train_src if not args.eval_only else val_src, val_src=val_src,
                             eval_only=args.eval_only, model_endpoint=args.model_endpoint, key=key)
-    except (ConfigError, FileNotFoundError, ValueError, LaunchError, ServicesError) as exc:
-        print(f"calcx train: {exc}", file=sys.stderr)
+
+    return run_interruptible("calcx train", train, (ConfigError, FileNotFoundError, ValueError, LaunchError, ServicesError),
+                             interrupted="interrupted; every process it started was ended")
+
+
+def run_interruptible(prog: str, run: Callable[[], int], errors: tuple[type[Exception], ...], *,
+                      interrupted: str = "interrupted") -> int:
+    """`run()` with SIGTERM unwinding like Ctrl-C, so that its cleanup runs: one of `errors` is
+    status 2 and its message after `prog: `, an interrupt status 130 and `prog: interrupted`."""
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        return run()
+    except errors as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("calcx train: interrupted; every process it started was ended", file=sys.stderr)
+        print(f"{prog}: {interrupted}", file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
