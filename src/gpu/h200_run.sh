@@ -288,10 +288,23 @@ case "$stage" in
       # one file a run (what comes back is counted in files): metrics, log, tables, report, curves
       mkdir -p "$out"
       cp "$RESULTS/machine.txt" "$dir/" 2>/dev/null || true
+      if [[ -f "$db" ]]; then
+        # the store without its token ids and log-probs (the bulk of it): every row, clock and recorded
+        # request and answer stays, so step_table.py --calls can be run on it again at home
+        rm -f "$dir/store-slim.db"
+        "$PYTHON" - "$db" "$dir/store-slim.db" <<'PY'
+import sqlite3, sys
+sqlite3.connect(sys.argv[1]).execute("VACUUM INTO ?", (sys.argv[2],))
+con = sqlite3.connect(sys.argv[2])
+con.execute("UPDATE calls SET prompt_token_ids = x'', response_token_ids = x'', response_logprobs = x''")
+con.commit()
+con.execute("VACUUM")
+PY
+      fi
       kept=()
       for f in metrics.jsonl train.log steps.md eval.md report.md reward_curve.png incomplete_groups.jsonl \
                machine.txt started ended kill.log ledger.md train.before-kill.log started.before-kill \
-               superseded; do
+               superseded store-slim.db; do
         if [[ -e "$dir/$f" ]]; then kept+=("$f"); fi
       done
       (cd "$dir" && tar -czf "$out/$name.tar.gz" --ignore-failed-read "${kept[@]}")

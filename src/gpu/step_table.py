@@ -39,45 +39,113 @@ def read_metrics(path: Path) -> dict[int, dict]:
     return steps
 
 
-def busy_seconds_by_step(db: Path) -> dict[int, float]:
-    """Union length of [end - latency, end] call intervals, per training step (from the rollout
-    id `calcx-train-s{step}-...` the AgentLoop gives each rollout)."""
-    con = sqlite3.connect(db)
-    intervals: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    for created, latency, rid in con.execute(
-            "select created_at, latency_s, rollout_id from calls where status_code = 200"):
-        match = re.match(r"calcx-train-s(\d+)-", str(rid))
-        if match:
-            intervals[int(match.group(1))].append((float(created) - float(latency), float(created)))
-    busy = {}
-    for step, spans in intervals.items():
-        total, end = 0.0, float("-inf")
-        for start, stop in sorted(spans):
-            if stop <= end:
-                continue
-            total += stop - max(start, end)
-            end = stop
-        busy[step] = total
-    return busy
-
-
 _TRAIN_ID = re.compile(r"^calcx-train-s(\d+)-")
 
 
+def _union(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(spans):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+def step_rollouts(con: sqlite3.Connection) -> dict[int, dict[str, float]]:
+    """Per training step, the rollouts of its batch (id -> creation time), from the rollout id
+    `calcx-train-s{step}-...` the AgentLoop gives each rollout. A step that a killed run began and a
+    resumed run made again holds two sets under one prefix: when the training ledger kept the step,
+    only rollouts created at or after the first one it trained count (the resumed run's)."""
+    created: dict[int, dict[str, float]] = defaultdict(dict)
+    for rid, at in con.execute("select rollout_id, created_at from rollouts"):
+        match = _TRAIN_ID.match(str(rid))
+        if match:
+            created[int(match.group(1))][str(rid)] = float(at)
+    first_trained: dict[int, float] = {}
+    for step, at in con.execute(
+            "select t.step, min(r.created_at) from trained t join rollouts r on r.rollout_id = t.rollout_id "
+            "where t.rolled_back_at is null group by t.step"):
+        first_trained[int(step)] = float(at)
+    return {step: {rid: at for rid, at in ids.items() if at >= first_trained.get(step, float("-inf"))}
+            for step, ids in created.items()}
+
+
+def _step_calls(con: sqlite3.Connection) -> dict[int, list[tuple[float, float]]]:
+    """[end - latency, end] of each answered model call, by the step of its rollout."""
+    step_of = {rid: step for step, ids in step_rollouts(con).items() for rid in ids}
+    spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for created, latency, rid in con.execute(
+            "select created_at, latency_s, rollout_id from calls where status_code = 200"):
+        step = step_of.get(str(rid))
+        if step is not None:
+            spans[step].append((float(created) - float(latency), float(created)))
+    return spans
+
+
+def busy_seconds_by_step(db: Path) -> dict[int, float]:
+    """Union length of the intervals in which at least one of the step's calls was inside vLLM."""
+    return {step: _union(spans) for step, spans in _step_calls(sqlite3.connect(db)).items()}
+
+
+def wait_breakdown(db: Path) -> dict[int, dict[str, float]]:
+    """Where a step's generation phase had no model call in flight, from the store's clocks: from the
+    batch's first rollout created to the first call sent (agents starting), gaps between calls (tool
+    calls, agents between turns), from the last answer to the last attempt finished (rewards), and
+    the first and last rollout's creation and finish as seconds for `wait_table` to set against
+    verl's `timing_s/gen`."""
+    con = sqlite3.connect(db)
+    rollouts = step_rollouts(con)
+    finished: dict[str, float] = {}
+    for rid, at in con.execute("select rollout_id, max(finished_at) from attempts "
+                               "where finished_at is not null group by rollout_id"):
+        finished[str(rid)] = float(at)
+    out: dict[int, dict[str, float]] = {}
+    for step, spans in _step_calls(con).items():
+        ids = rollouts[step]
+        created = min(ids.values())
+        first_sent, last_answer = min(s for s, _ in spans), max(e for _, e in spans)
+        done = max((finished[rid] for rid in ids if rid in finished), default=last_answer)
+        out[step] = {"before_first_call": first_sent - created,
+                     "between_calls": (last_answer - first_sent) - _union(spans),
+                     "after_last_call": max(0.0, done - last_answer),
+                     "agents_window": done - created, "busy": _union(spans)}
+    return out
+
+
+def wait_table(steps: dict[int, dict], waits: dict[int, dict[str, float]]) -> str:
+    """One row a step: the generation phase split into the time calls were in vLLM and the idle parts
+    `wait_breakdown` finds; "trainer" is the rest of verl's `timing_s/gen` outside the window from the
+    first rollout's creation to the last one's finish (creating groups, reading the recorded calls)."""
+    head = ["step", "rollout (gen) s", "calls in vLLM s", "before first call s", "between calls s",
+            "after last call s", "trainer, outside agents s", "GPU idle waiting for agents"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for step in sorted(waits):
+        m, w = steps.get(step, {}), waits[step]
+        gen, total = m.get("timing_s/gen"), m.get("timing_s/step")
+        trainer = "-" if gen is None else f"{gen - w['agents_window']:.2f}"
+        idle = "-" if gen is None or not total else f"{max(0.0, gen - w['busy']) / total:.0%}"
+        lines.append(f"| {step} | {'-' if gen is None else f'{gen:.2f}'} | {w['busy']:.2f} | "
+                     f"{w['before_first_call']:.2f} | {w['between_calls']:.2f} | {w['after_last_call']:.2f} | "
+                     f"{trainer} | {idle} |")
+    return "\n".join(lines)
+
+
+
 def agent_stats(db: Path) -> dict[int, dict[str, float]]:
-    """Per training step, from the recorded calls and attempts of `calcx-train-s{step}-*` rollouts.
-    Calculator use is counted by `calcx.trainer.tool_use` (what the trainer logs as
+    """Per training step, from the recorded calls and attempts of the step's rollouts (`step_rollouts`:
+    a resumed run's, not the killed run's of the same step). Calculator use is counted by `calcx.trainer.tool_use` (what the trainer logs as
     `calcx/train/...`), over each rollout's latest attempt that recorded calls."""
     con = sqlite3.connect(db)
+    step_of = {rid: step for step, ids in step_rollouts(con).items() for rid in ids}
     stats: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     by_attempt: dict[tuple[str, int], list[dict]] = defaultdict(list)
     for rid, attempt_no, seq, request, response, version in con.execute(
             "select rollout_id, attempt_no, seq, request, response, policy_version from calls "
             "where status_code = 200"):
-        match = _TRAIN_ID.match(str(rid))
-        if not match:
+        step = step_of.get(str(rid))
+        if step is None:
             continue
-        step = int(match.group(1))
         by_attempt[(str(rid), int(attempt_no))].append({"seq": seq, "request": request, "response": response})
         if version is not None:
             # a step-s rollout is on-policy when version s - 1 (the weights after step s - 1's
@@ -89,13 +157,10 @@ def agent_stats(db: Path) -> dict[int, dict[str, float]]:
     uses: dict[int, list[ToolUse]] = defaultdict(list)
     for rid, attempt_no in latest.items():
         calls = sorted(by_attempt[(rid, attempt_no)], key=lambda c: int(c["seq"]))
-        match = _TRAIN_ID.match(rid)
-        assert match is not None
-        uses[int(match.group(1))].append(rollout_tool_use(calls))
+        uses[step_of[rid]].append(rollout_tool_use(calls))
     for rid, state in con.execute("select rollout_id, state from attempts"):
-        match = _TRAIN_ID.match(str(rid))
-        if match and state == "FAILED":
-            stats[int(match.group(1))]["failed_attempts"] += 1
+        if state == "FAILED" and str(rid) in step_of:
+            stats[step_of[str(rid)]]["failed_attempts"] += 1
     for step, items in uses.items():
         measured = tool_use_metrics(items, "train")
         stats[step]["rollouts"] = len(items)
@@ -219,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.calls:
         print()
         print(agent_table(agent_stats(args.calls)))
+        print()
+        print(wait_table(steps, wait_breakdown(args.calls)))
         if args.incomplete and args.incomplete.is_file():
             print()
             print(evicted_calls(args.calls, args.incomplete))

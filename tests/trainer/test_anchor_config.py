@@ -191,7 +191,7 @@ FAKE_PYTHON = """#!/bin/bash
 # the machine's python3, as h200_run.sh calls it: its torch directory, the step table, or the PEX
 case "$1" in
   -c) echo /machine/torch/site-packages ;;
-  *step_table.py) exec "$REAL_PYTHON" "$@" ;;
+  *step_table.py|-) exec "$REAL_PYTHON" "$@" ;;
   *) shift; printf '%s\\n' "$@" > "$ARGV_DIR/run.argv.tmp" && mv "$ARGV_DIR/run.argv.tmp" "$ARGV_DIR/run.argv" ;;
 esac
 """
@@ -259,6 +259,49 @@ def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path
     malformed = _script(tmp_path, "campaign", "20", "async", "anchor:ten")
     assert malformed.returncode == 2 and "anchor:ten is not MODE[:STEPS[:MAX_S]]" in malformed.stderr
     assert not (tmp_path / "results" / "machine.txt").exists()  # refused before setup
+
+
+def test_a_runs_status_brings_back_its_store_without_token_ids(tmp_path: Path) -> None:
+    """`status NAME OUT` packs the server's store with every row and clock but without the token ids
+    and log-probs (the bulk of it), and the step tables split the GPU's wait from the store."""
+    import sqlite3
+    import tarfile
+
+    fake = tmp_path / "python3"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    run = tmp_path / "results" / "sync"
+    (run / "services").mkdir(parents=True)
+    (run / "pid").write_text("999999999\n")
+    (run / "started").write_text("0\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "data": {"timing_s/step": 10.0, "timing_s/gen": 4.0}}) + "\n")
+    schema_path = Path("src/python/calcx/server/store/schema.py")
+    namespace: dict = {}
+    exec(compile(schema_path.read_text(), str(schema_path), "exec"), namespace)
+    con = sqlite3.connect(run / "services" / "calcx.db")
+    con.executescript(namespace["SCHEMA"])
+    con.execute("insert into rollouts (rollout_id, spec, state, latest_attempt, created_at) "
+                "values ('calcx-train-s1-g-0', '{}', 'SUCCEEDED', 1, 100)")
+    con.execute("insert into attempts (rollout_id, attempt_no, state, created_at, finished_at) "
+                "values ('calcx-train-s1-g-0', 1, 'SUCCEEDED', 100, 103.5)")
+    con.execute("insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
+                "response_token_ids, response_logprobs, latency_s, status_code, created_at) "
+                "values ('calcx-train-s1-g-0', 1, 0, '{\"messages\": []}', '{}', ?, ?, ?, 2.0, 200, 103)",
+                (b"p" * 4096, b"r" * 4096, b"l" * 8192))
+    con.commit()
+    con.close()
+    out = tmp_path / "out"
+    status = _script(tmp_path, "status", "sync", str(out))
+    assert status.returncode == 0, status.stderr
+    waits = [line for line in status.stdout.splitlines() if line.startswith("| 1 | 4.00 |")]
+    assert waits == ["| 1 | 4.00 | 2.00 | 1.00 | 0.00 | 0.50 | 0.50 | 20% |"], status.stdout
+    with tarfile.open(out / "sync.tar.gz") as tar:
+        tar.extract("store-slim.db", tmp_path / "back", filter="data")
+    slim = sqlite3.connect(tmp_path / "back" / "store-slim.db")
+    assert slim.execute("select request, length(prompt_token_ids) + length(response_token_ids) "
+                        "+ length(response_logprobs), latency_s, created_at from calls").fetchall() == [
+        ('{"messages": []}', 0, 2.0, 103.0)]
+    assert slim.execute("select count(*) from attempts").fetchone() == (1,)
 
 
 def test_the_gpu_run_starts_the_tool_use_recipe_from_its_run_profile(tmp_path: Path) -> None:

@@ -167,6 +167,9 @@ def test_step_tables_count_calculator_use_as_the_trainer_does(tmp_path: Path) ->
     call("calcx-train-s1-u-2", 1, 0, [user], calc("c"))  # attempt 1 was retried: attempt 2 counts
     call("calcx-train-s1-u-2", 2, 0, [user], {"role": "assistant", "content": "<tool_call>\n{\"name\": </tool_call>"})
     call("calcx-train-s1-u-3", 1, 0, [user], {"role": "assistant", "content": "### ANSWER: 6 ###"})
+    for n in range(4):
+        con.execute("insert into rollouts (rollout_id, spec, state, latest_attempt, created_at) "
+                    "values (?, '{}', 'SUCCEEDED', 1, 0)", (f"calcx-train-s1-u-{n}",))
     con.commit()
 
     stats = _step_table().agent_stats(db)
@@ -185,3 +188,57 @@ def test_step_tables_count_calculator_use_as_the_trainer_does(tmp_path: Path) ->
     assert [c.strip() for c in table[2].strip("|").split("|")] == ["0", "-", "-", "-", "10%", "-", "3"]
     assert [c.strip() for c in table[3].strip("|").split("|")] == ["1", "25%", "0.50", "-", "-", "-", "-"]
     assert _step_table().tool_use_table({1: {"timing_s/step": 2.0}}) == ""
+
+
+def test_step_table_splits_the_gpus_wait_and_keeps_a_resumed_step_apart(tmp_path: Path) -> None:
+    """Where the generation phase had no call in vLLM, from the store's clocks: agents starting
+    (first rollout created -> first call sent), gaps between calls, the last answer -> the last
+    attempt finished, and verl's own time around that window. A step a killed run began and the
+    resumed run made again counts only the resumed run's rollouts (those the ledger kept)."""
+    import sqlite3
+
+    db = tmp_path / "calcx.db"
+    con = sqlite3.connect(db)
+    con.executescript(_store_schema())
+
+    def rollout(rid: str, created: float, finished: float) -> None:
+        con.execute("insert into rollouts (rollout_id, spec, state, latest_attempt, created_at) "
+                    "values (?, '{}', 'SUCCEEDED', 1, ?)", (rid, created))
+        con.execute("insert into attempts (rollout_id, attempt_no, state, created_at, finished_at) "
+                    "values (?, 1, 'SUCCEEDED', ?, ?)", (rid, created, finished))
+
+    def call(rid: str, start: float, end: float) -> None:
+        con.execute("insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
+                    "response_token_ids, response_logprobs, latency_s, status_code, created_at) "
+                    "values (?, 1, 0, '{}', '{}', x'', x'', x'', ?, 200, ?)", (rid, end - start, end))
+
+    # step 1: created at 100; calls 101-103 and 102-104, a tool gap, 105-106; finished at 106.5
+    rollout("calcx-train-s1-a", 100.0, 106.5)
+    rollout("calcx-train-s1-b", 100.2, 104.3)
+    call("calcx-train-s1-a", 101.0, 103.0)
+    call("calcx-train-s1-b", 102.0, 104.0)
+    call("calcx-train-s1-a", 105.0, 106.0)
+    # step 2 of a killed run (created at 200, rolled back), then the resumed run's (created at 300)
+    rollout("calcx-train-s2-old", 200.0, 230.0)
+    call("calcx-train-s2-old", 201.0, 229.0)
+    rollout("calcx-train-s2-new", 300.0, 303.0)
+    call("calcx-train-s2-new", 300.5, 302.5)
+    con.executemany("insert into trained (run, step, rollout_id, attempt_no, trained_at, rolled_back_at) "
+                    "values ('r', ?, ?, 1, 0, ?)",
+                    [(1, "calcx-train-s1-a", None), (1, "calcx-train-s1-b", None),
+                     (2, "calcx-train-s2-old", 250.0), (2, "calcx-train-s2-new", None)])
+    con.commit()
+
+    step_table = _step_table()
+    waits = step_table.wait_breakdown(db)
+    assert waits[1] == {"before_first_call": 1.0, "between_calls": 1.0, "after_last_call": 0.5,
+                        "agents_window": 6.5, "busy": 4.0}
+    assert waits[2]["busy"] == 2.0 and waits[2]["before_first_call"] == 0.5 and waits[2]["agents_window"] == 3.0
+    assert step_table.busy_seconds_by_step(db) == {1: 4.0, 2: 2.0}
+    assert step_table.agent_stats(db)[2]["rollouts"] == 1
+
+    steps = {1: {"timing_s/gen": 7.0, "timing_s/step": 10.0}, 2: {"timing_s/gen": 3.5, "timing_s/step": 5.0}}
+    rows = step_table.wait_table(steps, waits).splitlines()
+    assert [c.strip() for c in rows[2].strip("|").split("|")] == ["1", "7.00", "4.00", "1.00", "1.00", "0.50",
+                                                                   "0.50", "30%"]
+    assert [c.strip() for c in rows[3].strip("|").split("|")][-1] == "30%"
