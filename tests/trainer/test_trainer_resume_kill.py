@@ -142,6 +142,8 @@ def test_killed_at_each_phase_the_run_resumes_and_trains_each_rollout_once(stack
     assert ledger.steps == [(step, BATCH * N, BATCH, BATCH * N) for step in range(1, STEPS + 1)]
     assert ledger.rolled_back == [(5, BATCH * N), (6, BATCH * N)]
     assert ledger.in_flight == 0
+    # the re-run steps drew the problems the rolled-back ones had drawn; over two epochs each problem twice
+    assert ledger.not_redrawn == [] and (ledger.distinct_problems, ledger.step_problems) == (PROBLEMS, STEPS * BATCH)
     with sqlite3.connect(stack["services"].workdir / "calcx.db") as db:
         # each group of a surviving step trained all n of its rollouts
         groups = db.execute(

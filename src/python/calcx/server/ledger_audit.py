@@ -45,8 +45,26 @@ SELECT r.state, COALESCE(a.reason, ''), COUNT(*)
 FROM rollouts r LEFT JOIN attempts a ON a.rollout_id = r.rollout_id AND a.attempt_no = r.latest_attempt
 WHERE json_extract(r.spec, '$.labels.run') = :run GROUP BY 1, 2 ORDER BY 1, 2
 """
+#: problems (the rows' `id`) a rolled-back step drew that the re-run of the same step did not: the data
+#: loader resumed somewhere other than the checkpoint's position, so these were skipped (no rows)
+NOT_REDRAWN = """
+SELECT b.step, COUNT(DISTINCT json_extract(rb.spec, '$.row.id'))
+FROM trained b JOIN rollouts rb ON rb.rollout_id = b.rollout_id
+WHERE b.run = :run AND b.rolled_back_at IS NOT NULL AND json_extract(rb.spec, '$.row.id') NOT IN (
+  SELECT json_extract(rk.spec, '$.row.id') FROM trained k JOIN rollouts rk ON rk.rollout_id = k.rollout_id
+  WHERE k.run = :run AND k.rolled_back_at IS NULL AND k.step = b.step)
+GROUP BY b.step ORDER BY b.step
+"""
+#: the surviving steps' problems: distinct ones, and (step, problem) pairs; equal when no problem was
+#: trained at two steps (within one epoch; a longer run draws each problem once an epoch)
+PROBLEMS = """
+SELECT COUNT(DISTINCT json_extract(r.spec, '$.row.id')),
+       COUNT(DISTINCT t.step || ' ' || json_extract(r.spec, '$.row.id'))
+FROM trained t JOIN rollouts r ON r.rollout_id = t.rollout_id
+WHERE t.run = :run AND t.rolled_back_at IS NULL
+"""
 QUERIES = {"trained_twice": TRAINED_TWICE, "step_batches": STEP_BATCHES, "rolled_back": ROLLED_BACK,
-           "in_flight": IN_FLIGHT, "outcomes": OUTCOMES}
+           "in_flight": IN_FLIGHT, "outcomes": OUTCOMES, "not_redrawn": NOT_REDRAWN, "problems": PROBLEMS}
 
 
 @dataclass
@@ -57,6 +75,9 @@ class LedgerAudit:
     rolled_back: list[tuple[int, int]]  # (step, rollouts)
     in_flight: int
     outcomes: list[tuple[str, str, int]]  # (state, failure reason of the last attempt, rollouts)
+    not_redrawn: list[tuple[int, int]] = field(default_factory=list)  # (rolled-back step, problems skipped)
+    distinct_problems: int = 0  # over the surviving steps, by the rows' `id`
+    step_problems: int = 0  # (step, problem) pairs: more than distinct_problems when a problem came back
     problems: list[str] = field(default_factory=list)
 
     def check(self, batch_rollouts: int | None = None) -> list[str]:
@@ -73,6 +94,8 @@ class LedgerAudit:
                 problems.append(f"step {step}: {rollouts} rollouts, not a whole batch of {batch_rollouts}")
         if self.in_flight:
             problems.append(f"{self.in_flight} rollout(s) of the run still QUEUED or RUNNING")
+        problems += [f"step {step}: {n} problem(s) the rolled-back step drew were not drawn when it ran again "
+                     "(the data loader did not resume at the checkpoint's position)" for step, n in self.not_redrawn]
         self.problems = problems
         return problems
 
@@ -89,7 +112,9 @@ def audit(db_path: Path, run: str) -> LedgerAudit:
     return LedgerAudit(run=run, trained_twice=[tuple(r) for r in rows["trained_twice"]],
                        steps=[tuple(r) for r in rows["step_batches"]],
                        rolled_back=[tuple(r) for r in rows["rolled_back"]], in_flight=rows["in_flight"][0][0],
-                       outcomes=[tuple(r) for r in rows["outcomes"]])
+                       outcomes=[tuple(r) for r in rows["outcomes"]],
+                       not_redrawn=[tuple(r) for r in rows["not_redrawn"]],
+                       distinct_problems=rows["problems"][0][0], step_problems=rows["problems"][0][1])
 
 
 def render(result: LedgerAudit) -> str:
@@ -100,6 +125,11 @@ def render(result: LedgerAudit) -> str:
     lines += [f"| {s} | {n} | {g} | {ok} |" for s, n, g, ok in result.steps]
     lines += ["", "steps rolled back by a resume (trained again after it): "
               + (", ".join(f"{s} ({n} rollouts)" for s, n in result.rolled_back) or "none")]
+    lines += ["problems of rolled-back steps not drawn again when the step ran again: "
+              + (", ".join(f"step {s} {n}" for s, n in result.not_redrawn) or "none")]
+    lines += [f"problems trained (rows' id): {result.distinct_problems} distinct over {result.step_problems} "
+              f"(step, problem) pairs ({result.step_problems - result.distinct_problems} came back at a later step; "
+              "0 within one epoch)"]
     lines += ["rollouts of the run by state (last attempt's failure reason): "
               + ", ".join(f"{state}{f' {why}' if why else ''} {n}" for state, why, n in result.outcomes)]
     lines += ["", "OK" if not result.problems else "PROBLEMS:", *[f"- {p}" for p in result.problems]]
