@@ -46,11 +46,14 @@ FROM rollouts r LEFT JOIN attempts a ON a.rollout_id = r.rollout_id AND a.attemp
 WHERE json_extract(r.spec, '$.labels.run') = :run GROUP BY 1, 2 ORDER BY 1, 2
 """
 #: problems (the rows' `id`) a rolled-back step drew that the re-run of the same step did not: the data
-#: loader resumed somewhere other than the checkpoint's position, so these were skipped (no rows)
+#: loader resumed somewhere other than the checkpoint's position, so these were skipped (no rows; a
+#: rolled-back step not yet trained again is left out)
 NOT_REDRAWN = """
 SELECT b.step, COUNT(DISTINCT json_extract(rb.spec, '$.row.id'))
 FROM trained b JOIN rollouts rb ON rb.rollout_id = b.rollout_id
-WHERE b.run = :run AND b.rolled_back_at IS NOT NULL AND json_extract(rb.spec, '$.row.id') NOT IN (
+WHERE b.run = :run AND b.rolled_back_at IS NOT NULL
+  AND b.step IN (SELECT step FROM trained WHERE run = :run AND rolled_back_at IS NULL)
+  AND json_extract(rb.spec, '$.row.id') NOT IN (
   SELECT json_extract(rk.spec, '$.row.id') FROM trained k JOIN rollouts rk ON rk.rollout_id = k.rollout_id
   WHERE k.run = :run AND k.rolled_back_at IS NULL AND k.step = b.step)
 GROUP BY b.step ORDER BY b.step
