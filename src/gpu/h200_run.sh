@@ -281,6 +281,9 @@ case "$stage" in
       if [[ -f "$db" && -f "$dir/incomplete_groups.jsonl" ]]; then
         table_args+=(--incomplete "$dir/incomplete_groups.jsonl")
       fi
+      if [[ -f "$db" && -f "$dir/session_times.jsonl" ]]; then
+        table_args+=(--sessions "$dir/session_times.jsonl")
+      fi
       "$PYTHON" "$here/step_table.py" "$dir/metrics.jsonl" "${table_args[@]}" > "$dir/steps.md" 2>&1 || true
       cat "$dir/steps.md"
     fi
@@ -304,7 +307,7 @@ PY
       kept=()
       for f in metrics.jsonl train.log steps.md eval.md report.md reward_curve.png incomplete_groups.jsonl \
                machine.txt started ended kill.log ledger.md train.before-kill.log started.before-kill \
-               superseded store-slim.db; do
+               superseded store-slim.db session_times.jsonl; do
         if [[ -e "$dir/$f" ]]; then kept+=("$f"); fi
       done
       (cd "$dir" && tar -czf "$out/$name.tar.gz" --ignore-failed-read "${kept[@]}")

@@ -88,12 +88,27 @@ def busy_seconds_by_step(db: Path) -> dict[int, float]:
     return {step: _union(spans) for step, spans in _step_calls(sqlite3.connect(db)).items()}
 
 
-def wait_breakdown(db: Path) -> dict[int, dict[str, float]]:
+def session_times(path: Path) -> dict[str, tuple[float, float]]:
+    """Each training session's (started by verl, returned) from the trainer's `session_times.jsonl`,
+    by its own rollout id."""
+    times: dict[str, tuple[float, float]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            if row.get("partition") == "train":
+                times[str(row["rollout_id"])] = (float(row["entered"]), float(row["returned"]))
+    return times
+
+
+def wait_breakdown(db: Path, sessions: Path | None = None) -> dict[int, dict[str, float]]:
     """Where a step's generation phase had no model call in flight, from the store's clocks: from the
     batch's first rollout created to the first call sent (agents starting), gaps between calls (tool
     calls, agents between turns), from the last answer to the last attempt finished (rewards), and
     the first and last rollout's creation and finish as seconds for `wait_table` to set against
-    verl's `timing_s/gen`."""
+    verl's `timing_s/gen`. With the trainer's `session_times.jsonl` (`sessions`), also from the first
+    session started to the first rollout created, from the last attempt finished to the last session
+    returned, and the sessions' whole window."""
+    times = session_times(sessions) if sessions is not None and sessions.is_file() else {}
     con = sqlite3.connect(db)
     rollouts = step_rollouts(con)
     finished: dict[str, float] = {}
@@ -110,6 +125,11 @@ def wait_breakdown(db: Path) -> dict[int, dict[str, float]]:
                      "between_calls": (last_answer - first_sent) - _union(spans),
                      "after_last_call": max(0.0, done - last_answer),
                      "agents_window": done - created, "busy": _union(spans)}
+        spans_of_sessions = [times[rid] for rid in ids if rid in times]
+        if spans_of_sessions:
+            entered, returned = min(e for e, _ in spans_of_sessions), max(r for _, r in spans_of_sessions)
+            out[step].update({"sessions_to_first_created": created - entered, "finished_to_returned": returned - done,
+                              "sessions_window": returned - entered})
     return out
 
 
@@ -117,17 +137,27 @@ def wait_table(steps: dict[int, dict], waits: dict[int, dict[str, float]]) -> st
     """One row a step: the generation phase split into the time calls were in vLLM and the idle parts
     `wait_breakdown` finds; "trainer" is the rest of verl's `timing_s/gen` outside the window from the
     first rollout's creation to the last one's finish (creating groups, reading the recorded calls)."""
+    with_sessions = any("sessions_window" in w for w in waits.values())
     head = ["step", "rollout (gen) s", "calls in vLLM s", "before first call s", "between calls s",
-            "after last call s", "trainer, outside agents s", "GPU idle waiting for agents"]
+            "after last call s", "trainer, outside agents s"]
+    if with_sessions:
+        head += ["first session -> first rollout created s", "last attempt finished -> last session returned s",
+                 "verl, outside the sessions s"]
+    head.append("GPU idle waiting for agents")
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for step in sorted(waits):
         m, w = steps.get(step, {}), waits[step]
         gen, total = m.get("timing_s/gen"), m.get("timing_s/step")
-        trainer = "-" if gen is None else f"{gen - w['agents_window']:.2f}"
-        idle = "-" if gen is None or not total else f"{max(0.0, gen - w['busy']) / total:.0%}"
-        lines.append(f"| {step} | {'-' if gen is None else f'{gen:.2f}'} | {w['busy']:.2f} | "
-                     f"{w['before_first_call']:.2f} | {w['between_calls']:.2f} | {w['after_last_call']:.2f} | "
-                     f"{trainer} | {idle} |")
+        cells = [str(step), "-" if gen is None else f"{gen:.2f}", f"{w['busy']:.2f}", f"{w['before_first_call']:.2f}",
+                 f"{w['between_calls']:.2f}", f"{w['after_last_call']:.2f}",
+                 "-" if gen is None else f"{gen - w['agents_window']:.2f}"]
+        if with_sessions:
+            known = "sessions_window" in w
+            cells += [f"{w['sessions_to_first_created']:.2f}" if known else "-",
+                      f"{w['finished_to_returned']:.2f}" if known else "-",
+                      f"{gen - w['sessions_window']:.2f}" if known and gen is not None else "-"]
+        cells.append("-" if gen is None or not total else f"{max(0.0, gen - w['busy']) / total:.0%}")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -274,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=Path, help="the calcx server's SQLite store of the run")
     parser.add_argument("--incomplete", type=Path,
                         help="the run's incomplete_groups.jsonl: with --calls, what their calls came back with")
+    parser.add_argument("--sessions", type=Path,
+                        help="the run's session_times.jsonl: with --calls, the trainer's sessions in the wait table")
     args = parser.parse_args(argv)
     steps = read_metrics(args.metrics)
     print(table(steps, busy_seconds_by_step(args.calls) if args.calls else None))
@@ -285,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(agent_table(agent_stats(args.calls)))
         print()
-        print(wait_table(steps, wait_breakdown(args.calls)))
+        print(wait_table(steps, wait_breakdown(args.calls, args.sessions)))
         if args.incomplete and args.incomplete.is_file():
             print()
             print(evicted_calls(args.calls, args.incomplete))

@@ -215,6 +215,14 @@ def test_grpo_groups_through_the_agent_loop(stack: dict, tmp_path: Path) -> None
     assert all((x["partition"], x["step"], x["calls"], x["successful"], x["parse_failures"]) == ("train", 1, 1, 1, 0)
                for x in ledger), ledger
 
+    # every session's start and return, beside the server's clocks (the step table's wait split)
+    times = {x["rollout_id"]: x for x in map(json.loads, (tmp_path / "report" / "session_times.jsonl").read_text().splitlines())}
+    assert set(times) == {f"calcx-train-s1-uid-{g}-{s}" for g in ("good", "wrong", "broken") for s in range(N)}
+    assert all(x["ok"] is (not rid.startswith("calcx-train-s1-uid-broken")) for rid, x in times.items())
+    for rid, x in times.items():
+        finished = max(a["finished_at"] for a in rollouts[rid]["attempts"])
+        assert x["entered"] <= rollouts[rid]["created_at"] <= finished <= x["returned"], (rid, x)
+
 
 def test_reward_options_shape_training_rollouts_not_validation(stack: dict, tmp_path: Path) -> None:
     """`calcx.reward.tool_bonus`: a right answer reached with the calculator trains with 1 + bonus;

@@ -242,3 +242,19 @@ def test_step_table_splits_the_gpus_wait_and_keeps_a_resumed_step_apart(tmp_path
     assert [c.strip() for c in rows[2].strip("|").split("|")] == ["1", "7.00", "4.00", "1.00", "1.00", "0.50",
                                                                    "0.50", "30%"]
     assert [c.strip() for c in rows[3].strip("|").split("|")][-1] == "30%"
+
+    # with the trainer's session times: step 1's sessions started at 99.5 and the last returned at 107.0
+    sessions = tmp_path / "session_times.jsonl"
+    sessions.write_text("".join(json.dumps(line) + "\n" for line in [
+        {"step": 1, "partition": "train", "rollout_id": "calcx-train-s1-a", "entered": 99.5, "returned": 107.0, "ok": True},
+        {"step": 1, "partition": "train", "rollout_id": "calcx-train-s1-b", "entered": 99.6, "returned": 106.9, "ok": True},
+        {"step": 2, "partition": "train", "rollout_id": "calcx-train-s2-old", "entered": 150.0, "returned": 231.0,
+         "ok": False},  # the killed run's session of step 2: not the step's
+        {"step": 0, "partition": "val", "rollout_id": "calcx-val-s0-v", "entered": 1.0, "returned": 2.0, "ok": True}]))
+    timed = step_table.wait_breakdown(db, sessions)
+    assert (timed[1]["sessions_to_first_created"], timed[1]["finished_to_returned"], timed[1]["sessions_window"]) == (
+        0.5, 0.5, 7.5)
+    assert "sessions_window" not in timed[2]
+    rows = step_table.wait_table(steps, timed).splitlines()
+    assert [c.strip() for c in rows[2].strip("|").split("|")][-4:] == ["0.50", "0.50", "-0.50", "30%"]
+    assert [c.strip() for c in rows[3].strip("|").split("|")][-4:] == ["-", "-", "-", "30%"]

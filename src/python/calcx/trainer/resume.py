@@ -20,11 +20,13 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from calcx.trainer.checkpoints import Checkpoint, check_keep, is_complete, newest_complete, step_dirs
+from calcx.trainer.session import SESSION_TIMES_FILE
+from calcx.trainer.tool_use import LEDGER_FILE as TOOL_USE_FILE
 
 log = logging.getLogger(__name__)
 
 #: the report files with one JSON object a line and a `step`: kept through the checkpoint's step
-STEP_FILES = ("metrics.jsonl", "incomplete_groups.jsonl", "tool_use.jsonl")
+STEP_FILES = ("metrics.jsonl", "incomplete_groups.jsonl", TOOL_USE_FILE, SESSION_TIMES_FILE)
 SUPERSEDED_DIR = "superseded"
 
 

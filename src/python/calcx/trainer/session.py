@@ -24,6 +24,9 @@ from calcx.trainer.translate import translate_rollout
 
 logger = logging.getLogger(__name__)
 CALCX_ROW_COLUMN = "calcx_row"
+#: one line a session: when verl started it and when it returned (wall clock, as the server's own
+#: clocks), so the step table can tell the sessions' own time from verl's around them
+SESSION_TIMES_FILE = "session_times.jsonl"
 
 
 def row_from_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -97,6 +100,17 @@ def record_incomplete(report_dir: str | os.PathLike[str], exc: RolloutIncomplete
         fh.write(line + "\n")
 
 
+def record_session_time(report_dir: str | os.PathLike[str], spec: GroupSpec, *, entered: float, returned: float,
+                        ok: bool) -> None:
+    """Append the session's start and return (`ok`: it returned samples; False: it raised)."""
+    path = Path(report_dir) / SESSION_TIMES_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"step": spec.step, "partition": spec.partition, "rollout_id": spec.own_rollout_id(),
+                       "entered": entered, "returned": returned, "ok": ok})
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+
+
 async def run_session(spec: GroupSpec, *, server_url: str, key: str, report_dir: str | os.PathLike[str],
                       max_prompt_length: int, max_response_length: int,
                       reward_options: RewardOptions | None = None) -> RolloutSamples:
@@ -133,6 +147,12 @@ async def run_session_from_config(config: Any, sampling_params: Mapping[str, Any
     spec = session_spec(calcx, rollout, sampling_params, kwargs)
     reward = calcx.get("reward")
     options = RewardOptions.from_config(dict(reward) if reward is not None else None)
-    return await run_session(spec, server_url=str(calcx.server_url), key=server_key(calcx),
-                             report_dir=str(calcx.report_dir), max_prompt_length=int(rollout.prompt_length),
-                             max_response_length=int(rollout.response_length), reward_options=options)
+    entered, ok = time.time(), False
+    try:
+        samples = await run_session(spec, server_url=str(calcx.server_url), key=server_key(calcx),
+                                    report_dir=str(calcx.report_dir), max_prompt_length=int(rollout.prompt_length),
+                                    max_response_length=int(rollout.response_length), reward_options=options)
+        ok = True
+        return samples
+    finally:
+        record_session_time(str(calcx.report_dir), spec, entered=entered, returned=time.time(), ok=ok)
