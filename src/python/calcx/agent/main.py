@@ -41,11 +41,14 @@ async def _rollout(config: AgentConfig, deadline: float) -> Outcome:
             from calcx.agent.reward_post import post_reward
             from calcx.agent.rollout import solve
 
-            message = await solve(config)
-            answer = extract_answer(message)
-            value = reward(answer, config.result)
-            await post_reward(config.event_url, config.key, value)
-            return Outcome(answer=answer, reward=value, message=message)
+            async def report(message: str) -> Outcome:
+                # before the calculator's teardown (solve): the reward does not wait for it
+                answer = extract_answer(message)
+                value = reward(answer, config.result)
+                await post_reward(config.event_url, config.key, value)
+                return Outcome(answer=answer, reward=value, message=message)
+
+            return await solve(config, report)
     except TimeoutError:
         if scope.expired():
             raise AgentTimeout(f"run exceeded {config.run_timeout_s:g} s ({CALCX_AGENT_TIMEOUT_S} / 300 s bound)") from None

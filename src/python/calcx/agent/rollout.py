@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-from typing import Any
+from typing import Any, Awaitable, Callable, TypeVar
 
 import openai
 from autogen_agentchat.agents import AssistantAgent
@@ -25,6 +25,7 @@ from calcx.agent.workbench import CalculatorWorkbench
 from calcx.contract.env import AGL_KEY
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MODEL_INFO: dict[str, Any] = {
     "vision": False,
@@ -108,8 +109,12 @@ async def _stop_workbench(workbench: CalculatorWorkbench) -> None:
             actor._active = False
 
 
-async def solve(config: AgentConfig) -> str:
-    """Run the agent on the question; return its final message. Raises AgentFailure."""
+async def solve(config: AgentConfig, report: Callable[[str], Awaitable[T]]) -> T:
+    """Run the agent on the question and return ``await report(final message)``. Raises AgentFailure.
+
+    ``report`` (the reward's post) runs once the run has succeeded and before the calculator and
+    the model client are stopped, so the reward reaches the server without waiting for that
+    teardown; the teardown still happens, under the same run timeout, before the agent exits."""
     model_client = make_model_client(config)
     workbench = make_workbench(config)
     try:
@@ -141,11 +146,11 @@ async def solve(config: AgentConfig) -> str:
             if failure is not None:
                 raise failure from exc
             if isinstance(exc, RuntimeError) and _NO_TEXT_REFLECTION in str(exc):
-                return ""
+                return await report("")
             raise
         if workbench.failure is not None:
             raise workbench.failure
-        return last_text(list(result.messages))
+        return await report(last_text(list(result.messages)))
     finally:
         await _stop_workbench(workbench)
         try:
