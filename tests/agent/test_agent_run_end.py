@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import openai
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from mcp.client.stdio import PROCESS_TERMINATION_TIMEOUT
@@ -120,3 +121,19 @@ def test_the_reward_is_posted_before_the_calculator_is_stopped(stub_server, tmp_
     assert body["data"]["value"] == 1.0
     assert calculator_up, "the reward waited for the calculator's teardown"
     assert not alive(int(pid_file.read_text())), "the calculator outlived the agent"
+
+
+def test_the_model_client_uses_the_process_tls_context_not_a_fresh_one():
+    # a fresh verifying context loads the CA bundle before the first model call (tens of ms)
+    from calcx.agent.rollout import make_model_client
+    from calcx.api.client import tls_context
+
+    for base_url in ("http://127.0.0.1:9/v1", "https://gateway.test/v1"):
+        config = AgentConfig(question="q", result="0", base_url=base_url, event_url="http://127.0.0.1:9/e", key="k")
+        client = make_model_client(config)
+        try:
+            http = client._client._client  # AutoGen's AsyncOpenAI, then its httpx client
+            assert http._transport._pool._ssl_context is tls_context(base_url)
+            assert http.timeout == openai.DefaultAsyncHttpxClient().timeout  # openai's own defaults kept
+        finally:
+            asyncio.run(client.close())

@@ -22,6 +22,7 @@ from calcx.agent.calculator import calculator_environment
 from calcx.agent.config import AgentConfig
 from calcx.agent.failures import AgentFailure, BadEnvironment, ModelUnreachable
 from calcx.agent.workbench import CalculatorWorkbench
+from calcx.api.client import tls_context
 from calcx.contract.env import AGL_KEY
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,9 @@ def make_model_client(config: AgentConfig) -> OpenAIChatCompletionClient:
         api_key=config.key,
         max_retries=config.model_max_retries,
         model_info=MODEL_INFO,  # type: ignore[arg-type]
+        # openai's own client, with the process's one TLS context instead of a fresh one (which
+        # would load the CA bundle before the first model call, even over plain http)
+        http_client=openai.DefaultAsyncHttpxClient(verify=tls_context(config.base_url)),
     )
 
 
