@@ -9,9 +9,7 @@ linger after its stdin closes), the stub LLM, an event receiver.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
-import os
 import sys
 import threading
 import time
@@ -69,7 +67,7 @@ def test_stopping_the_workbench_kills_the_calculator_instead_of_waiting_for_it(t
     )
 
     async def scenario() -> float:
-        workbench = make_workbench(dataclasses.replace(config))
+        workbench = make_workbench(config)
         try:
             await workbench.open()
             assert workbench.calculator_pid is not None
@@ -133,7 +131,7 @@ def test_the_model_client_uses_the_process_tls_context_not_a_fresh_one():
         client = make_model_client(config)
         try:
             http = client._client._client  # AutoGen's AsyncOpenAI, then its httpx client
-            assert http._transport._pool._ssl_context is tls_context(base_url)
+            assert http._transport._pool._ssl_context is tls_context(base_url)  # type: ignore[attr-defined]
             assert http.timeout == openai.DefaultAsyncHttpxClient().timeout  # openai's own defaults kept
         finally:
             asyncio.run(client.close())

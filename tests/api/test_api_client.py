@@ -225,12 +225,12 @@ def test_clients_share_one_tls_context_per_process_and_plain_http_trusts_no_cert
     async def pools() -> list[Any]:
         clients = [AsyncCalcxClient(BASE, "k"), AsyncCalcxClient("https://calcx.test", "k")]
         try:
-            return [c._http._transport._pool._ssl_context for c in clients]
+            return [c._http._transport._pool._ssl_context for c in clients]  # type: ignore[attr-defined]
         finally:
             await asyncio.gather(*(c.aclose() for c in clients))
 
     with CalcxClient(BASE, "k") as sync:
-        sync_context = sync._http._transport._pool._ssl_context
+        sync_context = sync._http._transport._pool._ssl_context  # type: ignore[attr-defined]
     plain, secure = asyncio.run(pools())
     # every client of a process holds the same context: none builds (and loads CAs into) its own
     assert plain is sync_context is tls_context("http://elsewhere:1")

@@ -49,8 +49,9 @@ def make_model_client(config: AgentConfig) -> OpenAIChatCompletionClient:
         max_retries=config.model_max_retries,
         model_info=MODEL_INFO,  # type: ignore[arg-type]
         # openai's own client, with the process's one TLS context instead of a fresh one (which
-        # would load the CA bundle before the first model call, even over plain http)
-        http_client=openai.DefaultAsyncHttpxClient(verify=tls_context(config.base_url)),
+        # would load the CA bundle before the first model call, even over plain http); AutoGen
+        # hands AsyncOpenAI's keyword arguments through but does not declare this one
+        http_client=openai.DefaultAsyncHttpxClient(verify=tls_context(config.base_url)),  # type: ignore[call-arg]
     )
 
 
