@@ -51,6 +51,7 @@ STAGES = (
     ("last call answered -> reward posted", "last_answered", "reward_posted"),
     ("reward posted -> attempt terminal", "reward_posted", "terminal"),
     ("attempt terminal -> session sees it", "terminal", "seen"),
+    ("last call answered -> attempt terminal", "last_answered", "terminal"),
 )
 
 

@@ -215,3 +215,29 @@ def test_post_event_to_uses_the_url_the_server_handed_out() -> None:
     url = "http://other.test:9/v1/rollouts/r/attempts/1/events"
     assert run_async("post_event_to", (url, "reward", {"value": 1.0}), {}, log, key="calcx-at.r.1.x") == 7
     assert str(log[0].url) == url and log[0].headers["authorization"] == "Bearer calcx-at.r.1.x"
+
+
+def test_clients_share_one_tls_context_per_process_and_plain_http_trusts_no_certificate() -> None:
+    import ssl
+
+    from calcx.api.client import tls_context
+
+    async def pools() -> list[Any]:
+        clients = [AsyncCalcxClient(BASE, "k"), AsyncCalcxClient("https://calcx.test", "k")]
+        try:
+            return [c._http._transport._pool._ssl_context for c in clients]  # type: ignore[attr-defined]
+        finally:
+            await asyncio.gather(*(c.aclose() for c in clients))
+
+    with CalcxClient(BASE, "k") as sync:
+        sync_context = sync._http._transport._pool._ssl_context  # type: ignore[attr-defined]
+    plain, secure = asyncio.run(pools())
+    # every client of a process holds the same context: none builds (and loads CAs into) its own
+    assert plain is sync_context is tls_context("http://elsewhere:1")
+    assert secure is tls_context("https://elsewhere")
+    # https verifies against the CA bundle; the plain-http context fails closed: no CA, so no
+    # certificate passes
+    assert secure.verify_mode == ssl.CERT_REQUIRED and secure.check_hostname
+    assert secure.cert_store_stats()["x509_ca"] > 0
+    assert plain.verify_mode == ssl.CERT_REQUIRED and plain.check_hostname
+    assert plain.cert_store_stats()["x509_ca"] == 0

@@ -36,18 +36,25 @@ async def _rollout(config: AgentConfig, deadline: float) -> Outcome:
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise AgentTimeout(f"run exceeded {config.run_timeout_s:g} s before the agent started")
+    posted: list[Outcome] = []
     try:
         async with asyncio.timeout(remaining) as scope:
             from calcx.agent.reward_post import post_reward
             from calcx.agent.rollout import solve
 
-            message = await solve(config)
-            answer = extract_answer(message)
-            value = reward(answer, config.result)
-            await post_reward(config.event_url, config.key, value)
-            return Outcome(answer=answer, reward=value, message=message)
+            async def report(message: str) -> Outcome:
+                # before the calculator's teardown (solve): the reward does not wait for it
+                answer = extract_answer(message)
+                value = reward(answer, config.result)
+                await post_reward(config.event_url, config.key, value)
+                posted.append(Outcome(answer=answer, reward=value, message=message))
+                return posted[0]
+
+            return await solve(config, report)
     except TimeoutError:
         if scope.expired():
+            if posted:  # the deadline passed during the teardown: the run had finished (status 0 iff posted)
+                return posted[0]
             raise AgentTimeout(f"run exceeded {config.run_timeout_s:g} s ({CALCX_AGENT_TIMEOUT_S} / 300 s bound)") from None
         raise
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 from typing import Callable
 
 log = logging.getLogger(__name__)
@@ -116,9 +117,16 @@ class ProcessWatch:
         self.close()
         self._on_exit(description)
 
-    def close(self) -> None:
-        """Stop watching (idempotent); ``on_exit`` is not called afterwards."""
+    def close(self, kill: bool = False) -> None:
+        """Stop watching (idempotent); ``on_exit`` is not called afterwards. ``kill``: send the
+        process SIGKILL first, through the pidfd (never a recycled pid); without a pidfd it is
+        left alone, to exit when its stdin closes."""
         self._done = True
+        if kill and self._pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except OSError:  # it has exited already
+                pass
         if self._pidfd is not None:
             try:
                 self._loop.remove_reader(self._pidfd)

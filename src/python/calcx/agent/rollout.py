@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-from typing import Any
+from typing import Any, Awaitable, Callable, TypeVar
 
 import openai
 from autogen_agentchat.agents import AssistantAgent
@@ -22,9 +22,11 @@ from calcx.agent.calculator import calculator_environment
 from calcx.agent.config import AgentConfig
 from calcx.agent.failures import AgentFailure, BadEnvironment, ModelUnreachable
 from calcx.agent.workbench import CalculatorWorkbench
+from calcx.api.client import tls_context
 from calcx.contract.env import AGL_KEY
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MODEL_INFO: dict[str, Any] = {
     "vision": False,
@@ -46,6 +48,10 @@ def make_model_client(config: AgentConfig) -> OpenAIChatCompletionClient:
         api_key=config.key,
         max_retries=config.model_max_retries,
         model_info=MODEL_INFO,  # type: ignore[arg-type]
+        # openai's own client, with the process's one TLS context instead of a fresh one (which
+        # would load the CA bundle before the first model call, even over plain http); AutoGen
+        # hands AsyncOpenAI's keyword arguments through but does not declare this one
+        http_client=openai.DefaultAsyncHttpxClient(verify=tls_context(config.base_url)),  # type: ignore[call-arg]
     )
 
 
@@ -108,8 +114,12 @@ async def _stop_workbench(workbench: CalculatorWorkbench) -> None:
             actor._active = False
 
 
-async def solve(config: AgentConfig) -> str:
-    """Run the agent on the question; return its final message. Raises AgentFailure."""
+async def solve(config: AgentConfig, report: Callable[[str], Awaitable[T]]) -> T:
+    """Run the agent on the question and return ``await report(final message)``. Raises AgentFailure.
+
+    ``report`` (the reward's post) runs once the run has succeeded and before the calculator and
+    the model client are stopped, so the reward reaches the server without waiting for that
+    teardown; the teardown still happens, under the same run timeout, before the agent exits."""
     model_client = make_model_client(config)
     workbench = make_workbench(config)
     try:
@@ -141,11 +151,11 @@ async def solve(config: AgentConfig) -> str:
             if failure is not None:
                 raise failure from exc
             if isinstance(exc, RuntimeError) and _NO_TEXT_REFLECTION in str(exc):
-                return ""
+                return await report("")
             raise
         if workbench.failure is not None:
             raise workbench.failure
-        return last_text(list(result.messages))
+        return await report(last_text(list(result.messages)))
     finally:
         await _stop_workbench(workbench)
         try:

@@ -144,7 +144,10 @@ class CalculatorWorkbench(McpWorkbench):
             await self._until_failure(asyncio.shield(self._opening))
 
     async def stop(self) -> None:
-        self.unwatch()  # stopping the calculator on purpose is not a failure
+        """Stop the calculator at the end of a run. It keeps no state, so it is killed rather
+        than left to shut its interpreter down after its stdin closes: the MCP client's wait for
+        its exit (and so the agent's own exit) then takes no time."""
+        self.unwatch(kill=True)  # stopping the calculator on purpose is not a failure
         await self.cancel_opening()
         await super().stop()
 
@@ -155,9 +158,10 @@ class CalculatorWorkbench(McpWorkbench):
             opening.cancel()
             await asyncio.wait({opening}, timeout=5.0)
 
-    def unwatch(self) -> None:
+    def unwatch(self, kill: bool = False) -> None:
+        """Stop watching the calculator's process; ``kill``: kill it too (ProcessWatch.close)."""
         if self._watch is not None:
-            self._watch.close()
+            self._watch.close(kill=kill)
             self._watch = None
 
     @property

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import functools
 from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -42,6 +43,29 @@ P = ParamSpec("P")
 # Requests go out as header and body writes; without TCP_NODELAY, Nagle's algorithm holds the
 # body until the server's delayed ACK (~40 ms per request).
 _SOCKET_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+
+
+@functools.cache
+def _verifying_tls() -> ssl.SSLContext:
+    """httpx's default: verify against the CA bundle (or SSL_CERT_FILE / SSL_CERT_DIR)."""
+    return httpx.create_ssl_context()
+
+
+@functools.cache
+def _refusing_tls() -> ssl.SSLContext:
+    """Loads no CA at all, so it trusts no certificate: a TLS handshake through it always fails."""
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+
+
+def tls_context(base_url: str) -> ssl.SSLContext:
+    """The TLS context for a client of `base_url`, one per process.
+
+    Building a verifying context loads the CA bundle, tens of milliseconds of CPU, and httpx
+    builds one for every transport: every trainer session (one client each, all started at once)
+    and every agent's reward post paid it, even over plain http. An https server gets the shared
+    verifying context; an http one a context that loads nothing and, should TLS ever be
+    attempted through it, refuses every certificate."""
+    return _verifying_tls() if base_url.lower().startswith("https:") else _refusing_tls()
 
 
 @dataclass(frozen=True)
@@ -322,7 +346,8 @@ class AsyncCalcxClient(_Endpoints):
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._http = httpx.AsyncClient(
             base_url=self.base_url, headers=_headers(key), timeout=timeout,
-            transport=transport or httpx.AsyncHTTPTransport(socket_options=_SOCKET_OPTIONS, limits=limits),
+            transport=transport or httpx.AsyncHTTPTransport(verify=tls_context(self.base_url),
+                                                            socket_options=_SOCKET_OPTIONS, limits=limits),
         )
 
     async def aclose(self) -> None:
@@ -360,7 +385,8 @@ class CalcxClient(_Endpoints):
         self._timeout = timeout
         self._http = httpx.Client(
             base_url=self.base_url, headers=_headers(key), timeout=timeout,
-            transport=transport or httpx.HTTPTransport(socket_options=_SOCKET_OPTIONS),
+            transport=transport or httpx.HTTPTransport(verify=tls_context(self.base_url),
+                                                       socket_options=_SOCKET_OPTIONS),
         )
 
     def close(self) -> None:
