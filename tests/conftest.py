@@ -21,6 +21,7 @@ SYSTEM_TEST_FILES = frozenset({
     "agent/test_agent_calculator_death.py",
     "agent/test_agent_calculator_limits.py",
     "agent/test_agent_rollouts.py",
+    "agent/test_agent_run_end.py",
     "ci/test_ci_test_kinds.py",
     "controller/test_controller_cli.py",
     "controller/test_controller_end_to_end.py",
