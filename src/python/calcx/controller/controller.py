@@ -119,9 +119,13 @@ class Controller:
         try:
             await self._claim_loop()
         finally:
-            heartbeat.cancel()
-            await self._shutdown()
-            await asyncio.gather(heartbeat, return_exceptions=True)
+            try:
+                # the leases of what still runs stay alive through the grace period and the
+                # runners' stops, until each attempt is reported: it ends cancelled, never lost
+                await self._shutdown()
+            finally:
+                heartbeat.cancel()
+                await asyncio.gather(heartbeat, return_exceptions=True)
             await self.runner.close()
             await self._client.aclose()
             if self._stopped_at is not None:
@@ -186,7 +190,11 @@ class Controller:
         except asyncio.CancelledError:
             if self._stop.is_set():
                 result = RunResult.failed(FailureReason.CANCELLED, detail=f"controller {self.controller_id} shut down")
-                await self._report(rid, aid, result, timeout_s=5.0)
+                self._reporting.add((rid, aid))  # a heartbeat crossing this report must not cancel it
+                try:
+                    await self._report(rid, aid, result, timeout_s=5.0)
+                finally:
+                    self._reporting.discard((rid, aid))
             raise
         except Exception as exc:  # a runner bug must not lose the rollout
             log.exception("runner failed on %s/%s", rid, aid)
