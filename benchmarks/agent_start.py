@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "src" / "python"))
 
 from calcx.api.client import AsyncCalcxClient, CalcxClient  # noqa: E402
 from calcx.api.models import RecordedCall, Rollout  # noqa: E402
-from calcx.common.stats import percentile  # noqa: E402
+from calcx.common.stats import percentile, union_length  # noqa: E402
 from calcx.data.generator import generate_split  # noqa: E402
 from calcx.data.io import write_jsonl  # noqa: E402
 from calcx.rehearse.stack import Stack, StackConfig  # noqa: E402
@@ -53,17 +53,6 @@ STAGES = (
     ("attempt terminal -> session sees it", "terminal", "seen"),
     ("last call answered -> attempt terminal", "last_answered", "terminal"),
 )
-
-
-def union_seconds(spans: list[tuple[float, float]]) -> float:
-    """Length of the union of [start, stop] intervals."""
-    total, end = 0.0, float("-inf")
-    for start, stop in sorted(spans):
-        if stop <= end:
-            continue
-        total += stop - max(start, end)
-        end = stop
-    return total
 
 
 def call_span(call: RecordedCall) -> tuple[float, float]:
@@ -135,7 +124,7 @@ def summarize(batch: dict[str, Any]) -> dict[str, Any]:
         stages[label] = (percentile(values, 0.5, math.nan), percentile(values, 0.95, math.nan))
     last_seen = max(m["seen"] for m in marks)
     wall = last_seen - request
-    busy = union_seconds(spans)
+    busy = union_length(spans)
     head = (min(s for s, _ in spans) - request) if spans else math.nan
     tail = (last_seen - max(e for _, e in spans)) if spans else math.nan
     return {"n": len(marks), "states": batch["states"], "stages": stages, "wall_s": wall, "busy_s": busy,

@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
+from calcx.common.stats import union_length  # noqa: E402
 from calcx.trainer.tool_use import ToolUse, rollout_tool_use, tool_use_metrics  # noqa: E402
 
 
@@ -40,16 +41,6 @@ def read_metrics(path: Path) -> dict[int, dict]:
 
 
 _TRAIN_ID = re.compile(r"^calcx-train-s(\d+)-")
-
-
-def _union(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for start, stop in sorted(spans):
-        if stop <= end:
-            continue
-        total += stop - max(start, end)
-        end = stop
-    return total
 
 
 def step_rollouts(con: sqlite3.Connection) -> dict[int, dict[str, float]]:
@@ -85,7 +76,7 @@ def _step_calls(con: sqlite3.Connection) -> dict[int, list[tuple[float, float]]]
 
 def busy_seconds_by_step(db: Path) -> dict[int, float]:
     """Union length of the intervals in which at least one of the step's calls was inside vLLM."""
-    return {step: _union(spans) for step, spans in _step_calls(sqlite3.connect(db)).items()}
+    return {step: union_length(spans) for step, spans in _step_calls(sqlite3.connect(db)).items()}
 
 
 def session_times(path: Path) -> dict[str, tuple[float, float]]:
@@ -122,9 +113,9 @@ def wait_breakdown(db: Path, sessions: Path | None = None) -> dict[int, dict[str
         first_sent, last_answer = min(s for s, _ in spans), max(e for _, e in spans)
         done = max((finished[rid] for rid in ids if rid in finished), default=last_answer)
         out[step] = {"before_first_call": first_sent - created,
-                     "between_calls": (last_answer - first_sent) - _union(spans),
+                     "between_calls": (last_answer - first_sent) - union_length(spans),
                      "after_last_call": max(0.0, done - last_answer),
-                     "agents_window": done - created, "busy": _union(spans)}
+                     "agents_window": done - created, "busy": union_length(spans)}
         spans_of_sessions = [times[rid] for rid in ids if rid in times]
         if spans_of_sessions:
             entered, returned = min(e for e, _ in spans_of_sessions), max(r for _, r in spans_of_sessions)

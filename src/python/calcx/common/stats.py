@@ -1,4 +1,5 @@
-"""One percentile for every figure calcx prints (rehearsal summary, benchmarks)."""
+"""One percentile for every figure calcx prints (rehearsal summary, benchmarks), and the length of
+a union of time intervals (how long at least one model call was in flight)."""
 
 from __future__ import annotations
 
@@ -15,3 +16,14 @@ def percentile(values: Iterable[float], q: float, default: T = None) -> float | 
     if not ordered:
         return default
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def union_length(spans: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of [start, stop] intervals."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(spans):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
