@@ -97,6 +97,12 @@ class AgentRun:
         self.seconds = time.monotonic() - self.started
         return self
 
+    def end(self) -> None:
+        """Kill the agent's process group if it still runs (a test's cleanup; a no-op after ``wait``)."""
+        if self.proc.poll() is None:
+            kill_group(self.proc)
+            self.proc.wait(10)
+
     @property
     def last_stderr_line(self) -> str:
         lines = [line for line in self.stderr.splitlines() if line.strip()]

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import pytest
 
-from agent_harness import AgentRun, EventLog, agent_env, kill_group, start_agent
+from agent_harness import AgentRun, EventLog, agent_env, start_agent
 from calcx.agent.config import AgentConfig
 from calcx.agent.failures import CalculatorFailed
 from calcx.agent.rollout import make_workbench
@@ -149,9 +149,7 @@ def tool_hang_run(stub_server, event_server) -> Iterator[AgentRun]:
     try:
         yield run
     finally:
-        if run.proc.poll() is None:
-            kill_group(run.proc)
-            run.proc.wait(10)
+        run.end()
 
 
 def test_calculator_killed_while_the_model_thinks_exits_11_at_once(counted_stub, event_server, event_log,
@@ -168,9 +166,7 @@ def test_calculator_killed_while_the_model_thinks_exits_11_at_once(counted_stub,
         run.wait(RUN_TIMEOUT_S + 30)
         after_kill = time.monotonic() - killed
     finally:
-        if run.proc.poll() is None:
-            kill_group(run.proc)
-            run.proc.wait(10)
+        run.end()
     assert_calculator_failed(run, event_log)
     # Killed after its start, the watch names the process (and its exit status when it can still be
     # read); killed during its start (the first model call does not wait for it), the MCP connection
@@ -286,9 +282,7 @@ def test_first_model_call_is_sent_before_the_calculator_starts(counted_stub, eve
         gate.touch()  # only now can the calculator start and answer its handshake
         run.wait(RUN_TIMEOUT_S + 30)
     finally:
-        if run.proc.poll() is None:
-            kill_group(run.proc)
-            run.proc.wait(10)
+        run.end()
     assert run.returncode == 0, run.stderr[-3000:]
     # the stub answers with the tool's result: reward 1 means the real calculator computed 56
     assert json.loads(run.stdout.strip().splitlines()[-1])["reward"] == 1.0

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-from agent_harness import SCRIPTED, AgentRun, EventLog, agent_env, closed_port, kill_group, start_agent
+from agent_harness import SCRIPTED, AgentRun, EventLog, agent_env, closed_port, start_agent
 
 WAIT_S = 180.0
 HANG_TIMEOUT_S = 20
@@ -114,9 +114,7 @@ def runs(stub_server, event_server) -> Iterator[dict[str, AgentRun]]:
         yield started
     finally:
         for run in started.values():
-            if run.proc.poll() is None:
-                kill_group(run.proc)
-                run.proc.wait(10)
+            run.end()
 
 
 def rewards(event_log: EventLog, name: str, kind: str = "ok") -> list[tuple[str | None, dict]]:

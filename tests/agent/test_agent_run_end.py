@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from mcp.client.stdio import PROCESS_TERMINATION_TIMEOUT
 
-from agent_harness import agent_env, kill_group, start_agent
+from agent_harness import agent_env, start_agent
 from calcx.agent.config import AgentConfig
 from calcx.agent.rollout import make_workbench
 from calcx.common.serving import ThreadedServer
@@ -109,9 +109,7 @@ def test_the_reward_is_posted_before_the_calculator_is_stopped(stub_server, tmp_
         try:
             run.wait(RUN_TIMEOUT_S + 30)
         finally:
-            if run.proc.poll() is None:
-                kill_group(run.proc)
-                run.proc.wait(10)
+            run.end()
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout.strip().splitlines()[-1])["reward"] == 1.0
     assert len(seen) == 1
@@ -135,3 +133,59 @@ def test_the_model_client_uses_the_process_tls_context_not_a_fresh_one():
             assert http.timeout == openai.DefaultAsyncHttpxClient().timeout  # openai's own defaults kept
         finally:
             asyncio.run(client.close())
+
+
+def _receiver() -> tuple[FastAPI, list[dict]]:
+    seen: list[dict] = []
+    app = FastAPI()
+
+    @app.post("/ok/{name}")
+    async def receive(name: str, request: Request) -> JSONResponse:
+        seen.append(await request.json())
+        return JSONResponse({"event_id": str(len(seen))})
+
+    return app, seen
+
+
+def _run_in_process(monkeypatch, receiver_url: str, solve) -> int:
+    """`run_agent` in this process with a 1 s run deadline and `solve` standing in for the agent's."""
+    import calcx.agent.rollout
+    from calcx.agent.main import run_agent
+
+    monkeypatch.setattr(calcx.agent.rollout, "solve", solve)
+    env = agent_env(QUESTION="What is 6 * 7?", RESULT="42", AGL_OPENAI_BASE_URL="http://127.0.0.1:9/v1",
+                    AGL_EVENT_URL=f"{receiver_url}/ok/deadline", AGL_KEY="key-deadline", CALCX_AGENT_TIMEOUT_S="1")
+    return run_agent(env)
+
+
+def test_a_deadline_passing_during_the_teardown_after_the_reward_is_still_a_finished_run(monkeypatch, capfd):
+    # The reward is posted before the teardown; if the run's deadline then passes while the calculator
+    # and the model client stop, the run had finished: status 0, the posted reward, never a timeout.
+    async def slow_teardown(config, report):
+        outcome = await report("### ANSWER: 42 ###")
+        await asyncio.sleep(5)  # the teardown outlasting the 1 s deadline
+        return outcome
+
+    app, seen = _receiver()
+    with ThreadedServer(app) as receiver:
+        status = _run_in_process(monkeypatch, receiver.url, slow_teardown)
+    err = capfd.readouterr().err
+    assert status == 0, err[-2000:]
+    assert [body["data"]["value"] for body in seen] == [1.0]
+    assert "finished reward=1" in err and "failure" not in err
+
+
+def test_a_deadline_passing_before_the_reward_is_a_timeout_with_nothing_posted(monkeypatch, capfd):
+    from calcx.contract.failures import EXIT_CODES, FailureReason, parse_failure_line
+
+    async def never_answers(config, report):
+        await asyncio.sleep(5)
+        return await report("### ANSWER: 42 ###")
+
+    app, seen = _receiver()
+    with ThreadedServer(app) as receiver:
+        status = _run_in_process(monkeypatch, receiver.url, never_answers)
+    err = capfd.readouterr().err
+    assert status == EXIT_CODES[FailureReason.TIMEOUT]
+    assert seen == []
+    assert parse_failure_line(err) == FailureReason.TIMEOUT
