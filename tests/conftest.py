@@ -44,6 +44,7 @@ SYSTEM_TEST_FILES = frozenset({
     "trainer/test_anchor_calculator.py",
     "trainer/test_anchor_config.py",
     "trainer/test_anchor_parity.py",
+    "trainer/test_gpu_run_results.py",
     "trainer/test_trainer_checkpoints.py",
     "trainer/test_trainer_calcx_agent_loop.py",
     "trainer/test_trainer_cli.py",

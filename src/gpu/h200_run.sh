@@ -27,7 +27,8 @@
 #   src/gpu/h200_run.sh launch STEPS MODE...   # the campaign in the background (setsid nohup)
 #                                                # e.g. `launch 20 anchor:10:600 async`
 #   src/gpu/h200_run.sh watch SECONDS [OUT]    # the campaign's runs after it ends or SECONDS pass
-#   src/gpu/h200_run.sh status NAME [OUT]      # progress and step tables; OUT gets NAME.tar.gz
+#   src/gpu/h200_run.sh status NAME [OUT]      # progress and step tables; OUT gets NAME.tar.gz and
+#                                                # NAME-store.tar.gz (see pack: pieces when large)
 #   src/gpu/h200_run.sh wait NAME SECONDS [OUT]  # status after the run ends or SECONDS pass
 #   src/gpu/h200_run.sh stop NAME|campaign     # end the run (its whole process group), or all
 #
@@ -51,6 +52,16 @@ export PYTHONUNBUFFERED=1
 
 torch_site() { "$PYTHON" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))'; }
 calcx() { PEX_EXTRA_SYS_PATH="$(torch_site)" "$PYTHON" "$PEX" "$@"; }
+# A machine with no network returns files of at most 16 MiB each: pack TARBALL DIR FILE... writes
+# TARBALL, or, when it is larger than PIECE_MB, TARBALL.00, .01, ... (`cat TARBALL.* > TARBALL`)
+PIECE_MB=15
+pack() {
+  local tarball="$1" dir="$2"; shift 2
+  (cd "$dir" && tar -czf "$tarball" --ignore-failed-read "$@")
+  if (( $(stat -c %s "$tarball") > PIECE_MB * 1024 * 1024 )); then
+    split -b "${PIECE_MB}M" -d "$tarball" "$tarball." && rm -f "$tarball"
+  fi
+}
 
 # The settings every run shares (docs/gpu-run.md says why) are calcx.yaml's run profile of this
 # name. What suits the GPU (recomputation, offload, micro-batch token budgets) comes from
@@ -307,10 +318,12 @@ PY
       kept=()
       for f in metrics.jsonl train.log steps.md eval.md report.md reward_curve.png incomplete_groups.jsonl \
                machine.txt started ended kill.log ledger.md train.before-kill.log started.before-kill \
-               superseded store-slim.db session_times.jsonl; do
+               superseded session_times.jsonl; do
         if [[ -e "$dir/$f" ]]; then kept+=("$f"); fi
       done
-      (cd "$dir" && tar -czf "$out/$name.tar.gz" --ignore-failed-read "${kept[@]}")
+      # the store apart from the rest, so a large store never holds back the metrics and logs
+      pack "$out/$name.tar.gz" "$dir" "${kept[@]}"
+      if [[ -f "$dir/store-slim.db" ]]; then pack "$out/$name-store.tar.gz" "$dir" store-slim.db; fi
       ls -la "$out"
     fi
     ;;

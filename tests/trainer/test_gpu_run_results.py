@@ -1,0 +1,75 @@
+"""What src/gpu/h200_run.sh hands back from a run: a machine with no network returns files of at
+most 16 MiB each, so a run's tarball and its store come apart, and either one larger than that comes
+back in pieces that join into the whole (a run's 17.8 MB tarball was once left behind whole).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sqlite3
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+RUN_SCRIPT = Path(__file__).resolve().parents[2] / "src" / "gpu" / "h200_run.sh"
+RETURN_LIMIT = 16 * 1024 * 1024
+TOKENS = os.urandom(64)
+
+
+def _run_dir(work: Path, name: str, log_bytes: int, store_bytes: int) -> Path:
+    run = work / "results" / name
+    (run / "services").mkdir(parents=True)
+    (run / "pid").write_text("2147483646\n")  # no such process: the run has ended
+    (run / "started").write_text("0\n")
+    (run / "train.log").write_bytes(os.urandom(log_bytes))  # random bytes: gzip cannot shrink them
+    with sqlite3.connect(run / "services" / "calcx.db") as db:
+        db.execute("CREATE TABLE calls (id INTEGER PRIMARY KEY, prompt_token_ids BLOB, response_token_ids BLOB,"
+                   " response_logprobs BLOB, request TEXT)")
+        db.execute("CREATE TABLE padding (data BLOB)")
+        db.execute("INSERT INTO calls VALUES (1, ?, ?, ?, 'a recorded request')", (TOKENS, TOKENS, TOKENS))
+        db.execute("INSERT INTO padding VALUES (?)", (os.urandom(store_bytes),))
+    return run
+
+
+def _status(work: Path, name: str, out: Path) -> None:
+    env = {**os.environ, "WORK": str(work), "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(RUN_SCRIPT), "status", name, str(out)], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+
+
+def _joined(out: Path, tarball: str) -> tarfile.TarFile:
+    whole = out / tarball
+    data = whole.read_bytes() if whole.exists() else b"".join(p.read_bytes() for p in sorted(out.glob(f"{tarball}.*")))
+    return tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")
+
+
+def test_a_large_run_comes_back_in_pieces_that_join_into_the_whole(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path, "tooluse", log_bytes=20 * 1024 * 1024, store_bytes=18 * 1024 * 1024)
+    out = tmp_path / "out"
+    _status(tmp_path, "tooluse", out)
+    sizes = {p.name: p.stat().st_size for p in out.iterdir()}
+    assert all(size <= RETURN_LIMIT for size in sizes.values()), sizes
+    assert "tooluse.tar.gz" not in sizes and "tooluse.tar.gz.01" in sizes  # split, not left whole
+    with _joined(out, "tooluse.tar.gz") as tar:
+        assert "store-slim.db" not in tar.getnames()
+        log = tar.extractfile("train.log")
+        assert log is not None and log.read() == (run / "train.log").read_bytes()
+    with _joined(out, "tooluse-store.tar.gz") as tar:
+        assert tar.getnames() == ["store-slim.db"]
+        store = tar.extractfile("store-slim.db")
+        assert store is not None
+        (tmp_path / "store-slim.db").write_bytes(store.read())
+    with sqlite3.connect(tmp_path / "store-slim.db") as db:  # the slim store: no token ids
+        assert db.execute("SELECT prompt_token_ids, request FROM calls").fetchall() == [(b"", "a recorded request")]
+
+
+def test_a_small_run_comes_back_as_two_whole_tarballs(tmp_path: Path) -> None:
+    _run_dir(tmp_path, "sync", log_bytes=1024, store_bytes=1024)
+    out = tmp_path / "out"
+    _status(tmp_path, "sync", out)
+    assert sorted(p.name for p in out.iterdir()) == ["sync-store.tar.gz", "sync.tar.gz"]
+    with _joined(out, "sync.tar.gz") as tar:
+        assert sorted(tar.getnames()) == ["started", "train.log"]
