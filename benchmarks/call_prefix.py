@@ -1,0 +1,99 @@
+"""Could a rollout's model calls be trained as one token sequence instead of one sample a call?
+
+The trainer makes each recorded model call its own sample, with the whole conversation so far as
+its prompt, so a rollout of several calls trains its early turns again in every later prompt.
+One sequence a rollout (the first prompt, then each answer and the tokens between answers) is
+possible only where each call's prompt tokens begin with the previous call's prompt and generated
+tokens. This reads a calcx store (the server's SQLite file, or the slim copy a GPU run brings back)
+and prints, by partition (train/val): rollouts, consecutive call pairs and how many of them are
+such prefixes, and the tokens a rollout trains as samples a call against as one sequence.
+
+    python benchmarks/call_prefix.py STORE.db [--json]
+
+Token ids are read from each call's recorded answer (vLLM's `prompt_token_ids` and the choice's
+`token_ids`); calls without them, or not answered 200, are counted and left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+from collections import defaultdict
+from typing import Any
+
+
+def _tokens(response: bytes | str | None) -> tuple[list[int], list[int]] | None:
+    try:
+        body = json.loads(response) if response is not None else None
+        prompt, generated = body["prompt_token_ids"], body["choices"][0]["token_ids"]
+    except (ValueError, TypeError, KeyError, IndexError):
+        return None
+    if not isinstance(prompt, list) or not isinstance(generated, list):
+        return None
+    return prompt, generated
+
+
+def measure(db_path: str) -> dict[str, Any]:
+    con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    partitions = {rid: (json.loads(spec).get("labels") or {}).get("partition", "?")
+                  for rid, spec in con.execute("SELECT rollout_id, spec FROM rollouts")}
+    # only each rollout's latest attempt is trained
+    latest = dict(con.execute("SELECT rollout_id, latest_attempt FROM rollouts"))
+    calls: dict[str, list[tuple[list[int], list[int]]]] = defaultdict(list)
+    left_out = 0
+    for rid, attempt, response, status in con.execute(
+            "SELECT rollout_id, attempt_no, response, status_code FROM calls ORDER BY rollout_id, attempt_no, seq"):
+        if attempt != latest.get(rid):
+            continue
+        tokens = _tokens(response) if status == 200 else None
+        if tokens is None:
+            left_out += 1
+            continue
+        calls[rid].append(tokens)
+    con.close()
+    out: dict[str, Any] = {"calls_left_out": left_out, "partitions": {}}
+    for partition in sorted(set(partitions[rid] for rid in calls)):
+        rollouts = [calls[rid] for rid in calls if partitions[rid] == partition]
+        pairs = prefixes = per_call = one_sequence = 0
+        for seq in rollouts:
+            per_call += sum(len(p) + len(g) for p, g in seq)
+            one_sequence += len(seq[-1][0]) + len(seq[-1][1])  # the last prompt holds every earlier turn
+            for (p0, g0), (p1, _) in zip(seq, seq[1:]):
+                pairs += 1
+                prefixes += p1[: len(p0) + len(g0)] == p0 + g0
+        n = len(rollouts)
+        out["partitions"][partition] = {
+            "rollouts": n,
+            "calls_per_rollout": round(sum(len(s) for s in rollouts) / n, 2),
+            "call_pairs": pairs,
+            "prefix_pairs": prefixes,
+            "tokens_per_rollout_as_call_samples": round(per_call / n),
+            "tokens_per_rollout_as_one_sequence": round(one_sequence / n),
+            "ratio": round(per_call / one_sequence, 2) if one_sequence else None,
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Could a rollout's model calls be trained as one token sequence?")
+    parser.add_argument("store")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    report = measure(args.store)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print("| partition | rollouts | calls a rollout | consecutive calls | of them prefixes | tokens a rollout, a sample a call |"
+          " as one sequence | ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, p in report["partitions"].items():
+        print(f"| {name} | {p['rollouts']} | {p['calls_per_rollout']} | {p['call_pairs']} | {p['prefix_pairs']} |"
+              f" {p['tokens_per_rollout_as_call_samples']} | {p['tokens_per_rollout_as_one_sequence']} | {p['ratio']} |")
+    print(f"calls left out (no token ids, or not answered 200): {report['calls_left_out']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
