@@ -11,7 +11,8 @@ such prefixes, and the tokens a rollout trains as samples a call against as one 
     python benchmarks/call_prefix.py STORE.db [--json]
 
 Token ids are read from each call's recorded answer (vLLM's `prompt_token_ids` and the choice's
-`token_ids`); calls without them, or not answered 200, are counted and left out.
+`token_ids`); calls without them, or not answered 200, are counted and left out, and so are
+rollouts that did not succeed (still running, or failed: the trainer leaves them out too).
 """
 
 from __future__ import annotations
@@ -37,15 +38,16 @@ def _tokens(response: bytes | str | None) -> tuple[list[int], list[int]] | None:
 
 def measure(db_path: str) -> dict[str, Any]:
     con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    # only finished rollouts, and of each only its latest attempt, are trained
+    finished = "FROM rollouts WHERE state = 'SUCCEEDED'"
     partitions = {rid: (json.loads(spec).get("labels") or {}).get("partition", "?")
-                  for rid, spec in con.execute("SELECT rollout_id, spec FROM rollouts")}
-    # only each rollout's latest attempt is trained
-    latest = dict(con.execute("SELECT rollout_id, latest_attempt FROM rollouts"))
+                  for rid, spec in con.execute(f"SELECT rollout_id, spec {finished}")}
+    latest = dict(con.execute(f"SELECT rollout_id, latest_attempt {finished}"))
     calls: dict[str, list[tuple[list[int], list[int]]]] = defaultdict(list)
     left_out = 0
     for rid, attempt, response, status in con.execute(
             "SELECT rollout_id, attempt_no, response, status_code FROM calls ORDER BY rollout_id, attempt_no, seq"):
-        if attempt != latest.get(rid):
+        if rid not in latest or attempt != latest[rid]:
             continue
         tokens = _tokens(response) if status == 200 else None
         if tokens is None:
