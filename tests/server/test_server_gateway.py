@@ -288,3 +288,25 @@ def test_a_call_the_agent_sent_again_is_recorded_once_with_the_answer_it_used(
     assert len(calls) == 1, [(c.seq, c.status_code) for c in calls]
     assert calls[0].status_code == 200 and calls[0].response is not None and calls[0].response["id"] == used.id
     assert calls[0].latency_s < 2.0  # the resend's quick answer, not the 2.5 s one nobody read
+
+
+def test_an_earlier_turn_with_tool_calls_goes_back_as_the_model_wrote_it(client: CalcxClient, upstream: Any) -> None:
+    # vLLM's hermes parser leaves the line break before <tool_call> on the text; the chat template
+    # puts its own there: one is dropped, so the turn renders as generated (calcx.server.assistant_turns)
+    client.put_models("policy", [upstream.url], policy_version=1)
+    claim = running_claims(client)[0]
+    call = {"id": "c1", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "10/2"}'}}
+    messages: list[Any] = [
+        {"role": "user", "content": "Liza has 10 kg and uses half. How much is left?"},
+        {"role": "assistant", "content": "She used 10/2 =\n", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "5.0\n"},
+        {"role": "assistant", "content": "5 kg.\n"},  # no calls: as it is
+        {"role": "user", "content": "And then?"},
+    ]
+    oa = openai.OpenAI(base_url=claim.env["AGL_OPENAI_BASE_URL"], api_key=claim.env["AGL_KEY"], max_retries=0)
+    oa.chat.completions.create(model="m", messages=messages)
+    sent = upstream.requests[-1]["messages"]
+    assert sent[1] == {**messages[1], "content": "She used 10/2 ="}
+    assert sent[0] == messages[0] and sent[2:] == messages[2:]
+    recorded = client.calls(claim.rollout.rollout_id)[0].request["messages"]
+    assert recorded == sent  # the recorded request is the one forwarded

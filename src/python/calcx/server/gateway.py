@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from calcx.contract.failures import FailureReason
+from calcx.server.assistant_turns import as_generated
 from calcx.server.errors import APIError
 from calcx.server.metrics import ServerMetrics
 from calcx.server.settings import ServerSettings
@@ -137,8 +138,9 @@ class Gateway:
             self._client = None
 
     def prepare(self, body: Any, registry: dict[str, Any]) -> dict[str, Any]:
-        """The upstream request: checked, model replaced, token ids and log-probs asked for,
-        max_tokens clamped to the ceiling (or set to it when absent)."""
+        """The upstream request: checked, model replaced, earlier model turns as the model wrote them
+        (calcx.server.assistant_turns), token ids and log-probs asked for, max_tokens clamped to the
+        ceiling (or set to it when absent)."""
         if not isinstance(body, dict):
             raise APIError(400, "invalid_request", "a chat completion request must be a JSON object")
         if body.get("stream"):
@@ -154,6 +156,7 @@ class Gateway:
         if n not in (None, 1):
             raise APIError(400, "invalid_request", f"n={n!r} is not supported; the gateway records one choice (n=1)")
         out = dict(body)
+        out["messages"] = as_generated(messages)
         out.pop("stream_options", None)
         out["stream"] = False
         out["model"] = registry["model"]
