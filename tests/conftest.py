@@ -53,6 +53,7 @@ SYSTEM_TEST_FILES = frozenset({
     "trainer/test_trainer_launch.py",
     "trainer/test_trainer_leftovers.py",
     "trainer/test_trainer_live_bridge.py",
+    "trainer/test_trainer_live_join.py",
     "trainer/test_trainer_manager.py",
     "trainer/test_trainer_replay_buffer.py",
     "trainer/test_trainer_resume.py",

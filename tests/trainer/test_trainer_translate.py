@@ -143,6 +143,43 @@ def test_verl_grpo_advantages_on_translated_outputs() -> None:
     assert torch.all(adv[mask == 0] == 0)
 
 
+def test_joined_calls_are_one_verl_row_and_one_member_of_their_group() -> None:
+    """A rollout whose two calls continue each other is one row (its tool answer masked, log-prob 0),
+    so a group of a two-call and a one-call rollout gives +a and -a: one row a call would have
+    counted the two-call rollout twice in the group's mean and deviation."""
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    from calcx.trainer.calcx_agent_loop import to_agent_loop_outputs
+    from calcx.trainer.call_join import join_continued_calls
+
+    two_calls, calls = _two_turn_rollout("g1", 0, 1.0)
+    joined = join_continued_calls(translate_rollout(two_calls, calls, max_prompt_length=4096, max_response_length=2048),
+                                  max_response_length=2048)
+    [first, second] = sorted((c for c in calls if c["attempt_id"] == "2"), key=lambda c: c["seq"])
+    one_call, _ = _two_turn_rollout("g1", 1, 0.0)
+    single = translate_rollout(one_call, [_call(one_call["rollout_id"], "2", 0, first["prompt_token_ids"], [7, 7])],
+                               max_prompt_length=4096, max_response_length=2048)
+    [row] = [o.as_dict() for o in to_agent_loop_outputs(joined, step=3)]
+    [other] = [o.as_dict() for o in to_agent_loop_outputs(single, step=3)]
+    between = len(second["prompt_token_ids"]) - len(first["prompt_token_ids"]) - len(first["response_token_ids"])
+    assert row["prompts"].tolist() == first["prompt_token_ids"]
+    assert row["responses"].tolist() == second["prompt_token_ids"][len(first["prompt_token_ids"]):] + \
+        second["response_token_ids"]
+    assert row["response_mask"].tolist() == [1] * len(first["response_token_ids"]) + [0] * between + \
+        [1] * len(second["response_token_ids"])
+    assert row["rollout_log_probs"].tolist()[len(first["response_token_ids"]):][:between] == [0.0] * between
+    assert [o.num_turns for o in to_agent_loop_outputs(joined, step=3)] == [4]
+
+    width = max(row["responses"].numel(), other["responses"].numel())
+    scores, mask = torch.zeros(2, width), torch.zeros(2, width, dtype=torch.int64)
+    for i, r in enumerate((row, other)):
+        n = r["responses"].numel()
+        scores[i, :n], mask[i, :n] = r["rm_scores"], r["response_mask"]
+    adv, _ = compute_grpo_outcome_advantage(scores, mask, np.array(["g1", "g1"], dtype=object))
+    plus, minus = float(adv[0, 0]), float(adv[1, 0])
+    assert plus > 0 and math.isclose(plus, -minus, rel_tol=1e-5)
+
+
 def test_trajectory_versions_span_the_versions_that_served_its_calls() -> None:
     """A trajectory whose turns were answered by two policy versions tells verl both (verl's
     staleness is the trained step minus one minus the newest); one without recorded versions counts

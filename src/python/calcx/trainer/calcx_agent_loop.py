@@ -1,8 +1,8 @@
 """The verl 0.9.1 AgentLoop that feeds training from the calcx server instead of generating itself.
 
 verl's V1 trainer (`trainer.use_v1=true`, TransferQueue) calls `run()` once per (prompt, session);
-`run()` may return a list of AgentLoopOutput, one per model call, each stored as its own row
-keyed `{uid}_{session}_{i}`. A session that raises marks its prompt's group as failed, and the
+`run()` may return a list of AgentLoopOutput, one per sample (a model call, or calls joined into
+one sequence), each stored as its own row keyed `{uid}_{session}_{i}`. A session that raises marks its prompt's group as failed, and the
 replay buffer then evicts the group (async always; sync with
 `trainer.v1.sampler.sync_refill_failed_groups=true`) and counts it in
 `training/rollout_failure/evicted_samples`: an incomplete group is never trained as reward 0.
@@ -38,8 +38,9 @@ logger = logging.getLogger(__name__)
 
 
 def to_agent_loop_outputs(samples: RolloutSamples, *, step: int) -> list[AgentLoopOutput]:
-    """One AgentLoopOutput per recorded call; the rollout's reward on each (verl sets it on the last
-    call's final token; GRPO groups all rows by uid).
+    """One AgentLoopOutput per sample (a recorded call, or calls joined into one sequence by
+    calcx.trainer.call_join); the rollout's reward on each (verl sets it on the last token; GRPO
+    groups all rows by uid).
 
     `min/max_global_steps` are the oldest and newest policy versions that served the calls (the
     server records the version it was told after each weight sync), which verl turns into
@@ -49,7 +50,9 @@ def to_agent_loop_outputs(samples: RolloutSamples, *, step: int) -> list[AgentLo
     on_policy = max(step - 1, 0)
     low = samples.min_policy_version if samples.min_policy_version is not None else on_policy
     high = samples.max_policy_version if samples.max_policy_version is not None else on_policy
-    for turn, sample in enumerate(samples.samples):
+    calls = 0
+    for sample in samples.samples:
+        calls += sample.calls
         outputs.append(
             AgentLoopOutput(
                 prompt_ids=sample.prompt_ids,
@@ -57,7 +60,7 @@ def to_agent_loop_outputs(samples: RolloutSamples, *, step: int) -> list[AgentLo
                 response_mask=sample.response_mask,
                 response_logprobs=sample.response_logprobs,
                 reward_score=sample.reward,
-                num_turns=2 * (turn + 1),
+                num_turns=2 * calls,
                 metrics=AgentLoopMetrics(generate_sequences=sample.latency_s),
                 extra_fields={
                     "reward_extra_info": {},
@@ -78,7 +81,7 @@ class CalcxAgentLoop(AgentLoopBase):
     The work is `calcx.trainer.session.run_session_from_config` (verl-free, tested on CPU against
     the real server); this class only adapts its samples to verl's AgentLoopOutput."""
 
-    # verl 0.9.1's V1 worker (AgentLoopWorkerTQ) takes a list, one output per model call
+    # verl 0.9.1's V1 worker (AgentLoopWorkerTQ) takes a list, one output per sample
     # (docs/trainer.md); the base class still names the legacy worker's single output.
     async def run(  # type: ignore[override]
         self, sampling_params: dict[str, Any], **kwargs: Any

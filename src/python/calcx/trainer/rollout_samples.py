@@ -19,7 +19,7 @@ class RolloutIncomplete(Exception):
 
 @dataclass
 class CallSample:
-    """One model call, ready to become a verl AgentLoopOutput."""
+    """One model call (or several that continue each other), ready to become a verl AgentLoopOutput."""
 
     call_id: str
     seq: int
@@ -32,6 +32,7 @@ class CallSample:
     latency_s: float
     prompt_truncated: bool = False
     response_truncated: bool = False
+    calls: int = 1  # the recorded calls this sample holds (calcx.trainer.call_join joins them)
 
 
 @dataclass

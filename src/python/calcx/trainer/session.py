@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from calcx.trainer.group import GroupSpec, settle_group
 from calcx.trainer.server_key import server_key
 from calcx.api.client import AsyncCalcxClient
+from calcx.trainer.call_join import join_continued_calls
 from calcx.trainer.reward_options import RewardOptions, apply_reward_options
 from calcx.trainer.tool_use import attempt_calls, record_tool_use, rollout_tool_use
 from calcx.trainer.rollout_samples import RolloutIncomplete, RolloutSamples
@@ -113,11 +114,12 @@ def record_session_time(report_dir: str | os.PathLike[str], spec: GroupSpec, *, 
 
 async def run_session(spec: GroupSpec, *, server_url: str, key: str, report_dir: str | os.PathLike[str],
                       max_prompt_length: int, max_response_length: int,
-                      reward_options: RewardOptions | None = None) -> RolloutSamples:
+                      reward_options: RewardOptions | None = None, join_calls: bool = True) -> RolloutSamples:
     """Create the group, settle it, translate this session's rollout; `RolloutIncomplete` leaves it out.
 
     The rollout's calculator use (from its recorded calls) goes to `{report_dir}/tool_use.jsonl`;
-    `reward_options` (`calcx.reward`) shape a training rollout's samples, never a validation one's."""
+    `reward_options` (`calcx.reward`) shape a training rollout's samples, never a validation one's;
+    `join_calls` (`calcx.join_calls`) makes calls that continue each other one sample."""
     client = AsyncCalcxClient(server_url, key)
     try:
         own = await settle_group(client, spec)
@@ -131,6 +133,8 @@ async def run_session(spec: GroupSpec, *, server_url: str, key: str, report_dir:
                         use=use)
         if spec.partition == "train" and reward_options is not None:
             samples = apply_reward_options(samples, used, use, reward_options)
+        if join_calls:  # after the reward options, which mask void turns call by call
+            samples = join_continued_calls(samples, max_response_length=max_response_length)
         return samples
     except RolloutIncomplete as exc:
         record_incomplete(report_dir, exc, uid=spec.uid, step=spec.step)
@@ -151,7 +155,8 @@ async def run_session_from_config(config: Any, sampling_params: Mapping[str, Any
     try:
         samples = await run_session(spec, server_url=str(calcx.server_url), key=server_key(calcx),
                                     report_dir=str(calcx.report_dir), max_prompt_length=int(rollout.prompt_length),
-                                    max_response_length=int(rollout.response_length), reward_options=options)
+                                    max_response_length=int(rollout.response_length), reward_options=options,
+                                    join_calls=bool(calcx.join_calls))
         ok = True
         return samples
     finally:
