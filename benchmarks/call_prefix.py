@@ -9,15 +9,23 @@ and prints, by partition (train/val): rollouts, consecutive call pairs and how m
 such prefixes, and the tokens a rollout trains as samples a call against as one sequence.
 
     python benchmarks/call_prefix.py STORE.db [--json]
+    python benchmarks/call_prefix.py STORE.db --render MODEL_DIR   # also: rendered as the gateway sends them
 
 Token ids are read from each call's recorded answer (vLLM's `prompt_token_ids` and the choice's
 `token_ids`); calls without them, or not answered 200, are counted and left out, and so are
 rollouts that did not succeed (still running, or failed: the trainer leaves them out too).
+
+--render renders every recorded request again with MODEL_DIR's tokenizer and chat template (as vLLM
+does: tool-call arguments as objects), first as recorded (how many give the recorded prompt tokens:
+the check that the rendering is vLLM's), then with the earlier turns as the gateway now sends them
+(calcx.server.assistant_turns), and counts the consecutive calls whose prompt then continues the
+previous prompt and generated tokens. Needs transformers (the `trainer` resolve).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sqlite3
 import sys
@@ -26,14 +34,69 @@ from typing import Any
 
 
 def _tokens(response: bytes | str | None) -> tuple[list[int], list[int]] | None:
+    if response is None:
+        return None
     try:
-        body = json.loads(response) if response is not None else None
+        body = json.loads(response)
         prompt, generated = body["prompt_token_ids"], body["choices"][0]["token_ids"]
     except (ValueError, TypeError, KeyError, IndexError):
         return None
     if not isinstance(prompt, list) or not isinstance(generated, list):
         return None
     return prompt, generated
+
+
+def _for_template(messages: list[Any]) -> list[Any]:
+    """Messages as vLLM hands them to a chat template: tool-call arguments parsed into objects."""
+    out = []
+    for message in messages:
+        if isinstance(message, dict) and message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                function = dict(call.get("function") or {})
+                if isinstance(function.get("arguments"), str):
+                    function["arguments"] = json.loads(function["arguments"])
+                calls.append({**call, "function": function})
+            message = {**message, "tool_calls": calls}
+        out.append(message)
+    return out
+
+
+def rendered(db_path: str, model_dir: str) -> dict[str, int]:
+    """Every finished rollout's requests rendered again (see --render)."""
+    from calcx.server.assistant_turns import as_generated
+
+    # by name: this script's resolve (the server's) has no transformers; --render needs a Python with it
+    tokenizer = importlib.import_module("transformers").AutoTokenizer.from_pretrained(model_dir)
+
+    def render(request: dict[str, Any], rewrite: bool) -> list[int]:
+        messages = as_generated(request["messages"]) if rewrite else request["messages"]
+        ids = tokenizer.apply_chat_template(_for_template(messages), tools=request.get("tools"),
+                                            add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    rows = con.execute(
+        "SELECT c.rollout_id, c.request, c.response FROM calls c JOIN rollouts r USING (rollout_id)"
+        " WHERE r.state = 'SUCCEEDED' AND c.attempt_no = r.latest_attempt AND c.status_code = 200"
+        " ORDER BY c.rollout_id, c.seq").fetchall()
+    con.close()
+    by_rollout: dict[str, list[tuple[dict[str, Any], list[int], list[int]]]] = defaultdict(list)
+    for rid, request, response in rows:
+        tokens = _tokens(response)
+        if tokens is not None:
+            by_rollout[rid].append((json.loads(request), *tokens))
+    out = {"calls": 0, "rendered_as_recorded": 0, "call_pairs": 0, "prefix_pairs_as_sent_now": 0}
+    for calls in by_rollout.values():
+        now = [render(request, rewrite=True) for request, _, _ in calls]
+        for (request, prompt, _), again in zip(calls, now):
+            out["calls"] += 1
+            out["rendered_as_recorded"] += render(request, rewrite=False) == prompt
+        for k in range(1, len(calls)):
+            head = now[k - 1] + calls[k - 1][2]
+            out["call_pairs"] += 1
+            out["prefix_pairs_as_sent_now"] += now[k][: len(head)] == head
+    return out
 
 
 def measure(db_path: str) -> dict[str, Any]:
@@ -82,8 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Could a rollout's model calls be trained as one token sequence?")
     parser.add_argument("store")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--render", metavar="MODEL_DIR", help="render the requests again with this tokenizer")
     args = parser.parse_args(argv)
     report = measure(args.store)
+    if args.render:
+        report["rendered"] = rendered(args.store, args.render)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -94,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {p['rollouts']} | {p['calls_per_rollout']} | {p['call_pairs']} | {p['prefix_pairs']} |"
               f" {p['tokens_per_rollout_as_call_samples']} | {p['tokens_per_rollout_as_one_sequence']} | {p['ratio']} |")
     print(f"calls left out (no token ids, or not answered 200): {report['calls_left_out']}")
+    if "rendered" in report:
+        r = report["rendered"]
+        print(f"rendered again: {r['rendered_as_recorded']} of {r['calls']} calls give the recorded prompt tokens; "
+              f"with earlier turns as the gateway sends them now, {r['prefix_pairs_as_sent_now']} of "
+              f"{r['call_pairs']} consecutive calls continue the previous prompt and answer")
     return 0
 
 

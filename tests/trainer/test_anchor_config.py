@@ -295,7 +295,7 @@ def test_a_runs_status_brings_back_its_store_without_token_ids(tmp_path: Path) -
     assert status.returncode == 0, status.stderr
     waits = [line for line in status.stdout.splitlines() if line.startswith("| 1 | 4.00 |")]
     assert waits == ["| 1 | 4.00 | 2.00 | 1.00 | 0.00 | 0.50 | 0.50 | 20% |"], status.stdout
-    with tarfile.open(out / "sync.tar.gz") as tar:
+    with tarfile.open(out / "sync-store.tar.gz") as tar:  # the store apart from the run's other files
         tar.extract("store-slim.db", tmp_path / "back", filter="data")
     slim = sqlite3.connect(tmp_path / "back" / "store-slim.db")
     assert slim.execute("select request, length(prompt_token_ids) + length(response_token_ids) "
