@@ -290,23 +290,42 @@ def test_a_call_the_agent_sent_again_is_recorded_once_with_the_answer_it_used(
     assert calls[0].latency_s < 2.0  # the resend's quick answer, not the 2.5 s one nobody read
 
 
-def test_an_earlier_turn_with_tool_calls_goes_back_as_the_model_wrote_it(client: CalcxClient, upstream: Any) -> None:
-    # vLLM's hermes parser leaves the line break before <tool_call> on the text; the chat template
-    # puts its own there: one is dropped, so the turn renders as generated (calcx.server.assistant_turns)
+def _tool_turn_forwarded(client: CalcxClient, upstream: Any, content: Any) -> tuple[list[Any], list[Any], list[Any]]:
+    """(the messages sent, those forwarded upstream, those recorded) for a conversation whose earlier
+    model turn has `content` and a tool call."""
     client.put_models("policy", [upstream.url], policy_version=1)
-    claim = running_claims(client)[0]
+    claim = running_claims(client, prefix=f"tool-turn-{len(upstream.requests)}")[0]
     call = {"id": "c1", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "10/2"}'}}
     messages: list[Any] = [
         {"role": "user", "content": "Liza has 10 kg and uses half. How much is left?"},
-        {"role": "assistant", "content": "She used 10/2 =\n", "tool_calls": [call]},
+        {"role": "assistant", "content": content, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c1", "content": "5.0\n"},
-        {"role": "assistant", "content": "5 kg.\n"},  # no calls: as it is
+        {"role": "assistant", "content": "5 kg.\n"},  # no calls: always as it is
         {"role": "user", "content": "And then?"},
     ]
     oa = openai.OpenAI(base_url=claim.env["AGL_OPENAI_BASE_URL"], api_key=claim.env["AGL_KEY"], max_retries=0)
     oa.chat.completions.create(model="m", messages=messages)
-    sent = upstream.requests[-1]["messages"]
-    assert sent[1] == {**messages[1], "content": "She used 10/2 ="}
-    assert sent[0] == messages[0] and sent[2:] == messages[2:]
     recorded = client.calls(claim.rollout.rollout_id)[0].request["messages"]
-    assert recorded == sent  # the recorded request is the one forwarded
+    return messages, upstream.requests[-1]["messages"], recorded
+
+
+def test_with_the_hermes_parser_an_earlier_tool_turn_goes_back_as_the_model_wrote_it(
+        db_path: str, server_key: str, upstream: Any) -> None:
+    # vLLM's hermes parser leaves the line break before <tool_call> on the text; the chat template
+    # puts its own there: one is dropped, so the turn renders as generated (calcx.server.assistant_turns)
+    server = start_server_thread(db_path, server_key, upstream_timeout_s=5.0, tool_call_parser="hermes")
+    try:
+        with CalcxClient(server.url, server_key, timeout=10.0) as client:
+            for content, sent_as in (("She used 10/2 =\n", "She used 10/2 ="), ("x\n\n", "x\n"), ("x", "x"),
+                                     ("", ""), (None, None)):
+                messages, forwarded, recorded = _tool_turn_forwarded(client, upstream, content)
+                assert forwarded[1] == {**messages[1], "content": sent_as}, content
+                assert forwarded[0] == messages[0] and forwarded[2:] == messages[2:]
+                assert recorded == forwarded  # the recorded request is the one forwarded
+    finally:
+        server.stop()
+
+
+def test_without_a_known_parser_turns_go_as_the_agent_sent_them(client: CalcxClient, upstream: Any) -> None:
+    messages, forwarded, recorded = _tool_turn_forwarded(client, upstream, "She used 10/2 =\n")
+    assert forwarded == recorded == messages

@@ -97,6 +97,21 @@ def test_the_controller_hands_its_agents_the_configured_tool_rounds() -> None:
             ServicesConfig.from_calcx_section(OmegaConf.create({"agent_tool_rounds": bad}), Path("/tmp/x"))
 
 
+def test_the_started_server_gets_the_runs_ceiling_and_tool_call_parser() -> None:
+    # (the server accepting these flags is checked by the eval-only test below, which starts one)
+    from calcx.trainer.launch import server_args
+
+    cfg = compose(ComposeRequest(gpu_memory_gib=0))
+    ceiling = str(int(cfg.actor_rollout_ref.rollout.response_length))
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser == "hermes"
+    assert server_args(cfg, ["--lease-s", "9"]) == ["--lease-s", "9", "--max-tokens-ceiling", ceiling,
+                                                    "--tool-call-parser", "hermes"]
+    mine = ["--tool-call-parser", "other", "--max-tokens-ceiling", "7"]
+    assert server_args(cfg, mine) == mine  # calcx.server_args win
+    cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser = None
+    assert server_args(cfg, []) == ["--max-tokens-ceiling", ceiling]
+
+
 def _port_open(url: str) -> bool:
     host, port = url.rsplit("/", 1)[-1].split(":") if "//" not in url else url.split("//")[1].split(":")
     with socket.socket() as s:

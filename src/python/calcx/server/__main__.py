@@ -12,6 +12,7 @@ from calcx.api.tokens import HOW_TO_MAKE_A_KEY, MIN_KEY_CHARS, key_problem, new_
 from calcx.common.serving import bind_socket
 from calcx.contract.env import CALCX_KEY
 from calcx.contract.ready import server_ready_line
+from calcx.server.assistant_turns import HERMES
 from calcx.server.serve import CalcxUvicornServer, uvicorn_config
 from calcx.server.settings import DEFAULTS, ServerSettings
 
@@ -54,6 +55,7 @@ def settings_from_args(args: argparse.Namespace, *, key: str, port: int, public_
         public_url=public_url,
         log_level=args.log_level,
         access_log=args.access_log,
+        tool_call_parser=args.tool_call_parser,
         **{name: getattr(args, name) for name, _ in TUNED_SETTINGS},
     )
 
@@ -81,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
         default = getattr(d, name)
         p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
                        help=f"{text} (default {_shown(name, default)})")
+    p.add_argument("--tool-call-parser", default=d.tool_call_parser, metavar="NAME",
+                   help="the model servers' tool-call parser (vLLM's --tool-call-parser); with "
+                   f"{HERMES!r}, an earlier turn with tool calls goes back to the model as the model wrote it "
+                   "(default: not known, turns go as the agent sends them)")
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"],
                    help=f"(default {d.log_level})")
     p.add_argument("--access-log", action="store_true", default=d.access_log,

@@ -1,6 +1,7 @@
 """An agent's earlier model turns, sent back to the model as the model wrote them.
 
-vLLM's `hermes` tool-call parser (the one calcx's trainer configures) splits a model turn at its
+vLLM's `hermes` tool-call parser (the one calcx's trainer configures, and tells the server with
+`--tool-call-parser`) splits a model turn at its
 first `<tool_call>`: the text before it becomes the message's `content`, keeping the line break the
 model wrote before the tag, and the calls go apart as `tool_calls`. The agent sends that message back
 in its next call, and Hermes/ChatML chat templates (Qwen2.5's own, calcx's `hermes`) render it as
@@ -14,6 +15,15 @@ Measured on an H200 run's calls: benchmarks/RESULTS.md, "One sequence a rollout"
 from __future__ import annotations
 
 from typing import Any
+
+#: the tool-call parser whose split this undoes (ServerSettings.tool_call_parser)
+HERMES = "hermes"
+
+
+def for_the_model(messages: list[Any], tool_call_parser: str) -> list[Any]:
+    """The messages as the model servers should render them: with `hermes`, `as_generated`;
+    with another or an unknown parser, as the agent sent them."""
+    return as_generated(messages) if tool_call_parser == HERMES else messages
 
 
 def as_generated(messages: list[Any]) -> list[Any]:

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from calcx.contract.failures import FailureReason
-from calcx.server.assistant_turns import as_generated
+from calcx.server.assistant_turns import for_the_model
 from calcx.server.errors import APIError
 from calcx.server.metrics import ServerMetrics
 from calcx.server.settings import ServerSettings
@@ -139,8 +139,8 @@ class Gateway:
 
     def prepare(self, body: Any, registry: dict[str, Any]) -> dict[str, Any]:
         """The upstream request: checked, model replaced, earlier model turns as the model wrote them
-        (calcx.server.assistant_turns), token ids and log-probs asked for, max_tokens clamped to the
-        ceiling (or set to it when absent)."""
+        when the model servers' parser is known (calcx.server.assistant_turns), token ids and
+        log-probs asked for, max_tokens clamped to the ceiling (or set to it when absent)."""
         if not isinstance(body, dict):
             raise APIError(400, "invalid_request", "a chat completion request must be a JSON object")
         if body.get("stream"):
@@ -156,7 +156,7 @@ class Gateway:
         if n not in (None, 1):
             raise APIError(400, "invalid_request", f"n={n!r} is not supported; the gateway records one choice (n=1)")
         out = dict(body)
-        out["messages"] = as_generated(messages)
+        out["messages"] = for_the_model(messages, self.settings.tool_call_parser)
         out.pop("stream_options", None)
         out["stream"] = False
         out["model"] = registry["model"]

@@ -50,6 +50,9 @@ class ServerSettings:
     # update) is sent again until this many seconds have passed since its first try, then the
     # aborted answer goes to the agent; 0: at once
     abort_retry_s: float = 120.0
+    # the model servers' tool-call parser (vLLM's --tool-call-parser; "" = not known). With
+    # "hermes", an earlier model turn goes back to the model as it wrote it (calcx.server.assistant_turns)
+    tool_call_parser: str = ""
 
     def poll_timeout(self, requested: float) -> float:
         """A client's long-poll timeout, cut to [0, max_poll_s]."""

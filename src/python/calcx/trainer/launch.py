@@ -16,9 +16,9 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from calcx.trainer.progress import ProgressWatch, total_training_steps
 from calcx.trainer.report import count_incomplete, write_report
@@ -106,6 +106,20 @@ class RolloutServer:
     url: str | None = None
 
 
+def server_args(cfg: DictConfig, given: Sequence[str]) -> list[str]:
+    """The started server's flags: `calcx.server_args`, then what the run's settings decide unless
+    given there: the max_tokens ceiling (what verl trains on, so no recorded answer is cut later) and
+    the model servers' tool-call parser (the gateway then sends earlier turns back as the model wrote
+    them, calcx.server.assistant_turns)."""
+    args = list(given)
+    if "--max-tokens-ceiling" not in args:
+        args += ["--max-tokens-ceiling", str(int(cfg.actor_rollout_ref.rollout.response_length))]
+    parser = OmegaConf.select(cfg, "actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser", default=None)
+    if parser and "--tool-call-parser" not in args:
+        args += ["--tool-call-parser", str(parser)]
+    return args
+
+
 @contextlib.contextmanager
 def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
                      plan: ResumePlan | None = None) -> Iterator[RolloutServer]:
@@ -124,10 +138,7 @@ def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
         config = ServicesConfig.from_calcx_section(cfg.calcx, report_dir / "services")
     except ValueError as exc:
         raise LaunchError(str(exc)) from exc
-    if "--max-tokens-ceiling" not in config.server_args:
-        # the gateway clamps max_tokens to what verl trains on, so no recorded response is cut later
-        config.server_args = [*config.server_args, "--max-tokens-ceiling",
-                              str(int(cfg.actor_rollout_ref.rollout.response_length))]
+    config.server_args = server_args(cfg, config.server_args)
     services = LocalServices(config)
     key_file = write_key_file(services.key)
     try:
