@@ -102,7 +102,7 @@ class Driver:
                                  wait_timeout_s=5.0, group_timeout_s=180.0, run=self.args.run)
                 sessions.append(asyncio.ensure_future(run_session(
                     spec, server_url=self.args.server, key=self.key, report_dir=self.args.report_dir,
-                    max_prompt_length=4096, max_response_length=2048)))
+                    max_prompt_length=4096, max_response_length=2048, join_calls=True)))
         if self.kill_here("rollouts"):
             await self._created(uids)
             print(f"driver: step {self.global_steps}'s rollouts in flight", flush=True)

@@ -7,8 +7,10 @@ first prompt, then the first answer, the tokens between (the tool's answer and t
 header: masked out, log-prob 0), then the second answer. The same answer tokens are trained with the
 same context, a rollout is one row of its GRPO group instead of one row a call (so a rollout of four
 calls no longer counts four times in its group's mean and deviation), and the step trains each
-prompt once: 3.6x fewer tokens for the tool-use agent's rollouts (benchmarks/RESULTS.md, "One
-sequence a rollout"). This is the sequence verl's own ToolAgentLoop builds.
+prompt once (what that saves on the tool-use agent's rollouts: benchmarks/RESULTS.md, "One
+sequence a rollout"). This is the sequence verl's own ToolAgentLoop builds. A joined sample keeps
+its first call's identity (call id, seq, policy version); the rollout's oldest and newest serving
+versions, which verl's staleness reads, are the rollout's (translate), not the sample's.
 
 Calls are kept apart where they do not continue each other (a template that renders a turn
 differently from what the model generated), where a prompt was cut to max_prompt_length (its start

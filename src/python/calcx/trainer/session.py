@@ -114,7 +114,7 @@ def record_session_time(report_dir: str | os.PathLike[str], spec: GroupSpec, *, 
 
 async def run_session(spec: GroupSpec, *, server_url: str, key: str, report_dir: str | os.PathLike[str],
                       max_prompt_length: int, max_response_length: int,
-                      reward_options: RewardOptions | None = None, join_calls: bool = True) -> RolloutSamples:
+                      join_calls: bool, reward_options: RewardOptions | None = None) -> RolloutSamples:
     """Create the group, settle it, translate this session's rollout; `RolloutIncomplete` leaves it out.
 
     The rollout's calculator use (from its recorded calls) goes to `{report_dir}/tool_use.jsonl`;
