@@ -57,6 +57,7 @@ calcx() { PEX_EXTRA_SYS_PATH="$(torch_site)" "$PYTHON" "$PEX" "$@"; }
 PIECE_MB=15
 pack() {
   local tarball="$1" dir="$2"; shift 2
+  rm -f "$tarball" "$tarball".[0-9][0-9]  # an earlier status into the same OUT: no stale pieces
   (cd "$dir" && tar -czf "$tarball" --ignore-failed-read "$@")
   if (( $(stat -c %s "$tarball") > PIECE_MB * 1024 * 1024 )); then
     split -b "${PIECE_MB}M" -d "$tarball" "$tarball." && rm -f "$tarball"
@@ -281,6 +282,7 @@ case "$stage" in
       while kill -0 "$(cat "$dir/pid")" 2>/dev/null && (( $(date +%s) < deadline )); do sleep 10; done
     fi
     out="${2:-}"
+    if [[ -n "$out" ]]; then out="$(mkdir -p "$out" && cd "$out" && pwd)"; fi  # tar runs in the run's directory
     alive=no; kill -0 "$(cat "$dir/pid")" 2>/dev/null && alive=yes
     echo "run $name: running=$alive, $(( $(date +%s) - $(cat "$dir/started") )) s since start"
     [[ -f "$dir/metrics.jsonl" ]] && echo "steps logged: $(grep -c '"timing_s/step"' "$dir/metrics.jsonl" || true)"
