@@ -6,7 +6,9 @@ One sequence a rollout (the first prompt, then each answer and the tokens betwee
 possible only where each call's prompt tokens begin with the previous call's prompt and generated
 tokens. This reads a calcx store (the server's SQLite file, or the slim copy a GPU run brings back)
 and prints, by partition (train/val): rollouts, consecutive call pairs and how many of them are
-such prefixes, and the tokens a rollout trains as samples a call against as one sequence.
+such prefixes, and the tokens a rollout trains as samples a call against the tokens of its last
+call's prompt and answer (what one sequence holds when every call continues the one before: the
+bound of what joining saves; calcx.trainer.call_join joins only calls that do).
 
     python benchmarks/call_prefix.py STORE.db [--json]
     python benchmarks/call_prefix.py STORE.db --render MODEL_DIR   # also: rendered as the gateway sends them
@@ -19,7 +21,9 @@ rollouts that did not succeed (still running, or failed: the trainer leaves them
 does: tool-call arguments as objects), first as recorded (how many give the recorded prompt tokens:
 the check that the rendering is vLLM's), then with the earlier turns as the gateway now sends them
 (calcx.server.assistant_turns), and counts the consecutive calls whose prompt then continues the
-previous prompt and generated tokens. Needs transformers (the `trainer` resolve).
+previous prompt and generated tokens. Meant for stores recorded before that rewrite: in a later one
+the recorded prompts already are the rewritten ones, and the table's own prefix column counts them.
+Needs transformers (the `trainer` resolve).
 """
 
 from __future__ import annotations
@@ -153,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print("| partition | rollouts | calls a rollout | consecutive calls | of them prefixes | tokens a rollout, a sample a call |"
-          " as one sequence | ratio |")
+    print("| partition | rollouts | model calls a rollout | consecutive calls | of them prefixes |"
+          " tokens a rollout, a sample a call | as one sequence (all calls joined) | ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, p in report["partitions"].items():
         print(f"| {name} | {p['rollouts']} | {p['calls_per_rollout']} | {p['call_pairs']} | {p['prefix_pairs']} |"
