@@ -34,7 +34,7 @@ import json
 import sqlite3
 import sys
 from collections import defaultdict
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def _tokens(response: bytes | str | None) -> tuple[list[int], list[int]] | None:
@@ -50,88 +50,78 @@ def _tokens(response: bytes | str | None) -> tuple[list[int], list[int]] | None:
     return prompt, generated
 
 
-def _for_template(messages: list[Any]) -> list[Any]:
-    """Messages as vLLM hands them to a chat template: tool-call arguments parsed into objects."""
-    out = []
-    for message in messages:
-        if isinstance(message, dict) and message.get("tool_calls"):
-            calls = []
-            for call in message["tool_calls"]:
-                function = dict(call.get("function") or {})
-                if isinstance(function.get("arguments"), str):
-                    function["arguments"] = json.loads(function["arguments"])
-                calls.append({**call, "function": function})
-            message = {**message, "tool_calls": calls}
-        out.append(message)
-    return out
+class Call(NamedTuple):
+    request: dict[str, Any]
+    prompt: list[int]
+    generated: list[int]
 
 
-def rendered(db_path: str, model_dir: str) -> dict[str, int]:
-    """Every finished rollout's requests rendered again (see --render)."""
-    from calcx.server.assistant_turns import as_generated
-
-    # by name: this script's resolve (the server's) has no transformers; --render needs a Python with it
-    tokenizer = importlib.import_module("transformers").AutoTokenizer.from_pretrained(model_dir)
-
-    def render(request: dict[str, Any], rewrite: bool) -> list[int]:
-        messages = as_generated(request["messages"]) if rewrite else request["messages"]
-        ids = tokenizer.apply_chat_template(_for_template(messages), tools=request.get("tools"),
-                                            add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-    con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
-    rows = con.execute(
-        "SELECT c.rollout_id, c.request, c.response FROM calls c JOIN rollouts r USING (rollout_id)"
-        " WHERE r.state = 'SUCCEEDED' AND c.attempt_no = r.latest_attempt AND c.status_code = 200"
-        " ORDER BY c.rollout_id, c.seq").fetchall()
-    con.close()
-    by_rollout: dict[str, list[tuple[dict[str, Any], list[int], list[int]]]] = defaultdict(list)
-    for rid, request, response in rows:
-        tokens = _tokens(response)
-        if tokens is not None:
-            by_rollout[rid].append((json.loads(request), *tokens))
-    out = {"calls": 0, "rendered_as_recorded": 0, "call_pairs": 0, "prefix_pairs_as_sent_now": 0}
-    for calls in by_rollout.values():
-        now = [render(request, rewrite=True) for request, _, _ in calls]
-        for (request, prompt, _), again in zip(calls, now):
-            out["calls"] += 1
-            out["rendered_as_recorded"] += render(request, rewrite=False) == prompt
-        for k in range(1, len(calls)):
-            head = now[k - 1] + calls[k - 1][2]
-            out["call_pairs"] += 1
-            out["prefix_pairs_as_sent_now"] += now[k][: len(head)] == head
-    return out
-
-
-def measure(db_path: str) -> dict[str, Any]:
+def _trained_calls(db_path: str) -> tuple[dict[str, str], dict[str, list[Call]], int]:
+    """(partition of each finished rollout, its latest attempt's calls with token ids in order, the
+    number of that attempt's calls left out: not answered 200, or without token ids)."""
     con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     # only finished rollouts, and of each only its latest attempt, are trained
     finished = "FROM rollouts WHERE state = 'SUCCEEDED'"
     partitions = {rid: (json.loads(spec).get("labels") or {}).get("partition", "?")
                   for rid, spec in con.execute(f"SELECT rollout_id, spec {finished}")}
     latest = dict(con.execute(f"SELECT rollout_id, latest_attempt {finished}"))
-    calls: dict[str, list[tuple[list[int], list[int]]]] = defaultdict(list)
+    calls: dict[str, list[Call]] = defaultdict(list)
     left_out = 0
-    for rid, attempt, response, status in con.execute(
-            "SELECT rollout_id, attempt_no, response, status_code FROM calls ORDER BY rollout_id, attempt_no, seq"):
+    for rid, attempt, request, response, status in con.execute(
+            "SELECT rollout_id, attempt_no, request, response, status_code FROM calls"
+            " ORDER BY rollout_id, attempt_no, seq"):
         if rid not in latest or attempt != latest[rid]:
             continue
         tokens = _tokens(response) if status == 200 else None
         if tokens is None:
             left_out += 1
             continue
-        calls[rid].append(tokens)
+        calls[rid].append(Call(json.loads(request), *tokens))
     con.close()
+    return partitions, calls, left_out
+
+
+def rendered(db_path: str, model_dir: str) -> dict[str, int]:
+    """Every finished rollout's requests rendered again (see --render)."""
+    from calcx.server.assistant_turns import as_generated
+
+    # by name: this script's resolve (the server's) has neither transformers nor the trainer's modules;
+    # --render needs a Python with both (the trainer's); the messages go to the template as vLLM hands them
+    tokenizer = importlib.import_module("transformers").AutoTokenizer.from_pretrained(model_dir)
+    as_rendered = importlib.import_module("calcx.trainer.warmup_dataset").as_rendered
+
+    def render(request: dict[str, Any], rewrite: bool) -> list[int]:
+        messages = as_generated(request["messages"]) if rewrite else request["messages"]
+        ids = tokenizer.apply_chat_template(as_rendered(messages), tools=request.get("tools"),
+                                            add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    out = {"calls": 0, "rendered_as_recorded": 0, "call_pairs": 0, "prefix_pairs_as_sent_now": 0}
+    for calls in _trained_calls(db_path)[1].values():
+        now = [render(call.request, rewrite=True) for call in calls]
+        for call in calls:
+            out["calls"] += 1
+            out["rendered_as_recorded"] += render(call.request, rewrite=False) == call.prompt
+        for k in range(1, len(calls)):
+            head = now[k - 1] + calls[k - 1].generated
+            out["call_pairs"] += 1
+            out["prefix_pairs_as_sent_now"] += now[k][: len(head)] == head
+    return out
+
+
+def measure(db_path: str) -> dict[str, Any]:
+    partitions, calls, left_out = _trained_calls(db_path)
     out: dict[str, Any] = {"calls_left_out": left_out, "partitions": {}}
     for partition in sorted(set(partitions[rid] for rid in calls)):
         rollouts = [calls[rid] for rid in calls if partitions[rid] == partition]
         pairs = prefixes = per_call = one_sequence = 0
         for seq in rollouts:
-            per_call += sum(len(p) + len(g) for p, g in seq)
-            one_sequence += len(seq[-1][0]) + len(seq[-1][1])  # the last prompt holds every earlier turn
-            for (p0, g0), (p1, _) in zip(seq, seq[1:]):
+            per_call += sum(len(c.prompt) + len(c.generated) for c in seq)
+            one_sequence += len(seq[-1].prompt) + len(seq[-1].generated)  # the last prompt holds every earlier turn
+            for before, after in zip(seq, seq[1:]):
                 pairs += 1
-                prefixes += p1[: len(p0) + len(g0)] == p0 + g0
+                head = before.prompt + before.generated
+                prefixes += after.prompt[: len(head)] == head
         n = len(rollouts)
         out["partitions"][partition] = {
             "rollouts": n,

@@ -56,7 +56,9 @@ calcx() { PEX_EXTRA_SYS_PATH="$(torch_site)" "$PYTHON" "$PEX" "$@"; }
 # TARBALL, or, when it is larger than PIECE_MB, TARBALL.00, .01, ... (`cat TARBALL.* > TARBALL`)
 PIECE_MB=15
 pack() {
-  local tarball="$1" dir="$2"; shift 2
+  local tarball dir="$2"
+  mkdir -p "$(dirname "$1")"
+  tarball="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; shift 2  # tar runs in DIR: an absolute path
   rm -f "$tarball" "$tarball".[0-9][0-9]  # an earlier status into the same OUT: no stale pieces
   (cd "$dir" && tar -czf "$tarball" --ignore-failed-read "$@")
   if (( $(stat -c %s "$tarball") > PIECE_MB * 1024 * 1024 )); then
@@ -265,13 +267,10 @@ case "$stage" in
       if [[ -f "$RESULTS/$mode/pid" ]]; then "$0" status "$mode" ${out:+"$out"}; fi
     done
     if [[ -n "$out" && -d "$RESULTS/profile" ]]; then
-      mkdir -p "$out"
-      tar -czf "$out/profile.tar.gz" -C "$RESULTS" profile profile.log machine.txt
+      pack "$out/profile.tar.gz" "$RESULTS" profile profile.log machine.txt
     fi
     if [[ -n "$out" && -d "$WARMUP_DIR" ]]; then
-      mkdir -p "$out"
-      (cd "$WARMUP_DIR" && tar -czf "$out/warmup.tar.gz" --ignore-failed-read started ended train.log metrics.jsonl \
-        "runs/$WARMUP_RUN_NAME/warmup_config.yaml")
+      pack "$out/warmup.tar.gz" "$WARMUP_DIR" started ended train.log metrics.jsonl "runs/$WARMUP_RUN_NAME/warmup_config.yaml"
     fi
     ;;
   status|wait)
@@ -282,7 +281,6 @@ case "$stage" in
       while kill -0 "$(cat "$dir/pid")" 2>/dev/null && (( $(date +%s) < deadline )); do sleep 10; done
     fi
     out="${2:-}"
-    if [[ -n "$out" ]]; then out="$(mkdir -p "$out" && cd "$out" && pwd)"; fi  # tar runs in the run's directory
     alive=no; kill -0 "$(cat "$dir/pid")" 2>/dev/null && alive=yes
     echo "run $name: running=$alive, $(( $(date +%s) - $(cat "$dir/started") )) s since start"
     [[ -f "$dir/metrics.jsonl" ]] && echo "steps logged: $(grep -c '"timing_s/step"' "$dir/metrics.jsonl" || true)"
@@ -301,8 +299,7 @@ case "$stage" in
       cat "$dir/steps.md"
     fi
     if [[ -n "$out" ]]; then
-      # one file a run (what comes back is counted in files): metrics, log, tables, report, curves
-      mkdir -p "$out"
+      # two tarballs a run (what comes back is counted in files): metrics, log, tables, report, curves; the store
       cp "$RESULTS/machine.txt" "$dir/" 2>/dev/null || true
       if [[ -f "$db" ]]; then
         # the store without its token ids and log-probs (the bulk of it): every row, clock and recorded

@@ -59,3 +59,14 @@ def start_server(work: Path, key: str, *extra: str) -> tuple[ManagedProcess, str
     server.start(SERVER_READY, 60)
     assert server.match is not None
     return server, server.match.group(1).rstrip("/")
+
+
+def agent_loop(cfg: Any) -> Any:
+    """verl's CalcxAgentLoop as its worker makes it, without verl's tokenizer machinery: `run()`
+    needs only the composed config."""
+    from calcx.trainer.calcx_agent_loop import CalcxAgentLoop
+
+    loop = CalcxAgentLoop.__new__(CalcxAgentLoop)
+    loop.config = cfg
+    loop.rollout_config = cfg.actor_rollout_ref.rollout
+    return loop

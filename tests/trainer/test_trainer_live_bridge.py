@@ -31,17 +31,9 @@ from calcx.trainer.report import count_incomplete
 from calcx.trainer.server_key import write_key_file
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
 from calcx.trainer.rollout_samples import RolloutIncomplete
+from live_stack import SERVICES_PYTHON, agent_loop, needs_services
 
-DEFAULT_SERVICES_PYTHON = "/opt/calcx-dev/bin/python"
-SERVICES_PYTHON = os.environ.get("CALCX_SERVICES_PYTHON") or (
-    DEFAULT_SERVICES_PYTHON if os.path.exists(DEFAULT_SERVICES_PYTHON) else "")
-
-pytestmark = [
-    pytest.mark.skipif(not SERVICES_PYTHON or not os.access(SERVICES_PYTHON, os.X_OK),
-                       reason="no Python with the CPU service packages: set CALCX_SERVICES_PYTHON "
-                              f"(default {DEFAULT_SERVICES_PYTHON} is absent)"),
-    pytest.mark.timeout(420),
-]
+pytestmark = [needs_services, pytest.mark.timeout(420)]
 N = 4
 
 
@@ -100,21 +92,12 @@ def _config(stack: dict, report_dir: Path, *extra: str):
     return cfg
 
 
-def _agent_loop(cfg):
-    from calcx.trainer.calcx_agent_loop import CalcxAgentLoop
-
-    loop = CalcxAgentLoop.__new__(CalcxAgentLoop)  # run() needs only the config, not verl's tokenizer
-    loop.config = cfg
-    loop.rollout_config = cfg.actor_rollout_ref.rollout
-    return loop
-
-
 async def _group(cfg, row: dict, uid: str, step: int) -> list[Any]:
     from calcx.trainer.data import verl_records
 
     columns = verl_records([row])[0]
     params = {"temperature": float(cfg.actor_rollout_ref.rollout.temperature), "top_p": 1.0}
-    sessions = [_agent_loop(cfg).run(params, uid=uid, session_id=i, global_steps=step, index=0, **columns)
+    sessions = [agent_loop(cfg).run(params, uid=uid, session_id=i, global_steps=step, index=0, **columns)
                 for i in range(N)]
     return await asyncio.gather(*sessions, return_exceptions=True)
 

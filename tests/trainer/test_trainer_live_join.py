@@ -15,7 +15,7 @@ from calcx.api.client import AsyncCalcxClient
 from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.server_key import write_key_file
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
-from live_stack import SERVICES_PYTHON, needs_services, start_stub
+from live_stack import SERVICES_PYTHON, agent_loop, needs_services, start_stub
 
 pytestmark = [needs_services, pytest.mark.timeout(300)]
 N = 2
@@ -44,7 +44,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
 def _outputs(stack: dict, uid: str, *extra: str) -> list[list[Any]]:
     from omegaconf import OmegaConf
 
-    from calcx.trainer.calcx_agent_loop import CalcxAgentLoop
     from calcx.trainer.data import verl_records
 
     services = stack["services"]
@@ -61,14 +60,9 @@ def _outputs(stack: dict, uid: str, *extra: str) -> list[list[Any]]:
             await client.put_models("calcx-stub", [stack["stub_url"]], 0)
         finally:
             await client.aclose()
-        loops = []
-        for _ in range(N):
-            loop = CalcxAgentLoop.__new__(CalcxAgentLoop)  # run() needs only the config
-            loop.config, loop.rollout_config = cfg, cfg.actor_rollout_ref.rollout
-            loops.append(loop)
-        return list(await asyncio.gather(*(loop.run({"temperature": 1.0, "top_p": 1.0}, uid=uid, session_id=i,
-                                                     global_steps=1, index=0, **columns)
-                                           for i, loop in enumerate(loops))))
+        return list(await asyncio.gather(*(agent_loop(cfg).run({"temperature": 1.0, "top_p": 1.0}, uid=uid,
+                                                               session_id=i, global_steps=1, index=0, **columns)
+                                           for i in range(N))))
 
     return asyncio.run(run())
 
