@@ -49,6 +49,9 @@ def test_config_is_verls_sft_trainer_with_calcx_values(traces: Path, tmp_path: P
     assert list(cfg.checkpoint.save_contents) == ["hf_model"]
     assert cfg.model.override_config.attn_implementation == "calcx_varlen"
     assert cfg.model.external_lib == "calcx.trainer.packed_attention"
+    # log-probs from the hidden state in chunks (verl's torch backend), as calcx train's actor
+    assert cfg.model.use_fused_kernels is True and cfg.model.fused_kernel_options.impl_backend == "torch"
+    assert cfg.data.train_max_samples == -1  # every trace
     assert cfg.model.custom_chat_template.startswith("{#- calcx's Hermes-style")
     for section in ("optim", "engine", "checkpoint"):
         omega_conf_to_dataclass(cfg[section])  # verl's own config classes take the values
