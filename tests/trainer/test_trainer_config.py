@@ -247,8 +247,12 @@ def _without_profile_name(cfg) -> dict:
 @pytest.mark.parametrize("profile,extra", [
     ("gsm8k-h200", {}),
     ("gsm8k-h200-anchor", {"trainer.test_freq": -1}),  # the script's ANCHOR_ARGS
-    ("gsm8k-h200-tooluse", {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8}),
-    ("gsm8k-h200-tooluse-one-round", {"calcx.reward.tool_bonus": 0.1}),  # the first run's TOOLUSE_ARGS
+    ("gsm8k-h200-tooluse", {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8,
+                            "actor_rollout_ref.actor.optim.lr": 2e-6}),
+    ("gsm8k-h200-tooluse-lr5e-6", {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8,
+                                   "calcx.join_calls": False}),
+    # the first run's TOOLUSE_ARGS (one round: no call continues another, so join_calls does nothing)
+    ("gsm8k-h200-tooluse-one-round", {"calcx.reward.tool_bonus": 0.1, "calcx.join_calls": False}),
 ])
 def test_a_run_profile_composes_to_what_the_gpu_script_passed(profile, extra) -> None:
     settings = {**H200_RUN_ARGS, **extra}
@@ -265,8 +269,8 @@ def test_a_run_profile_wins_over_calcx_yaml_and_loses_to_the_command_line() -> N
     assert plain.calcx.run_profile_applied == "none"
     assert (plain.actor_rollout_ref.actor.optim.lr, plain.calcx.controller_concurrency) == (1e-6, 32)
     cfg = compose(ComposeRequest(gpu_memory_gib=0, run_profile="gsm8k-h200-tooluse",
-                                 dotlist=["actor_rollout_ref.actor.optim.lr=2e-6", "calcx.reward.tool_bonus=0.2"]))
-    assert cfg.actor_rollout_ref.actor.optim.lr == 2e-6 and cfg.calcx.reward.tool_bonus == 0.2
+                                 dotlist=["actor_rollout_ref.actor.optim.lr=3e-6", "calcx.reward.tool_bonus=0.2"]))
+    assert cfg.actor_rollout_ref.actor.optim.lr == 3e-6 and cfg.calcx.reward.tool_bonus == 0.2
     assert cfg.calcx.controller_concurrency == 128 and cfg.data.max_response_length == 1024
     # over async.yaml and the GPU profile, which it leaves alone where it says nothing
     both = compose(ComposeRequest(gpu_memory_gib=140.4, async_mode=True, run_profile="gsm8k-h200"))
@@ -276,7 +280,7 @@ def test_a_run_profile_wins_over_calcx_yaml_and_loses_to_the_command_line() -> N
 
 def test_an_unknown_run_profile_is_refused_with_the_known_ones() -> None:
     with pytest.raises(ConfigError, match="'gsm8k-h100'.*known: gsm8k-h200, gsm8k-h200-anchor, gsm8k-h200-tooluse, "
-                                          "gsm8k-h200-tooluse-one-round"):
+                                          "gsm8k-h200-tooluse-lr5e-6, gsm8k-h200-tooluse-one-round"):
         compose(ComposeRequest(gpu_memory_gib=0, run_profile="gsm8k-h100"))
 
 
