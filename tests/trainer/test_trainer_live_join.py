@@ -15,6 +15,7 @@ from calcx.api.client import AsyncCalcxClient
 from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.server_key import write_key_file
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
+from calcx.trainer.tool_use import LEDGER_FILE, ToolUseLedger
 from live_stack import SERVICES_PYTHON, agent_loop, needs_services, start_stub
 
 pytestmark = [needs_services, pytest.mark.timeout(300)]
@@ -67,9 +68,17 @@ def _outputs(stack: dict, uid: str, *extra: str) -> list[list[Any]]:
     return asyncio.run(run())
 
 
+def _shape(ledger: ToolUseLedger) -> tuple[float, float]:
+    """(model calls, sequences) a rollout, as the trainer's step metrics report them."""
+    metrics = ledger.take("train")
+    return metrics["calcx/train/model_calls_per_rollout"], metrics["calcx/train/sequences_per_rollout"]
+
+
 def test_a_rollouts_calls_become_one_sequence_and_stay_apart_when_asked(stack: dict) -> None:
+    ledgers = {uid: ToolUseLedger(stack["work"] / uid / LEDGER_FILE) for uid in ("uid-apart", "uid-joined")}
     apart = _outputs(stack, "uid-apart", "calcx.join_calls=false")
     joined = _outputs(stack, "uid-joined")
+    assert _shape(ledgers["uid-apart"]) == (2.0, 2.0) and _shape(ledgers["uid-joined"]) == (2.0, 1.0)
     for per_call, one in zip(apart, joined):
         assert len(per_call) == 2 and [o.num_turns for o in per_call] == [2, 4]  # the tool call, the answer
         tool_call, answer = per_call

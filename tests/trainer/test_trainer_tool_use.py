@@ -15,6 +15,7 @@ from typing import Any
 
 from calcx.trainer.tool_use import (
     LEDGER_FILE,
+    RolloutShape,
     ToolUse,
     ToolUseLedger,
     add_tool_use_metrics,
@@ -103,6 +104,9 @@ def test_metrics_of_a_step() -> None:
         "calcx/val/tool_parse_failures": 1.0, "calcx/val/tool_parse_failure_share": 0.25,
         "calcx/val/rollouts": 4.0}
     assert tool_use_metrics([], "train") == {}  # nothing measured is not 0% tool use
+    shaped = tool_use_metrics(uses, "train", [RolloutShape(4, 1), RolloutShape(2, 2)])
+    assert (shaped["calcx/train/model_calls_per_rollout"], shaped["calcx/train/sequences_per_rollout"]) == (3.0, 1.5)
+    assert "calcx/val/sequences_per_rollout" not in tool_use_metrics(uses, "val")  # not recorded: no figure
 
 
 def test_ledger_hands_out_each_rollout_once_per_partition(tmp_path: Path) -> None:
@@ -123,6 +127,20 @@ def test_ledger_hands_out_each_rollout_once_per_partition(tmp_path: Path) -> Non
     with open(tmp_path / LEDGER_FILE, "a") as fh:
         fh.write(', "successful": 0, "parse_failures": 0}\n')
     assert ledger.take("train")["calcx/train/rollouts"] == 1
+
+
+def test_ledger_reports_calls_and_sequences_a_rollout_where_recorded(tmp_path: Path) -> None:
+    ledger = ToolUseLedger(tmp_path / LEDGER_FILE)
+    record_tool_use(tmp_path, partition="train", step=1, rollout_id="r1", use=ToolUse(3, 3, 0),
+                    shape=RolloutShape(model_calls=4, sequences=1))
+    record_tool_use(tmp_path, partition="train", step=1, rollout_id="r2", use=ToolUse(1, 1, 0),
+                    shape=RolloutShape(model_calls=2, sequences=2))
+    record_tool_use(tmp_path, partition="train", step=1, rollout_id="r1", use=ToolUse(3, 3, 0),
+                    shape=RolloutShape(model_calls=4, sequences=1))  # again: counts once
+    train = ledger.take("train")
+    assert (train["calcx/train/model_calls_per_rollout"], train["calcx/train/sequences_per_rollout"]) == (3.0, 1.5)
+    record_tool_use(tmp_path, partition="train", step=2, rollout_id="r3", use=ToolUse(1, 1, 0))
+    assert "calcx/train/sequences_per_rollout" not in ledger.take("train")  # taken with step 1's
 
 
 class FakeTrainer:

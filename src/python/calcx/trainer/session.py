@@ -19,7 +19,7 @@ from calcx.trainer.server_key import server_key
 from calcx.api.client import AsyncCalcxClient
 from calcx.trainer.call_join import join_continued_calls
 from calcx.trainer.reward_options import RewardOptions, apply_reward_options
-from calcx.trainer.tool_use import attempt_calls, record_tool_use, rollout_tool_use
+from calcx.trainer.tool_use import RolloutShape, attempt_calls, record_tool_use, rollout_tool_use
 from calcx.trainer.rollout_samples import RolloutIncomplete, RolloutSamples
 from calcx.trainer.translate import translate_rollout
 
@@ -129,12 +129,13 @@ async def run_session(spec: GroupSpec, *, server_url: str, key: str, report_dir:
                                     max_response_length=max_response_length, expected_group_id=spec.uid)
         used = attempt_calls(calls, samples.attempt_id)
         use = rollout_tool_use(used)
-        record_tool_use(report_dir, partition=spec.partition, step=spec.step, rollout_id=samples.rollout_id,
-                        use=use)
+        model_calls = len(samples.samples)
         if spec.partition == "train" and reward_options is not None:
             samples = apply_reward_options(samples, used, use, reward_options)
         if join_calls:  # after the reward options, which mask void turns call by call
             samples = join_continued_calls(samples, max_response_length=max_response_length)
+        record_tool_use(report_dir, partition=spec.partition, step=spec.step, rollout_id=samples.rollout_id,
+                        use=use, shape=RolloutShape(model_calls=model_calls, sequences=len(samples.samples)))
         return samples
     except RolloutIncomplete as exc:
         record_incomplete(report_dir, exc, uid=spec.uid, step=spec.step)

@@ -41,6 +41,16 @@ class ToolUse:
         return self.successful > 0
 
 
+@dataclass(frozen=True)
+class RolloutShape:
+    """What the trainer made of one rollout: its model calls (latest attempt, answered) and the
+    sequences it trains on (fewer where calls that continue each other were joined:
+    calcx.trainer.call_join)."""
+
+    model_calls: int
+    sequences: int
+
+
 def message_of(response: Any) -> Mapping[str, Any]:
     """The assistant message of a recorded response ({} when there is none)."""
     try:
@@ -107,31 +117,39 @@ def rollout_tool_use(calls: Sequence[Mapping[str, Any]]) -> ToolUse:
     return ToolUse(calls=made, successful=successful, parse_failures=failures)
 
 
-def tool_use_metrics(uses: Iterable[ToolUse], partition: str) -> dict[str, float]:
+def tool_use_metrics(uses: Iterable[ToolUse], partition: str,
+                     shapes: Iterable[RolloutShape] = ()) -> dict[str, float]:
     """`calcx/{partition}/...`: share of rollouts with >= 1 successful calculator call, tool calls
-    per rollout, parse failures (count, and share of all tool-call attempts). Empty: no metric."""
+    per rollout, parse failures (count, and share of all tool-call attempts); with `shapes`, model
+    calls and trained sequences per rollout. Empty: no metric."""
     items = list(uses)
     if not items:
         return {}
     made = sum(u.calls for u in items)
     failures = sum(u.parse_failures for u in items)
     prefix = f"calcx/{partition}"
-    return {
+    metrics = {
         f"{prefix}/tool_use": sum(u.used_calculator for u in items) / len(items),
         f"{prefix}/tool_calls_per_rollout": made / len(items),
         f"{prefix}/tool_parse_failures": float(failures),
         f"{prefix}/tool_parse_failure_share": failures / (made + failures) if made + failures else 0.0,
         f"{prefix}/rollouts": float(len(items)),
     }
+    measured = list(shapes)
+    if measured:
+        metrics[f"{prefix}/model_calls_per_rollout"] = sum(s.model_calls for s in measured) / len(measured)
+        metrics[f"{prefix}/sequences_per_rollout"] = sum(s.sequences for s in measured) / len(measured)
+    return metrics
 
 
 def record_tool_use(report_dir: str | os.PathLike[str], *, partition: str, step: int, rollout_id: str,
-                    use: ToolUse) -> None:
-    """Append the rollout's tool use to `{report_dir}/tool_use.jsonl` (one short line, appended in
-    one write, so the agent loop workers can share the file)."""
+                    use: ToolUse, shape: RolloutShape | None = None) -> None:
+    """Append the rollout's tool use (and shape, when given) to `{report_dir}/tool_use.jsonl` (one
+    short line, appended in one write, so the agent loop workers can share the file)."""
     path = Path(report_dir) / LEDGER_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"partition": partition, "step": step, "rollout_id": rollout_id, **asdict(use)})
+    line = json.dumps({"partition": partition, "step": step, "rollout_id": rollout_id, **asdict(use),
+                       **(asdict(shape) if shape is not None else {})})
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(line + "\n")
 
@@ -145,6 +163,7 @@ class ToolUseLedger:
         self.path = Path(path)
         self._offset = self.path.stat().st_size if self.path.exists() else 0
         self._pending: dict[str, dict[str, ToolUse]] = {p: {} for p in PARTITIONS}
+        self._shapes: dict[str, dict[str, RolloutShape]] = {p: {} for p in PARTITIONS}
 
     def _read_new(self) -> None:
         if not self.path.exists():
@@ -160,17 +179,23 @@ class ToolUseLedger:
             try:
                 record = json.loads(raw)
                 use = ToolUse(int(record["calls"]), int(record["successful"]), int(record["parse_failures"]))
-                pending = self._pending[str(record["partition"])]
+                shape = (RolloutShape(int(record["model_calls"]), int(record["sequences"]))
+                         if "sequences" in record else None)
+                partition, rollout_id = str(record["partition"]), str(record["rollout_id"])
+                pending = self._pending[partition]
             except (ValueError, KeyError, TypeError):
                 continue
-            pending[str(record["rollout_id"])] = use
+            pending[rollout_id] = use
+            if shape is not None:
+                self._shapes[partition][rollout_id] = shape
 
     def take(self, partition: str) -> dict[str, float]:
         """The metrics of the partition's rollouts recorded since its last take ({} when none)."""
         self._read_new()
         uses = list(self._pending[partition].values())
-        self._pending[partition] = {}
-        return tool_use_metrics(uses, partition)
+        shapes = list(self._shapes[partition].values())
+        self._pending[partition], self._shapes[partition] = {}, {}
+        return tool_use_metrics(uses, partition, shapes)
 
 
 def add_tool_use_metrics(trainer: Any, ledger: ToolUseLedger) -> None:
