@@ -138,7 +138,7 @@ def wait_table(steps: dict[int, dict], waits: dict[int, dict[str, float]]) -> st
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for step in sorted(waits):
         m, w = steps.get(step, {}), waits[step]
-        gen, total = m.get("timing_s/gen"), m.get("timing_s/step")
+        gen = m.get("timing_s/gen")
         cells = [str(step), "-" if gen is None else f"{gen:.2f}", f"{w['busy']:.2f}", f"{w['before_first_call']:.2f}",
                  f"{w['between_calls']:.2f}", f"{w['after_last_call']:.2f}",
                  "-" if gen is None else f"{gen - w['agents_window']:.2f}"]
@@ -147,7 +147,8 @@ def wait_table(steps: dict[int, dict], waits: dict[int, dict[str, float]]) -> st
             cells += [f"{w['sessions_to_first_created']:.2f}" if known else "-",
                       f"{w['finished_to_returned']:.2f}" if known else "-",
                       f"{gen - w['sessions_window']:.2f}" if known and gen is not None else "-"]
-        cells.append("-" if gen is None or not total else f"{max(0.0, gen - w['busy']) / total:.0%}")
+        share = idle_share(m, w["busy"])
+        cells.append("-" if share is None else f"{share:.0%}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -260,6 +261,27 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
+def idle_share(m: dict, busy: float | None) -> float | None:
+    """The share of the step the GPU waited for agents: the generation phase with no call inside
+    vLLM (`busy`: the seconds with at least one call there), over the whole step."""
+    gen, total = m.get("timing_s/gen"), m.get("timing_s/step")
+    if busy is None or gen is None or not total:
+        return None
+    return max(0.0, gen - busy) / total
+
+
+def idle_summary(steps: dict[int, dict], busy: dict[int, float]) -> str | None:
+    """The mean and largest idle share over the steps after the first (the first pays start-up
+    costs inside its generation phase), or None when no such step was measured."""
+    shares = {step: idle_share(steps[step], busy.get(step)) for step in sorted(steps)[1:]}
+    measured = {step: share for step, share in shares.items() if share is not None}
+    if not measured:
+        return None
+    worst = max(measured, key=lambda step: measured[step])
+    return (f"GPU idle waiting for agents: mean {statistics.mean(measured.values()):.1%} of a step over "
+            f"{len(measured)} steps after the first (largest {measured[worst]:.1%}, step {worst})")
+
+
 def table(steps: dict[int, dict], busy: dict[int, float] | None) -> str:
     """One row a step. Evicted samples are counted by why verl left them out: a group with a failed
     attempt (`rollout_failure`) or one older than the allowed staleness (`off_policy`, async)."""
@@ -273,9 +295,8 @@ def table(steps: dict[int, dict], busy: dict[int, float] | None) -> str:
             continue
         idle = "n/a"
         if busy is not None:
-            b = busy.get(step)
-            if b is not None:
-                idle = f"{max(0.0, m['timing_s/gen'] - b) / m['timing_s/step']:.0%}"
+            share = idle_share(m, busy.get(step))
+            idle = "n/a" if share is None else f"{share:.0%}"
         val = [v for k, v in m.items() if k.startswith("val-core/") and k.endswith("mean@1")]
         cells = [str(step), f"{m['timing_s/step']:.2f}", f"{m.get('timing_s/gen', float('nan')):.2f}",
                  f"{m.get('timing_s/old_log_prob', float('nan')):.2f}", f"{m.get('timing_s/update_actor', float('nan')):.2f}",
@@ -317,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
                   if any(k.startswith("val-core/") and k.endswith("mean@1") for k in m)]
     if validation:
         print("\nvalidation accuracy: " + ", ".join(f"step {step}: {acc:.3f}" for step, acc in validation))
+    if args.calls:
+        summary = idle_summary({s: m for s, m in steps.items() if "timing_s/step" in m},
+                               busy_seconds_by_step(args.calls))
+        if summary:
+            print("\n" + summary)
     after_first = [m["timing_s/step"] for s, m in sorted(steps.items()) if "timing_s/step" in m][1:]
     if after_first:
         print(f"\nmean step time after the first: {statistics.mean(after_first):.2f} s "

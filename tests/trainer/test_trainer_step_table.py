@@ -242,6 +242,11 @@ def test_step_table_splits_the_gpus_wait_and_keeps_a_resumed_step_apart(tmp_path
     assert [c.strip() for c in rows[2].strip("|").split("|")] == ["1", "7.00", "4.00", "1.00", "1.00", "0.50",
                                                                    "0.50", "30%"]
     assert [c.strip() for c in rows[3].strip("|").split("|")][-1] == "30%"
+    # the summary leaves out the first step (start-up inside its generation phase)
+    three = {**steps, 3: {"timing_s/gen": 3.0, "timing_s/step": 10.0}}
+    assert step_table.idle_summary(three, {1: 4.0, 2: 2.0, 3: 2.5}) == (
+        "GPU idle waiting for agents: mean 17.5% of a step over 2 steps after the first (largest 30.0%, step 2)")
+    assert step_table.idle_summary(steps, {1: 4.0}) is None
 
     # with the trainer's session times: step 1's sessions started at 99.5 and the last returned at 107.0
     sessions = tmp_path / "session_times.jsonl"
