@@ -34,7 +34,12 @@ import json
 import sqlite3
 import sys
 from collections import defaultdict
+from pathlib import Path
 from typing import Any, NamedTuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src" / "python"))
+
+from calcx.common.tokens import continues  # noqa: E402
 
 
 def _tokens(response: bytes | str | None) -> tuple[list[int], list[int]] | None:
@@ -103,9 +108,8 @@ def rendered(db_path: str, model_dir: str) -> dict[str, int]:
             out["calls"] += 1
             out["rendered_as_recorded"] += render(call.request, rewrite=False) == call.prompt
         for k in range(1, len(calls)):
-            head = now[k - 1] + calls[k - 1].generated
             out["call_pairs"] += 1
-            out["prefix_pairs_as_sent_now"] += now[k][: len(head)] == head
+            out["prefix_pairs_as_sent_now"] += continues(now[k], now[k - 1], calls[k - 1].generated)
     return out
 
 
@@ -120,8 +124,7 @@ def measure(db_path: str) -> dict[str, Any]:
             one_sequence += len(seq[-1].prompt) + len(seq[-1].generated)  # the last prompt holds every earlier turn
             for before, after in zip(seq, seq[1:]):
                 pairs += 1
-                head = before.prompt + before.generated
-                prefixes += after.prompt[: len(head)] == head
+                prefixes += continues(after.prompt, before.prompt, before.generated)
         n = len(rollouts)
         out["partitions"][partition] = {
             "rollouts": n,

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from calcx.common.tokens import continues
 from calcx.trainer.rollout_samples import CallSample, RolloutSamples
 
 
 def _continues(sample: CallSample, after: CallSample) -> bool:
-    head = after.prompt_ids + after.response_ids
     return (not (sample.prompt_truncated or after.prompt_truncated or after.response_truncated)
-            and len(sample.prompt_ids) >= len(head) and sample.prompt_ids[: len(head)] == head)
+            and continues(sample.prompt_ids, after.prompt_ids, after.response_ids))
 
 
 def _join(first: CallSample, then: CallSample, max_response_length: int) -> CallSample | None:
