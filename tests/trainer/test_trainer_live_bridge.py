@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,14 +23,12 @@ import pytest
 import torch
 
 from calcx.api.client import AsyncCalcxClient
-from calcx.contract.ready import STUB_LLM_READY
-from calcx.procs.managed import ManagedProcess
 from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.report import count_incomplete
 from calcx.trainer.server_key import write_key_file
 from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
 from calcx.trainer.rollout_samples import RolloutIncomplete
-from live_stack import SERVICES_PYTHON, agent_loop, needs_services
+from live_stack import SERVICES_PYTHON, agent_loop, alive, needs_services, start_stub
 
 pytestmark = [needs_services, pytest.mark.timeout(420)]
 N = 4
@@ -50,33 +47,22 @@ def _rows() -> list[dict[str, Any]]:
 def stack(tmp_path_factory: pytest.TempPathFactory):
     work = tmp_path_factory.mktemp("live-bridge")
     rows = _rows()
-    script = work / "rows.jsonl"
-    script.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = ServicesConfig(workdir=work / "services", services_python=SERVICES_PYTHON,
                             services_pythonpath=[str(CALCX_SRC)], agent_python=SERVICES_PYTHON,
                             agent_pythonpath=[str(CALCX_SRC)], concurrency=8,
                             server_args=["--upstream-retries", "0"])
     services = LocalServices(config)
-    stub = ManagedProcess("stub-llm", [SERVICES_PYTHON, "-m", "calcx.stub_llm", "--port", "0", "--script", str(script)],
-                          work / "stub.log", {**os.environ, "PYTHONPATH": str(CALCX_SRC)})
+    stub = None
     try:
         services.start()
-        stub.start(STUB_LLM_READY, 60)
-        assert stub.match is not None
-        stub_url = stub.match.group(1).rstrip("/")
+        stub, stub_url = start_stub(work, rows)
         yield {"work": work, "rows": rows, "services": services, "stub_url": stub_url}
     finally:
-        pids = services.pids() | ({stub.pid} if stub.alive() else set())
-        stub.stop()
+        pids = services.pids() | ({stub.pid} if stub is not None and stub.alive() else set())
+        if stub is not None:
+            stub.stop()
         services.stop()
-        assert not [p for p in pids if os.path.exists(f"/proc/{p}") and _not_zombie(p)], "a process outlived the stack"
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+        assert not [p for p in pids if alive(p)], "a process outlived the stack"
 
 
 def _config(stack: dict, report_dir: Path, *extra: str):
