@@ -21,6 +21,7 @@ from calcx.anchor.config import TOOLS_FILE, compose_anchor
 from calcx.anchor.data import TOOL_AGENT
 from calcx.trainer import cli as trainer_cli
 from calcx.trainer.config import ComposeRequest, ConfigError, compose
+from gpu_run_dirs import ended_run, store_path
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src" / "python")}
@@ -270,15 +271,12 @@ def test_a_runs_status_brings_back_its_store_without_token_ids(tmp_path: Path) -
     fake = tmp_path / "python3"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
-    run = tmp_path / "results" / "sync"
-    (run / "services").mkdir(parents=True)
-    (run / "pid").write_text("999999999\n")
-    (run / "started").write_text("0\n")
+    run = ended_run(tmp_path, "sync")
     (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "data": {"timing_s/step": 10.0, "timing_s/gen": 4.0}}) + "\n")
     schema_path = Path("src/python/calcx/server/store/schema.py")
     namespace: dict = {}
     exec(compile(schema_path.read_text(), str(schema_path), "exec"), namespace)
-    con = sqlite3.connect(run / "services" / "calcx.db")
+    con = sqlite3.connect(store_path(run))
     con.executescript(namespace["SCHEMA"])
     con.execute("insert into rollouts (rollout_id, spec, state, latest_attempt, created_at) "
                 "values ('calcx-train-s1-g-0', '{}', 'SUCCEEDED', 1, 100)")
@@ -314,4 +312,6 @@ def test_the_gpu_run_starts_the_tool_use_recipe_from_its_run_profile(tmp_path: P
     assert cfg.calcx.run_profile_applied == "gsm8k-h200-tooluse" and cfg.calcx.reward.tool_bonus == 0.1
     assert cfg.calcx.agent_tool_rounds == 8  # the agent calls the calculator one step at a time
     assert cfg.actor_rollout_ref.model.path.endswith("warmup/model")  # RL from the warm-up's model
-    assert (cfg.actor_rollout_ref.actor.optim.lr, cfg.calcx.controller_concurrency) == (5e-6, 128)
+    assert cfg.calcx.join_calls is True  # a rollout's calls as one sequence
+    # lr 2e-6 (at 5e-6 RL lowered the warm-up's accuracy), the rest of the GSM8K run's settings
+    assert (cfg.actor_rollout_ref.actor.optim.lr, cfg.calcx.controller_concurrency) == (2e-6, 128)

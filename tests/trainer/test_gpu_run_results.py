@@ -13,18 +13,17 @@ import sys
 import tarfile
 from pathlib import Path
 
+from gpu_run_dirs import ended_run, store_path
+
 RUN_SCRIPT = Path(__file__).resolve().parents[2] / "src" / "gpu" / "h200_run.sh"
 RETURN_LIMIT = 16 * 1024 * 1024
 TOKENS = os.urandom(64)
 
 
 def _run_dir(work: Path, name: str, log_bytes: int, store_bytes: int) -> Path:
-    run = work / "results" / name
-    (run / "services").mkdir(parents=True)
-    (run / "pid").write_text("2147483646\n")  # no such process: the run has ended
-    (run / "started").write_text("0\n")
+    run = ended_run(work, name)
     (run / "train.log").write_bytes(os.urandom(log_bytes))  # random bytes: gzip cannot shrink them
-    with sqlite3.connect(run / "services" / "calcx.db") as db:
+    with sqlite3.connect(store_path(run)) as db:
         db.execute("CREATE TABLE calls (id INTEGER PRIMARY KEY, prompt_token_ids BLOB, response_token_ids BLOB,"
                    " response_logprobs BLOB, request TEXT)")
         db.execute("CREATE TABLE padding (data BLOB)")
