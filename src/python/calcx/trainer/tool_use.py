@@ -43,9 +43,9 @@ class ToolUse:
 
 @dataclass(frozen=True)
 class RolloutShape:
-    """What the trainer made of one rollout: its model calls (latest attempt, answered) and the
-    sequences it trains on (fewer where calls that continue each other were joined:
-    calcx.trainer.call_join)."""
+    """What the trainer made of one rollout: its model calls kept as samples (latest attempt,
+    answered, a resent call once) and the sequences it trains on (fewer where calls that continue
+    each other were joined: calcx.trainer.call_join)."""
 
     model_calls: int
     sequences: int
