@@ -320,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the run's session_times.jsonl: with --calls, the trainer's sessions in the wait table")
     args = parser.parse_args(argv)
     steps = read_metrics(args.metrics)
-    print(table(steps, busy_seconds_by_step(args.calls) if args.calls else None))
+    busy = busy_seconds_by_step(args.calls) if args.calls else None
+    print(table(steps, busy))
     tool_use = tool_use_table(steps)
     if tool_use:
         print()
@@ -338,9 +339,8 @@ def main(argv: list[str] | None = None) -> int:
                   if any(k.startswith("val-core/") and k.endswith("mean@1") for k in m)]
     if validation:
         print("\nvalidation accuracy: " + ", ".join(f"step {step}: {acc:.3f}" for step, acc in validation))
-    if args.calls:
-        summary = idle_summary({s: m for s, m in steps.items() if "timing_s/step" in m},
-                               busy_seconds_by_step(args.calls))
+    if busy is not None:
+        summary = idle_summary({s: m for s, m in steps.items() if "timing_s/step" in m}, busy)
         if summary:
             print("\n" + summary)
     after_first = [m["timing_s/step"] for s, m in sorted(steps.items()) if "timing_s/step" in m][1:]
