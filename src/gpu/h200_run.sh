@@ -12,10 +12,11 @@
 #   src/gpu/h200_run.sh warmup [KEY=VALUE...]     # `calcx warmup` on the carried traces.parquet into
 #                                                # $RESULTS/warmup; its model is what the tooluse mode trains
 #   src/gpu/h200_run.sh campaign STEPS MODE[:STEPS[:MAX_S]]...  # setup, then one run per MODE
-#                                                # (sync|async|anchor|tooluse), one after another, each to
-#                                                # its end or for at most MAX_S seconds; start it with setsid
+#                                                # (sync|async|anchor|tooluse|tooluse-X), one after another, each
+#                                                # to its end or for at most MAX_S seconds; start it with setsid
 #                                                # nohup. tooluse: the warm-up, then calcx sync from its model
-#                                                # with TOOLUSE_PROFILE (docs/gpu-run.md, "Tool use")
+#                                                # with TOOLUSE_PROFILE (docs/gpu-run.md, "Tool use"); tooluse-X:
+#                                                # the same warm-up (made once), with run profile gsm8k-h200-tooluse-X
 #   src/gpu/h200_run.sh start NAME STEPS [KEY=VALUE...]  # `calcx train` in the background; the
 #                                                # overrides win over RUN_PROFILE; FLAGS="--async" adds flags;
 #                                                # NAME anchor runs `calcx anchor train` (verl's
@@ -82,6 +83,16 @@ WARMUP_DIR="$RESULTS/warmup"
 WARMUP_RUN_NAME=calcx-warmup
 # the tool-use recipe's RL settings: RUN_PROFILE's and its reward options (calcx.yaml's run_profiles)
 TOOLUSE_PROFILE=gsm8k-h200-tooluse
+# a run from the warm-up's model: `tooluse` with TOOLUSE_PROFILE, `tooluse-X` with the run profile TOOLUSE_PROFILE-X
+# (another RL setting on the same warm-up; its results in $RESULTS/tooluse-X)
+is_tooluse() { [[ "$1" == tooluse || "$1" == tooluse-* ]]; }
+# the modes whose results a watch or stop reads: MODES, and the tooluse-X runs a campaign started
+started_modes() {
+  local mode
+  for mode in "${MODES[@]}"; do echo "$mode"; done
+  for mode in "$RESULTS"/tooluse-*/; do [[ -d "$mode" ]] && basename "$mode"; done
+  return 0
+}
 ANCHOR_RUN_NAME=toolagentloop
 # The anchor is there for its step times: its profile validates once before training (its prompts
 # against calcx's, by accuracy), not every 10 steps and at the end.
@@ -146,8 +157,12 @@ case "$stage" in
     steps="${1:?STEPS}"; shift
     for spec in "$@"; do  # before setup's minutes
       mode="${spec%%:*}"
-      [[ " ${MODES[*]} " == *" $mode "* ]] || { echo "campaign: mode $mode is not one of: ${MODES[*]}" >&2; exit 2; }
-      [[ "$spec" =~ ^[a-z]+(:[0-9]+(:[0-9]+)?)?$ ]] || { echo "campaign: $spec is not MODE[:STEPS[:MAX_S]]" >&2; exit 2; }
+      [[ "$spec" =~ ^[a-z][a-z0-9.-]*(:[0-9]+(:[0-9]+)?)?$ ]] || { echo "campaign: $spec is not MODE[:STEPS[:MAX_S]]" >&2; exit 2; }
+      [[ " ${MODES[*]} " == *" $mode "* ]] || is_tooluse "$mode" \
+        || { echo "campaign: mode $mode is not one of: ${MODES[*]} tooluse-X" >&2; exit 2; }
+      if [[ "$mode" == tooluse-* ]] && ! grep -q "^  $TOOLUSE_PROFILE${mode#tooluse}:" "$here/../python/calcx/trainer/config/calcx.yaml"; then
+        echo "campaign: mode $mode needs the run profile $TOOLUSE_PROFILE${mode#tooluse} in calcx.yaml" >&2; exit 2
+      fi
     done
     "$0" setup
     while [[ -f "$WORK/profile.running" ]]; do sleep 2; done  # the GPU to itself for each run
@@ -159,7 +174,7 @@ case "$stage" in
         "$0" killresume resume "${mode_steps:-$steps}" || echo "campaign: the kill-and-resume run failed; going on" >&2
         continue
       fi
-      if [[ "$mode" == tooluse ]]; then
+      if is_tooluse "$mode" && [[ ! -e "$WARMUP_DIR/model" ]]; then  # one warm-up for every tool-use run
         "$0" warmup || { echo "campaign: the warm-up failed (warmup/train.log says why); going on" >&2; continue; }
       fi
       FLAGS="$flags" "$0" start "$mode" "${mode_steps:-$steps}"
@@ -187,7 +202,7 @@ case "$stage" in
     if [[ -n "${FLAGS:-}" ]]; then flags=("$FLAGS"); fi
     model="$MODEL"
     [[ "$name" == anchor ]] && { cmd=(anchor train); run="$ANCHOR_RUN_NAME"; profile="$ANCHOR_PROFILE"; }
-    [[ "$name" == tooluse ]] && { model="$WARMUP_DIR/model"; profile="$TOOLUSE_PROFILE"; }
+    if is_tooluse "$name"; then model="$WARMUP_DIR/model"; profile="$TOOLUSE_PROFILE${name#tooluse}"; fi
     # in $WORK, not in the checkout the script is run from: verl's checkpoints (checkpoints/PROJECT/RUN)
     # and the trainer's other working files stay out of a tree that may be refreshed during the run
     cd "$WORK"
@@ -263,7 +278,7 @@ case "$stage" in
       echo "warmup: $(grep -c '"train/loss"' "$WARMUP_DIR/runs/$WARMUP_RUN_NAME/warmup_metrics.jsonl" 2>/dev/null || true) steps logged"
       grep -E "Traceback|Error|warmup: exit|step:[0-9]+ " "$WARMUP_DIR/train.log" | tail -n 4 | cut -c1-400 || true
     fi
-    for mode in "${MODES[@]}"; do
+    for mode in $(started_modes); do
       if [[ -f "$RESULTS/$mode/pid" ]]; then "$0" status "$mode" ${out:+"$out"}; fi
     done
     if [[ -n "$out" && -d "$RESULTS/profile" ]]; then
@@ -330,7 +345,7 @@ PY
     name="${1:?NAME}"
     if [[ "$name" == campaign ]]; then  # the campaign first (so it starts nothing more), then its runs
       kill -TERM -- "-$(cat "$RESULTS/campaign.pid")" 2>/dev/null || true
-      for mode in "${MODES[@]}"; do [[ -f "$RESULTS/$mode/pid" ]] && "$0" stop "$mode"; done
+      for mode in $(started_modes); do if [[ -f "$RESULTS/$mode/pid" ]]; then "$0" stop "$mode"; fi; done
       exit 0
     fi
     pid="$(cat "$RESULTS/$name/pid")"

@@ -255,10 +255,14 @@ def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path
     (tmp_path / "results" / "campaign.log").write_text("")
     watched = _script(tmp_path, "watch", "1")
     assert "run sync:" in watched.stdout and "run anchor:" in watched.stdout, watched.stdout + watched.stderr
+    _started(tmp_path, "tooluse-lr5e-6-joined")  # a tooluse-X run is watched too
+    assert "run tooluse-lr5e-6-joined:" in _script(tmp_path, "watch", "1").stdout
     bogus = _script(tmp_path, "campaign", "20", "sync", "bogus")
     assert bogus.returncode == 2 and "mode bogus is not one of: sync async anchor" in bogus.stderr
     malformed = _script(tmp_path, "campaign", "20", "async", "anchor:ten")
     assert malformed.returncode == 2 and "anchor:ten is not MODE[:STEPS[:MAX_S]]" in malformed.stderr
+    unknown = _script(tmp_path, "campaign", "20", "tooluse", "tooluse-lr9")  # a tooluse-X needs its run profile
+    assert unknown.returncode == 2 and "needs the run profile gsm8k-h200-tooluse-lr9 in calcx.yaml" in unknown.stderr
     assert not (tmp_path / "results" / "machine.txt").exists()  # refused before setup
 
 
@@ -315,3 +319,15 @@ def test_the_gpu_run_starts_the_tool_use_recipe_from_its_run_profile(tmp_path: P
     assert cfg.calcx.join_calls is True  # a rollout's calls as one sequence
     # lr 2e-6 (at 5e-6 RL lowered the warm-up's accuracy), the rest of the GSM8K run's settings
     assert (cfg.actor_rollout_ref.actor.optim.lr, cfg.calcx.controller_concurrency) == (2e-6, 128)
+
+
+def test_a_second_tool_use_run_starts_from_the_same_warm_up_with_its_own_profile(tmp_path: Path) -> None:
+    fake = tmp_path / "python3"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    argv = _started(tmp_path, "tooluse-lr5e-6-joined")
+    assert argv[argv.index("--profile") + 1] == "gsm8k-h200-tooluse-lr5e-6-joined"
+    cfg = trainer_cli.compose_from_args(trainer_cli.build_parser().parse_args(argv[1:]))
+    assert cfg.actor_rollout_ref.model.path.endswith("warmup/model")
+    assert cfg.calcx.report_dir == str(tmp_path / "results" / "tooluse-lr5e-6-joined")
+    assert (cfg.actor_rollout_ref.actor.optim.lr, cfg.calcx.join_calls, cfg.calcx.agent_tool_rounds) == (5e-6, True, 8)

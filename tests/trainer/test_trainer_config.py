@@ -251,6 +251,7 @@ def _without_profile_name(cfg) -> dict:
                             "actor_rollout_ref.actor.optim.lr": 2e-6}),
     ("gsm8k-h200-tooluse-lr5e-6", {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8,
                                    "calcx.join_calls": False}),
+    ("gsm8k-h200-tooluse-lr5e-6-joined", {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8}),
     # the first run's TOOLUSE_ARGS (one round: no call continues another, so join_calls does nothing)
     ("gsm8k-h200-tooluse-one-round", {"calcx.reward.tool_bonus": 0.1, "calcx.join_calls": False}),
 ])
@@ -280,7 +281,8 @@ def test_a_run_profile_wins_over_calcx_yaml_and_loses_to_the_command_line() -> N
 
 def test_an_unknown_run_profile_is_refused_with_the_known_ones() -> None:
     with pytest.raises(ConfigError, match="'gsm8k-h100'.*known: gsm8k-h200, gsm8k-h200-anchor, gsm8k-h200-tooluse, "
-                                          "gsm8k-h200-tooluse-lr5e-6, gsm8k-h200-tooluse-one-round"):
+                                          "gsm8k-h200-tooluse-lr5e-6, gsm8k-h200-tooluse-lr5e-6-joined, "
+                                          "gsm8k-h200-tooluse-one-round"):
         compose(ComposeRequest(gpu_memory_gib=0, run_profile="gsm8k-h100"))
 
 
