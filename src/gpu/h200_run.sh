@@ -310,6 +310,7 @@ case "$stage" in
       if [[ -f "$db" && -f "$dir/session_times.jsonl" ]]; then
         table_args+=(--sessions "$dir/session_times.jsonl")
       fi
+      if [[ -f "$dir/starts.jsonl" ]]; then table_args+=(--starts "$dir/starts.jsonl"); fi
       "$PYTHON" "$here/step_table.py" "$dir/metrics.jsonl" "${table_args[@]}" > "$dir/steps.md" 2>&1 || true
       cat "$dir/steps.md"
     fi
@@ -332,7 +333,7 @@ PY
       kept=()
       for f in metrics.jsonl train.log steps.md eval.md report.md reward_curve.png incomplete_groups.jsonl \
                machine.txt started ended kill.log ledger.md train.before-kill.log started.before-kill \
-               superseded session_times.jsonl; do
+               superseded session_times.jsonl starts.jsonl; do
         if [[ -e "$dir/$f" ]]; then kept+=("$f"); fi
       done
       # the store apart from the rest, so a large store never holds back the metrics and logs

@@ -270,16 +270,30 @@ def idle_share(m: dict, busy: float | None) -> float | None:
     return max(0.0, gen - busy) / total
 
 
-def idle_summary(steps: dict[int, dict], busy: dict[int, float]) -> str | None:
+def idle_summary(steps: dict[int, dict], busy: dict[int, float], restarts: set[int] = frozenset()) -> str | None:
     """The mean and largest idle share over the steps after the first (the first pays start-up
-    costs inside its generation phase), or None when no such step was measured."""
-    shares = {step: idle_share(steps[step], busy.get(step)) for step in sorted(steps)[1:]}
+    costs inside its generation phase), nor the first step of a restarted run (`restarts`, from
+    the run's starts file), or None when no such step was measured."""
+    after_start = [step for step in sorted(steps)[1:] if step not in restarts]
+    shares = {step: idle_share(steps[step], busy.get(step)) for step in after_start}
     measured = {step: share for step, share in shares.items() if share is not None}
     if not measured:
         return None
     worst = max(measured, key=lambda step: measured[step])
+    left_out = sorted(restarts & set(steps))
+    besides = (f" and step{'s' if len(left_out) > 1 else ''} {', '.join(map(str, left_out))}, the first after a restart"
+               if left_out else "")
     return (f"GPU idle waiting for agents: mean {statistics.mean(measured.values()):.1%} of a step over "
-            f"{len(measured)} steps after the first (largest {measured[worst]:.1%}, step {worst})")
+            f"{len(measured)} step{'s' if len(measured) != 1 else ''} after the first{besides} (largest {measured[worst]:.1%}, step {worst})")
+
+
+def restarted_steps(starts: Path | None) -> set[int]:
+    """The first step of each start but the first, from the run's starts.jsonl (calcx train writes
+    a line each start)."""
+    if starts is None or not starts.is_file():
+        return set()
+    firsts = [json.loads(line)["first_step"] for line in starts.read_text().splitlines() if line.strip()]
+    return set(firsts[1:])
 
 
 def table(steps: dict[int, dict], busy: dict[int, float] | None) -> str:
@@ -318,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the run's incomplete_groups.jsonl: with --calls, what their calls came back with")
     parser.add_argument("--sessions", type=Path,
                         help="the run's session_times.jsonl: with --calls, the trainer's sessions in the wait table")
+    parser.add_argument("--starts", type=Path,
+                        help="the run's starts.jsonl: a restart's first step pays start-up, left out of the wait summary")
     args = parser.parse_args(argv)
     steps = read_metrics(args.metrics)
     busy = busy_seconds_by_step(args.calls) if args.calls else None
@@ -340,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     if validation:
         print("\nvalidation accuracy: " + ", ".join(f"step {step}: {acc:.3f}" for step, acc in validation))
     if busy is not None:
-        summary = idle_summary({s: m for s, m in steps.items() if "timing_s/step" in m}, busy)
+        summary = idle_summary({s: m for s, m in steps.items() if "timing_s/step" in m}, busy,
+                               restarted_steps(args.starts))
         if summary:
             print("\n" + summary)
     after_first = [m["timing_s/step"] for s, m in sorted(steps.items()) if "timing_s/step" in m][1:]

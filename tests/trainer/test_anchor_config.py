@@ -276,7 +276,10 @@ def test_a_runs_status_brings_back_its_store_without_token_ids(tmp_path: Path) -
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
     run = ended_run(tmp_path, "sync")
-    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "data": {"timing_s/step": 10.0, "timing_s/gen": 4.0}}) + "\n")
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": step, "data": {"timing_s/step": 10.0, "timing_s/gen": 4.0}}) + "\n" for step in (1, 2, 3)))
+    # the run was restarted from step 1's checkpoint: its step 2 paid the start-up again
+    (run / "starts.jsonl").write_text('{"first_step": 1}\n{"first_step": 2}\n')
     schema_path = Path("src/python/calcx/server/store/schema.py")
     namespace: dict = {}
     exec(compile(schema_path.read_text(), str(schema_path), "exec"), namespace)
@@ -290,10 +293,19 @@ def test_a_runs_status_brings_back_its_store_without_token_ids(tmp_path: Path) -
                 "response_token_ids, response_logprobs, latency_s, status_code, created_at) "
                 "values ('calcx-train-s1-g-0', 1, 0, '{\"messages\": []}', '{}', ?, ?, ?, 2.0, 200, 103)",
                 (b"p" * 4096, b"r" * 4096, b"l" * 8192))
+    for step, wait in ((2, 3.0), (3, 1.0)):  # one call of 4 - wait s in each later step's 4 s generation
+        con.execute(f"insert into rollouts (rollout_id, spec, state, latest_attempt, created_at) "
+                    f"values ('calcx-train-s{step}-g-0', '{{}}', 'SUCCEEDED', 1, {step * 100})")
+        con.execute(f"insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
+                    f"response_token_ids, response_logprobs, latency_s, status_code, created_at) "
+                    f"values ('calcx-train-s{step}-g-0', 1, 0, '{{}}', '{{}}', x'', x'', x'', {4 - wait}, 200, "
+                    f"{step * 100 + 4})")
     con.commit()
     con.close()
     out = tmp_path / "out"
     status = _script(tmp_path, "status", "sync", str(out))
+    assert ("GPU idle waiting for agents: mean 10.0% of a step over 1 step after the first and step 2, the first "
+            "after a restart (largest 10.0%, step 3)") in status.stdout, status.stdout
     assert status.returncode == 0, status.stderr
     waits = [line for line in status.stdout.splitlines() if line.startswith("| 1 | 4.00 |")]
     assert waits == ["| 1 | 4.00 | 2.00 | 1.00 | 0.00 | 0.50 | 0.50 | 20% |"], status.stdout
@@ -301,8 +313,8 @@ def test_a_runs_status_brings_back_its_store_without_token_ids(tmp_path: Path) -
         tar.extract("store-slim.db", tmp_path / "back", filter="data")
     slim = sqlite3.connect(tmp_path / "back" / "store-slim.db")
     assert slim.execute("select request, length(prompt_token_ids) + length(response_token_ids) "
-                        "+ length(response_logprobs), latency_s, created_at from calls").fetchall() == [
-        ('{"messages": []}', 0, 2.0, 103.0)]
+                        "+ length(response_logprobs), latency_s, created_at from calls order by created_at").fetchall() == [
+        ('{"messages": []}', 0, 2.0, 103.0), ("{}", 0, 1.0, 204.0), ("{}", 0, 3.0, 304.0)]
     assert slim.execute("select count(*) from attempts").fetchone() == (1,)
 
 

@@ -14,7 +14,7 @@ from calcx.api.models import RUN_LABEL
 from calcx.trainer.checkpoints import write_marker
 from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.launch import rollout_services
-from calcx.trainer.resume import SUPERSEDED_DIR, plan_resume, supersede_rows
+from calcx.trainer.resume import STARTS_FILE, SUPERSEDED_DIR, plan_resume, supersede_rows
 from live_stack import needs_services, start_server
 
 
@@ -50,6 +50,11 @@ def test_a_named_run_resumes_from_its_newest_whole_checkpoint(tmp_path: Path) ->
     assert cfg.trainer.default_local_dir == str(root) and not cfg.trainer.val_before_train
     assert plan.removed == [root / "global_step_6"] and not (root / "global_step_6").exists()
     assert (root / "global_step_2").exists()
+    # each start says where it begins, a fresh one too (the step table leaves a restart's first step out)
+    fresh = plan_resume(_cfg(tmp_path, "trainer.resume_mode=disable"), tmp_path / "report")
+    assert fresh.step == 0
+    assert [(s["first_step"], s["checkpoint"]) for s in _lines(tmp_path / "report" / STARTS_FILE)] == [
+        (5, str(chosen)), (1, None)]
     plan.cancelled, plan.rolled_back = 3, [5, 6]
     assert plan.summary() == (
         f"resuming run 'r1' after step 4 from checkpoint {chosen}; 3 rollout attempt(s) the previous run left "

@@ -247,6 +247,13 @@ def test_step_table_splits_the_gpus_wait_and_keeps_a_resumed_step_apart(tmp_path
     assert step_table.idle_summary(three, {1: 4.0, 2: 2.0, 3: 2.5}) == (
         "GPU idle waiting for agents: mean 17.5% of a step over 2 steps after the first (largest 30.0%, step 2)")
     assert step_table.idle_summary(steps, {1: 4.0}) is None
+    # nor the first step of a restarted run, which pays the start-up again (calcx train's starts.jsonl)
+    starts = tmp_path / "starts.jsonl"
+    starts.write_text('{"first_step": 1, "checkpoint": null}\n{"first_step": 2, "checkpoint": "/c/global_step_1"}\n')
+    assert step_table.restarted_steps(starts) == {2} and step_table.restarted_steps(None) == set()
+    assert step_table.idle_summary(three, {1: 4.0, 2: 2.0, 3: 2.5}, step_table.restarted_steps(starts)) == (
+        "GPU idle waiting for agents: mean 5.0% of a step over 1 step after the first and step 2, the first "
+        "after a restart (largest 5.0%, step 3)")
 
     # with the trainer's session times: step 1's sessions started at 99.5 and the last returned at 107.0
     sessions = tmp_path / "session_times.jsonl"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,9 @@ log = logging.getLogger(__name__)
 #: the report files with one JSON object a line and a `step`: kept through the checkpoint's step
 STEP_FILES = ("metrics.jsonl", "incomplete_groups.jsonl", TOOL_USE_FILE, SESSION_TIMES_FILE)
 SUPERSEDED_DIR = "superseded"
+#: one line a start of the run: its first step and the checkpoint it continues from (the step table
+#: leaves each start's first step, which pays the start-up, out of its wait summary); never set aside
+STARTS_FILE = "starts.jsonl"
 
 
 @dataclass
@@ -110,7 +114,17 @@ def plan_resume(cfg: DictConfig, report_dir: Path) -> ResumePlan:
             cfg.trainer.val_before_train = False  # the checkpoint's policy was validated at its own step
     plan.removed = remove_incomplete_after(root, plan.step)
     plan.superseded = supersede_rows(report_dir, plan.step if checkpoint is not None else -1)
+    record_start(report_dir, plan)
     return plan
+
+
+def record_start(report_dir: Path, plan: ResumePlan) -> None:
+    """Append this start to the run's starts file."""
+    line = {"first_step": plan.step + 1, "checkpoint": str(plan.checkpoint.path) if plan.checkpoint else None,
+            "at": time.time()}
+    report_dir.mkdir(parents=True, exist_ok=True)
+    with open(report_dir / STARTS_FILE, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line) + "\n")
 
 
 def remove_incomplete_after(root: Path, step: int) -> list[Path]:
