@@ -16,7 +16,9 @@
 #                                                # to its end or for at most MAX_S seconds; start it with setsid
 #                                                # nohup. tooluse: the warm-up, then calcx sync from its model
 #                                                # with TOOLUSE_PROFILE (docs/gpu-run.md, "Tool use"); tooluse-X:
-#                                                # the same warm-up (made once), with run profile gsm8k-h200-tooluse-X
+#                                                # the same warm-up (made once; one an earlier campaign
+#                                                # left in $RESULTS/warmup is used as it is), with the
+#                                                # run profile gsm8k-h200-tooluse-X
 #   src/gpu/h200_run.sh start NAME STEPS [KEY=VALUE...]  # `calcx train` in the background; the
 #                                                # overrides win over RUN_PROFILE; FLAGS="--async" adds flags;
 #                                                # NAME anchor runs `calcx anchor train` (verl's
@@ -160,7 +162,7 @@ case "$stage" in
       [[ "$spec" =~ ^[a-z][a-z0-9.-]*(:[0-9]+(:[0-9]+)?)?$ ]] || { echo "campaign: $spec is not MODE[:STEPS[:MAX_S]]" >&2; exit 2; }
       [[ " ${MODES[*]} " == *" $mode "* ]] || is_tooluse "$mode" \
         || { echo "campaign: mode $mode is not one of: ${MODES[*]} tooluse-X" >&2; exit 2; }
-      if [[ "$mode" == tooluse-* ]] && ! grep -q "^  $TOOLUSE_PROFILE${mode#tooluse}:" "$here/../python/calcx/trainer/config/calcx.yaml"; then
+      if [[ "$mode" == tooluse-* ]] && ! grep -qxF "  $TOOLUSE_PROFILE${mode#tooluse}:" "$here/../python/calcx/trainer/config/calcx.yaml"; then
         echo "campaign: mode $mode needs the run profile $TOOLUSE_PROFILE${mode#tooluse} in calcx.yaml" >&2; exit 2
       fi
     done
@@ -175,7 +177,8 @@ case "$stage" in
         continue
       fi
       if is_tooluse "$mode" && [[ ! -e "$WARMUP_DIR/model" ]]; then  # one warm-up for every tool-use run
-        "$0" warmup || { echo "campaign: the warm-up failed (warmup/train.log says why); going on" >&2; continue; }
+        if [[ -n "${warmup_failed:-}" ]]; then echo "campaign: no warm-up model; $mode skipped" >&2; continue; fi
+        "$0" warmup || { warmup_failed=1; echo "campaign: the warm-up failed (warmup/train.log says why); going on" >&2; continue; }
       fi
       FLAGS="$flags" "$0" start "$mode" "${mode_steps:-$steps}"
       t0=$(date +%s)

@@ -288,12 +288,17 @@ def idle_summary(steps: dict[int, dict], busy: dict[int, float], restarts: set[i
 
 
 def restarted_steps(starts: Path | None) -> set[int]:
-    """The first step of each start but the first, from the run's starts.jsonl (calcx train writes
-    a line each start)."""
+    """The first steps of the restarts whose steps the metrics file still holds, from the run's
+    starts.jsonl (calcx train writes a line each start). A start at step N sets aside the rows from
+    N on, so it also ends every earlier start at N or later; the first start left is the run's."""
     if starts is None or not starts.is_file():
         return set()
-    firsts = [json.loads(line)["first_step"] for line in starts.read_text().splitlines() if line.strip()]
-    return set(firsts[1:])
+    kept: list[int] = []
+    for line in starts.read_text().splitlines():
+        if line.strip():
+            first = json.loads(line)["first_step"]
+            kept = [step for step in kept if step < first] + [first]
+    return set(kept[1:])
 
 
 def table(steps: dict[int, dict], busy: dict[int, float] | None) -> str:

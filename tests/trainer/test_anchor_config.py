@@ -264,6 +264,9 @@ def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path
     unknown = _script(tmp_path, "campaign", "20", "tooluse", "tooluse-lr9")  # a tooluse-X needs its run profile
     assert unknown.returncode == 2 and "needs the run profile gsm8k-h200-tooluse-lr9 in calcx.yaml" in unknown.stderr
     assert not (tmp_path / "results" / "machine.txt").exists()  # refused before setup
+    known = _script(tmp_path, "campaign", "20", "tooluse", "tooluse-lr5e-6-joined")  # its profile is in calcx.yaml
+    assert known.returncode != 2 and "campaign:" not in known.stderr, known.stderr
+    assert (tmp_path / "results" / "machine.txt").exists()  # on to setup (which has no carried pieces here)
 
 
 def test_a_runs_status_brings_back_its_store_without_token_ids(tmp_path: Path) -> None:

@@ -66,7 +66,8 @@ def test_a_large_run_comes_back_in_pieces_that_join_into_the_whole(tmp_path: Pat
 
 
 def test_a_small_run_comes_back_as_two_whole_tarballs(tmp_path: Path) -> None:
-    _run_dir(tmp_path, "sync", log_bytes=1024, store_bytes=1024)
+    run = _run_dir(tmp_path, "sync", log_bytes=1024, store_bytes=1024)
+    (run / "starts.jsonl").write_text('{"first_step": 1}\n')  # calcx train's line a start
     out = tmp_path / "out"
     out.mkdir()
     for stale in ("sync.tar.gz.00", "sync.tar.gz.01"):  # pieces of an earlier, larger status into the same OUT
@@ -74,4 +75,4 @@ def test_a_small_run_comes_back_as_two_whole_tarballs(tmp_path: Path) -> None:
     _status(tmp_path, "sync", Path(os.path.relpath(out)))  # a relative OUT, as a person types it
     assert sorted(p.name for p in out.iterdir()) == ["sync-store.tar.gz", "sync.tar.gz"]
     with _joined(out, "sync.tar.gz") as tar:
-        assert sorted(tar.getnames()) == ["started", "train.log"]
+        assert sorted(tar.getnames()) == ["started", "starts.jsonl", "train.log"]

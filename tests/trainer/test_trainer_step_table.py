@@ -251,6 +251,10 @@ def test_step_table_splits_the_gpus_wait_and_keeps_a_resumed_step_apart(tmp_path
     starts = tmp_path / "starts.jsonl"
     starts.write_text('{"first_step": 1, "checkpoint": null}\n{"first_step": 2, "checkpoint": "/c/global_step_1"}\n')
     assert step_table.restarted_steps(starts) == {2} and step_table.restarted_steps(None) == set()
+    # a start sets aside the rows from its first step on: it ends the earlier starts at or after it
+    for firsts, restarted in (([1, 6, 1], set()), ([1, 1], set()), ([1, 11, 6], {6}), ([1, 6, 11], {6, 11})):
+        (tmp_path / "more.jsonl").write_text("".join(json.dumps({"first_step": f}) + "\n" for f in firsts))
+        assert step_table.restarted_steps(tmp_path / "more.jsonl") == restarted, firsts
     assert step_table.idle_summary(three, {1: 4.0, 2: 2.0, 3: 2.5}, step_table.restarted_steps(starts)) == (
         "GPU idle waiting for agents: mean 5.0% of a step over 1 step after the first and step 2, the first "
         "after a restart (largest 5.0%, step 3)")
