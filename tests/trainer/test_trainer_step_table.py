@@ -274,3 +274,14 @@ def test_step_table_splits_the_gpus_wait_and_keeps_a_resumed_step_apart(tmp_path
     rows = step_table.wait_table(steps, timed).splitlines()
     assert [c.strip() for c in rows[2].strip("|").split("|")][-4:] == ["0.50", "0.50", "-0.50", "30%"]
     assert [c.strip() for c in rows[3].strip("|").split("|")][-4:] == ["-", "-", "-", "30%"]
+
+
+def test_the_gpus_wait_is_never_negative() -> None:
+    """Calls inside vLLM can outlast the generation phase as verl timed it (their clocks are the
+    server's): the step then had no wait, not a negative one."""
+    step_table = _step_table()
+    m = {"timing_s/gen": 2.0, "timing_s/step": 10.0}
+    assert step_table.idle_share(m, 3.0) == 0.0
+    assert step_table.idle_share(m, 1.0) == 0.1
+    assert step_table.idle_share({"timing_s/gen": 2.0, "timing_s/step": 0}, 1.0) is None
+    assert step_table.idle_share(m, None) is None
