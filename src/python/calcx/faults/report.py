@@ -28,7 +28,7 @@ def figures(res: dict[str, Any], want_rows: int) -> list[tuple[str, str, str, bo
          f"{a['attempts']} attempts; {refused} refused at creation, 422)", f">= {want_rows}",
          a["rollouts"] + refused >= want_rows),
         ("faults and hostile inputs injected", f"{sum(rows.values())} rows of {len(rows)} kinds + "
-         f"{sum(process.values())} process faults of {len(process)} kinds", "every kind of the issue", True),
+         f"{sum(process.values())} process faults of {len(process)} kinds", "every kind planned", True),
         ("rollouts lost (not terminal or missing)", str(len(a["lost"])), "0", not a["lost"]),
         ("rewards lost (SUCCEEDED without reward; agent-posted reward missing)",
          f"{len(a['succeeded_without_reward'])}; {len(a['reward_mismatch'])}", "0; 0",
