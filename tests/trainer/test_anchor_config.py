@@ -204,6 +204,18 @@ def _script(work: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(RUN_SCRIPT), *args], capture_output=True, text=True, timeout=120, env=env)
 
 
+def _fake_python(work: Path) -> None:
+    """The machine's `python3` as the script finds it ($PYTHON): FAKE_PYTHON, recording the PEX's arguments."""
+    fake = work / "python3"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+
+
+def _train_config(argv: list[str]):
+    """The config `calcx train` composes from the arguments the script handed the PEX."""
+    return trainer_cli.compose_from_args(trainer_cli.build_parser().parse_args(argv[1:]))
+
+
 def _started(work: Path, name: str) -> list[str]:
     """The arguments `h200_run.sh start NAME` hands the PEX (after the PEX's own path)."""
     (work / "run.argv").unlink(missing_ok=True)
@@ -217,12 +229,10 @@ def _started(work: Path, name: str) -> list[str]:
 
 
 def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path) -> None:
-    fake = tmp_path / "python3"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
+    _fake_python(tmp_path)
     calcx_argv, anchor_argv = _started(tmp_path, "sync"), _started(tmp_path, "anchor")
     assert calcx_argv[0] == "train" and anchor_argv[:2] == ["anchor", "train"]
-    calcx_cfg = trainer_cli.compose_from_args(trainer_cli.build_parser().parse_args(calcx_argv[1:]))
+    calcx_cfg = _train_config(calcx_argv)
     anchor_cfg = anchor_cli.compose_from_args(anchor_cli.build_parser().parse_args(anchor_argv[1:]))
     assert_shared(calcx_cfg, anchor_cfg, besides=frozenset({"trainer.test_freq"}))
     # and validates only before training (its run profile, gsm8k-h200-anchor): it is there for its step times
@@ -275,9 +285,7 @@ def test_a_runs_status_brings_back_its_store_without_token_ids(tmp_path: Path) -
     import sqlite3
     import tarfile
 
-    fake = tmp_path / "python3"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
+    _fake_python(tmp_path)
     run = ended_run(tmp_path, "sync")
     (run / "metrics.jsonl").write_text("".join(
         json.dumps({"step": step, "data": {"timing_s/step": 10.0, "timing_s/gen": 4.0}}) + "\n" for step in (1, 2, 3)))
@@ -322,12 +330,10 @@ def test_a_runs_status_brings_back_its_store_without_token_ids(tmp_path: Path) -
 
 
 def test_the_gpu_run_starts_the_tool_use_recipe_from_its_run_profile(tmp_path: Path) -> None:
-    fake = tmp_path / "python3"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
+    _fake_python(tmp_path)
     argv = _started(tmp_path, "tooluse")
     assert argv[argv.index("--profile") + 1] == "gsm8k-h200-tooluse"
-    cfg = trainer_cli.compose_from_args(trainer_cli.build_parser().parse_args(argv[1:]))
+    cfg = _train_config(argv)
     assert cfg.calcx.run_profile_applied == "gsm8k-h200-tooluse" and cfg.calcx.reward.tool_bonus == 0.1
     assert cfg.calcx.agent_tool_rounds == 8  # the agent calls the calculator one step at a time
     assert cfg.actor_rollout_ref.model.path.endswith("warmup/model")  # RL from the warm-up's model
@@ -337,12 +343,10 @@ def test_the_gpu_run_starts_the_tool_use_recipe_from_its_run_profile(tmp_path: P
 
 
 def test_a_second_tool_use_run_starts_from_the_same_warm_up_with_its_own_profile(tmp_path: Path) -> None:
-    fake = tmp_path / "python3"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
+    _fake_python(tmp_path)
     argv = _started(tmp_path, "tooluse-lr5e-6-joined")
     assert argv[argv.index("--profile") + 1] == "gsm8k-h200-tooluse-lr5e-6-joined"
-    cfg = trainer_cli.compose_from_args(trainer_cli.build_parser().parse_args(argv[1:]))
+    cfg = _train_config(argv)
     assert cfg.actor_rollout_ref.model.path.endswith("warmup/model")
     assert cfg.calcx.report_dir == str(tmp_path / "results" / "tooluse-lr5e-6-joined")
     assert (cfg.actor_rollout_ref.actor.optim.lr, cfg.calcx.join_calls, cfg.calcx.agent_tool_rounds) == (5e-6, True, 8)
