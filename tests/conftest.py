@@ -59,6 +59,7 @@ SYSTEM_TEST_FILES = frozenset({
     "trainer/test_trainer_resume.py",
     "trainer/test_trainer_resume_kill.py",
     "trainer/test_trainer_services_die_with_trainer.py",
+    "worker/test_worker_fork.py",
     "worker/test_worker_restart.py",
 })
 

@@ -102,8 +102,11 @@ class Forking:
             pass
         set_parent_death_signal(signal.SIGKILL, expected_parent=self.pid)
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
+        # as a fresh interpreter starts: a write to a dead reader (a killed calculator's pipe) raises
+        # BrokenPipeError, which the agent reports as calculator_failed, instead of killing it
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if self.child_nice:
             try:
