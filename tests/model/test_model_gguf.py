@@ -189,6 +189,7 @@ def test_weights_are_bf16_on_disk_and_equal_the_gguf_tensors(converted):
         assert torch.equal(saved[hf_name(name)], torch.from_numpy(values).to(torch.bfloat16)), name
     if arch == "llama":
         assert torch.equal(saved["lm_head.weight"], saved["model.embed_tokens.weight"])
+        assert "lm_head.weight" not in on_disk  # tied: written once, as the embedding
 
 
 def test_tokenizer_keeps_the_chat_template_and_round_trips(converted):

@@ -204,7 +204,13 @@ def convert(gguf: str | Path, out: str | Path, *, dtype: str = "bfloat16", sha25
     started = time.monotonic()
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
-    fresh = type(loaded)(config)
+    # every weight is loaded right after: building without transformers' random initialisation
+    # (weights tied as its init would tie them) spares ~20-30 s of CPU on a 1.5B model
+    from transformers.initialization import no_init_weights  # a submodule transformers loads lazily
+
+    with no_init_weights():
+        fresh = type(loaded)(config)
+    fresh.tie_weights()
     weights, wanted = loaded.state_dict(), set(fresh.state_dict())
     missing, unexpected = sorted(wanted - set(weights)), sorted(set(weights) - wanted)
     if missing or unexpected:
