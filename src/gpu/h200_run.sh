@@ -179,6 +179,8 @@ case "$stage" in
       if is_tooluse "$mode" && [[ ! -e "$WARMUP_DIR/model" ]]; then  # one warm-up for every tool-use run
         if [[ -n "${warmup_failed:-}" ]]; then echo "campaign: no warm-up model; $mode skipped" >&2; continue; fi
         "$0" warmup || { warmup_failed=1; echo "campaign: the warm-up failed (warmup/train.log says why); going on" >&2; continue; }
+      elif is_tooluse "$mode"; then
+        echo "campaign: $mode trains from the warm-up model already there: $(readlink -f "$WARMUP_DIR/model")" >&2
       fi
       FLAGS="$flags" "$0" start "$mode" "${mode_steps:-$steps}"
       t0=$(date +%s)
@@ -201,6 +203,7 @@ case "$stage" in
     mkdir -p "$dir"
     torch="$(torch_site)"
     date +%s > "$dir/started"
+    rm -f "$dir/ended"  # an earlier run's: this one is going
     cmd=(train); run="$name"; profile="$RUN_PROFILE"; flags=()
     if [[ -n "${FLAGS:-}" ]]; then flags=("$FLAGS"); fi
     model="$MODEL"
@@ -349,7 +352,9 @@ PY
     name="${1:?NAME}"
     if [[ "$name" == campaign ]]; then  # the campaign first (so it starts nothing more), then its runs
       kill -TERM -- "-$(cat "$RESULTS/campaign.pid")" 2>/dev/null || true
-      for mode in $(started_modes); do if [[ -f "$RESULTS/$mode/pid" ]]; then "$0" stop "$mode"; fi; done
+      for mode in $(started_modes); do  # runs still going (an ended one's pid may be another process's now)
+        if [[ -f "$RESULTS/$mode/pid" && ! -f "$RESULTS/$mode/ended" ]]; then "$0" stop "$mode"; fi
+      done
       exit 0
     fi
     pid="$(cat "$RESULTS/$name/pid")"

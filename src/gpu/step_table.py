@@ -295,9 +295,11 @@ def restarted_steps(starts: Path | None) -> set[int]:
         return set()
     kept: list[int] = []
     for line in starts.read_text().splitlines():
-        if line.strip():
+        try:
             first = json.loads(line)["first_step"]
-            kept = [step for step in kept if step < first] + [first]
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by a crash while it was written says nothing
+        kept = [step for step in kept if step < first] + [first]
     return set(kept[1:])
 
 
@@ -360,14 +362,16 @@ def main(argv: list[str] | None = None) -> int:
                   if any(k.startswith("val-core/") and k.endswith("mean@1") for k in m)]
     if validation:
         print("\nvalidation accuracy: " + ", ".join(f"step {step}: {acc:.3f}" for step, acc in validation))
+    restarts = restarted_steps(args.starts)
     if busy is not None:
-        summary = idle_summary({s: m for s, m in steps.items() if "timing_s/step" in m}, busy,
-                               restarted_steps(args.starts))
+        summary = idle_summary({s: m for s, m in steps.items() if "timing_s/step" in m}, busy, restarts)
         if summary:
             print("\n" + summary)
-    after_first = [m["timing_s/step"] for s, m in sorted(steps.items()) if "timing_s/step" in m][1:]
+    timed = [s for s in sorted(steps) if "timing_s/step" in steps[s]]
+    after_first = [steps[s]["timing_s/step"] for s in timed[1:] if s not in restarts]
     if after_first:
-        print(f"\nmean step time after the first: {statistics.mean(after_first):.2f} s "
+        besides = ", nor the first after a restart" if restarts & set(timed) else ""
+        print(f"\nmean step time after the first{besides}: {statistics.mean(after_first):.2f} s "
               f"(median {statistics.median(after_first):.2f} s over {len(after_first)} steps)")
     return 0
 

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import tarfile
+import threading
 from pathlib import Path
 
 from gpu_run_dirs import ended_run, store_path
@@ -76,3 +77,27 @@ def test_a_small_run_comes_back_as_two_whole_tarballs(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == ["sync-store.tar.gz", "sync.tar.gz"]
     with _joined(out, "sync.tar.gz") as tar:
         assert sorted(tar.getnames()) == ["started", "starts.jsonl", "train.log"]
+
+
+def test_stopping_the_campaign_stops_the_runs_still_going_and_no_ended_ones(tmp_path: Path) -> None:
+    """`stop campaign` ends every run still going, tool-use runs of another profile too, and leaves
+    alone the pid file of a run that ended (that pid may be another process's by now)."""
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)  # holds an ended run's old pid
+    try:
+        run = ended_run(tmp_path, "tooluse-lr5e-6-joined")
+        (run / "pid").write_text(f"{other.pid}\n")
+        (run / "ended").write_text("1\n")
+        (tmp_path / "results" / "campaign.pid").write_text("2147483646\n")
+        env = {**os.environ, "WORK": str(tmp_path), "PYTHON": sys.executable}
+        stop = ["bash", str(RUN_SCRIPT), "stop", "campaign"]
+        assert subprocess.run(stop, capture_output=True, timeout=60, env=env).returncode == 0
+        assert other.poll() is None
+        (run / "ended").unlink()  # now a run still going: its process group is ended
+        reaper = threading.Thread(target=other.wait)  # reaped at once, so the stop sees it gone
+        reaper.start()
+        assert subprocess.run(stop, capture_output=True, timeout=60, env=env).returncode == 0
+        reaper.join(30)
+        assert other.returncode == -15
+    finally:
+        other.kill()
+        other.wait()

@@ -252,6 +252,9 @@ def test_step_table_splits_the_gpus_wait_and_keeps_a_resumed_step_apart(tmp_path
     starts.write_text('{"first_step": 1, "checkpoint": null}\n{"first_step": 2, "checkpoint": "/c/global_step_1"}\n')
     assert step_table.restarted_steps(starts) == {2} and step_table.restarted_steps(None) == set()
     # a start sets aside the rows from its first step on: it ends the earlier starts at or after it
+    with starts.open("a") as fh:
+        fh.write('{"first_st')  # a line cut short by a crash while it was written
+    assert step_table.restarted_steps(starts) == {2}
     for firsts, restarted in (([1, 6, 1], set()), ([1, 1], set()), ([1, 11, 6], {6}), ([1, 6, 11], {6, 11})):
         (tmp_path / "more.jsonl").write_text("".join(json.dumps({"first_step": f}) + "\n" for f in firsts))
         assert step_table.restarted_steps(tmp_path / "more.jsonl") == restarted, firsts

@@ -26,23 +26,25 @@ def _bare_worker() -> Forking:
 
 
 def test_a_forked_child_gets_a_broken_pipe_error_not_sigpipe() -> None:
-    worker = _bare_worker()
-    pid = worker._fork()
-    if pid == 0:  # the child: never return into the test runner
-        code = 3
-        try:
+    worker, parent = _bare_worker(), os.getpid()
+    code = 70
+    try:
+        pid = worker._fork()
+        if pid == 0:  # the child
             read_end, write_end = os.pipe()
             os.close(read_end)
             try:
                 os.write(write_end, b"tool call")
             except BrokenPipeError:
                 code = 0
-        finally:
+    finally:
+        if os.getpid() != parent:  # the child never returns into the test runner
             os._exit(code)
+        worker.listener.close()
+        worker.sel.close()
+        os.close(worker.wake_r)
+        os.close(worker.wake_w)
     assert pid is not None
-    worker.listener.close()
-    os.close(worker.wake_r)
-    os.close(worker.wake_w)
     _, status = os.waitpid(pid, 0)
     assert not os.WIFSIGNALED(status), f"the child died of {signal.Signals(os.WTERMSIG(status)).name}"
     assert os.WEXITSTATUS(status) == 0
