@@ -1,6 +1,7 @@
 """A child the worker forks runs its agent or calculator as a fresh interpreter would: a write to a
-pipe whose reader died raises BrokenPipeError (the agent then fails the rollout as
-calculator_failed) instead of killing the child with SIGPIPE (an unexplained `crash`)."""
+pipe whose reader died fails with EPIPE (BrokenPipeError), which the agent's code handles (a killed
+calculator then fails the rollout as calculator_failed), instead of killing the child with SIGPIPE
+(an unexplained `crash`)."""
 
 from __future__ import annotations
 

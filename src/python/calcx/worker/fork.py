@@ -104,8 +104,8 @@ class Forking:
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
-        # as a fresh interpreter starts: a write to a dead reader (a killed calculator's pipe) raises
-        # BrokenPipeError, which the agent reports as calculator_failed, instead of killing it
+        # as a fresh interpreter starts: a write to a dead reader (a killed calculator's pipe) fails
+        # with EPIPE, which the agent handles (calculator_failed), instead of killing it
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if self.child_nice:
