@@ -88,6 +88,7 @@ TOOLUSE_PROFILE=gsm8k-h200-tooluse
 # a run from the warm-up's model: `tooluse` with TOOLUSE_PROFILE, `tooluse-X` with the run profile TOOLUSE_PROFILE-X
 # (another RL setting on the same warm-up; its results in $RESULTS/tooluse-X)
 is_tooluse() { [[ "$1" == tooluse || "$1" == tooluse-* ]]; }
+tooluse_profile() { echo "$TOOLUSE_PROFILE${1#tooluse}"; }
 # the modes whose results a watch or stop reads: MODES, and the tooluse-X runs a campaign started
 started_modes() {
   local mode
@@ -162,8 +163,8 @@ case "$stage" in
       [[ "$spec" =~ ^[a-z][a-z0-9.-]*(:[0-9]+(:[0-9]+)?)?$ ]] || { echo "campaign: $spec is not MODE[:STEPS[:MAX_S]]" >&2; exit 2; }
       [[ " ${MODES[*]} " == *" $mode "* ]] || is_tooluse "$mode" \
         || { echo "campaign: mode $mode is not one of: ${MODES[*]} tooluse-X" >&2; exit 2; }
-      if [[ "$mode" == tooluse-* ]] && ! grep -qxF "  $TOOLUSE_PROFILE${mode#tooluse}:" "$here/../python/calcx/trainer/config/calcx.yaml"; then
-        echo "campaign: mode $mode needs the run profile $TOOLUSE_PROFILE${mode#tooluse} in calcx.yaml" >&2; exit 2
+      if [[ "$mode" == tooluse-* ]] && ! grep -qxF "  $(tooluse_profile "$mode"):" "$here/../python/calcx/trainer/config/calcx.yaml"; then
+        echo "campaign: mode $mode needs the run profile $(tooluse_profile "$mode") in calcx.yaml" >&2; exit 2
       fi
     done
     "$0" setup
@@ -208,7 +209,7 @@ case "$stage" in
     if [[ -n "${FLAGS:-}" ]]; then flags=("$FLAGS"); fi
     model="$MODEL"
     [[ "$name" == anchor ]] && { cmd=(anchor train); run="$ANCHOR_RUN_NAME"; profile="$ANCHOR_PROFILE"; }
-    if is_tooluse "$name"; then model="$WARMUP_DIR/model"; profile="$TOOLUSE_PROFILE${name#tooluse}"; fi
+    if is_tooluse "$name"; then model="$WARMUP_DIR/model"; profile="$(tooluse_profile "$name")"; fi
     # in $WORK, not in the checkout the script is run from: verl's checkpoints (checkpoints/PROJECT/RUN)
     # and the trainer's other working files stay out of a tree that may be refreshed during the run
     cd "$WORK"

@@ -270,12 +270,16 @@ def idle_share(m: dict, busy: float | None) -> float | None:
     return max(0.0, gen - busy) / total
 
 
+def steady_steps(steps: dict[int, dict], restarts: set[int]) -> list[int]:
+    """The steps that paid no start-up: all but the first and the first of each restart."""
+    return [step for step in sorted(steps)[1:] if step not in restarts]
+
+
 def idle_summary(steps: dict[int, dict], busy: dict[int, float], restarts: set[int] = frozenset()) -> str | None:
     """The mean and largest idle share over the steps after the first (the first pays start-up
     costs inside its generation phase), nor the first step of a restarted run (`restarts`, from
     the run's starts file), or None when no such step was measured."""
-    after_start = [step for step in sorted(steps)[1:] if step not in restarts]
-    shares = {step: idle_share(steps[step], busy.get(step)) for step in after_start}
+    shares = {step: idle_share(steps[step], busy.get(step)) for step in steady_steps(steps, restarts)}
     measured = {step: share for step, share in shares.items() if share is not None}
     if not measured:
         return None
@@ -363,12 +367,12 @@ def main(argv: list[str] | None = None) -> int:
     if validation:
         print("\nvalidation accuracy: " + ", ".join(f"step {step}: {acc:.3f}" for step, acc in validation))
     restarts = restarted_steps(args.starts)
+    timed = {s: m for s, m in steps.items() if "timing_s/step" in m}
     if busy is not None:
-        summary = idle_summary({s: m for s, m in steps.items() if "timing_s/step" in m}, busy, restarts)
+        summary = idle_summary(timed, busy, restarts)
         if summary:
             print("\n" + summary)
-    timed = [s for s in sorted(steps) if "timing_s/step" in steps[s]]
-    after_first = [steps[s]["timing_s/step"] for s in timed[1:] if s not in restarts]
+    after_first = [timed[s]["timing_s/step"] for s in steady_steps(timed, restarts)]
     if after_first:
         besides = ", nor the first after a restart" if restarts & set(timed) else ""
         print(f"\nmean step time after the first{besides}: {statistics.mean(after_first):.2f} s "

@@ -33,10 +33,14 @@ def _run_dir(work: Path, name: str, log_bytes: int, store_bytes: int) -> Path:
     return run
 
 
+def _env(work: Path) -> dict[str, str]:
+    """The script's environment: its work folder and this Python as the machine's."""
+    return {**os.environ, "WORK": str(work), "PYTHON": sys.executable}
+
+
 def _status(work: Path, name: str, out: Path) -> None:
-    env = {**os.environ, "WORK": str(work), "PYTHON": sys.executable}
     done = subprocess.run(["bash", str(RUN_SCRIPT), "status", name, str(out)], capture_output=True, text=True,
-                          timeout=120, env=env)
+                          timeout=120, env=_env(work))
     assert done.returncode == 0, done.stderr
 
 
@@ -88,7 +92,7 @@ def test_stopping_the_campaign_stops_the_runs_still_going_and_no_ended_ones(tmp_
         (run / "pid").write_text(f"{other.pid}\n")
         (run / "ended").write_text("1\n")
         (tmp_path / "results" / "campaign.pid").write_text("2147483646\n")
-        env = {**os.environ, "WORK": str(tmp_path), "PYTHON": sys.executable}
+        env = _env(tmp_path)
         stop = ["bash", str(RUN_SCRIPT), "stop", "campaign"]
         assert subprocess.run(stop, capture_output=True, timeout=60, env=env).returncode == 0
         assert other.poll() is None
