@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from calcx.api.client import CalcxClient
-from calcx.api.models import RUN_LABEL, Claim
+from calcx.api.models import Claim
+from calcx.contract.labels import RUN_LABEL
 from calcx.controller.base import RunResult
 from calcx.controller.controller import Controller
 from calcx.server.serve import start_server_thread

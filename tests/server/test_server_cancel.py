@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from calcx.api.client import CalcxAPIError, CalcxClient
-from calcx.api.models import RUN_LABEL
+from calcx.contract.labels import RUN_LABEL
 
 
 def _create(client: CalcxClient, run: str, ids: list[str]) -> None:

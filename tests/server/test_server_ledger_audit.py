@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from calcx.api.client import CalcxClient
-from calcx.api.models import RUN_LABEL
+from calcx.contract.labels import RUN_LABEL
 from calcx.cli import main as calcx_main
 from calcx.server.ledger_audit import audit
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from calcx.api.client import CalcxAPIError, CalcxClient
-from calcx.api.models import RUN_LABEL
+from calcx.contract.labels import RUN_LABEL
 from calcx.server.serve import ServerThread, start_server_thread
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from calcx.api.client import AsyncCalcxClient, CalcxClient
-from calcx.api.models import RUN_LABEL, Rollout
+from calcx.api.models import Rollout
+from calcx.contract.labels import RUN_LABEL
 from calcx.trainer.group import GroupSpec, RolloutOrigin, settle_group
 from calcx.trainer.rollout_samples import RolloutIncomplete
 from live_stack import needs_services, start_server

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from calcx.api.client import CalcxClient
-from calcx.api.models import RUN_LABEL
+from calcx.contract.labels import RUN_LABEL
 from calcx.trainer.group import GroupSpec
 from calcx.trainer.leftovers import cancel_previous_run
 from live_stack import needs_services, start_server

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from calcx.api.client import CalcxClient
-from calcx.api.models import RUN_LABEL
+from calcx.contract.labels import RUN_LABEL
 from calcx.trainer.checkpoints import write_marker
 from calcx.trainer.config import ComposeRequest, compose
 from calcx.trainer.launch import rollout_services

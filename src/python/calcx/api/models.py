@@ -223,9 +223,6 @@ class HeartbeatResponse(_Model):
     lost: list[LostAttempt]
 
 
-#: The rollout label that names the training run a rollout belongs to (`calcx train` sets it to
-#: `trainer.experiment_name`); the cancel API finds a run's rollouts by it.
-RUN_LABEL = "run"
 #: The most rollout ids one cancel request may name.
 MAX_CANCEL_IDS = 10_000
 

@@ -25,11 +25,11 @@ SLOW = "[stub:slow=3]"  # each model turn takes 3 s: the old run's work is still
 
 
 def _specs(prefix: str, rows: list[dict[str, Any]], deadline_s: float) -> list[dict[str, Any]]:
-    from calcx.api.models import RUN_LABEL
+    from calcx.contract.labels import RUN_LABEL, STEP_LABEL
 
     return [{"rollout_id": f"{prefix}-{i:03d}", "group_id": f"{prefix}-g{i // 2}",
              "row": {**row, "question": f"{row['question']} {SLOW}"}, "deadline_s": deadline_s, "max_attempts": 1,
-             "labels": {RUN_LABEL: RUN, "step": "1"}} for i, row in enumerate(rows)]
+             "labels": {RUN_LABEL: RUN, STEP_LABEL: "1"}} for i, row in enumerate(rows)]
 
 
 def trainer_main(argv: list[str] | None = None) -> int:

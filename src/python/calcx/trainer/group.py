@@ -14,14 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
-from calcx.api.models import RUN_LABEL, Rollout
+from calcx.api.models import Rollout
+from calcx.contract.labels import PARTITION_LABEL, RUN_LABEL, STEP_LABEL
 from calcx.trainer.rollout_request import rollout_create_body, rollout_id_for
 from calcx.trainer.rollout_samples import RolloutIncomplete
-
-#: The labels a trainer rollout carries beside RUN_LABEL: its partition and step, which evaluation
-#: reads back (a rollout id is a name, never parsed).
-PARTITION_LABEL = "partition"
-STEP_LABEL = "step"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from calcx.api.models import RUN_LABEL
+from calcx.contract.labels import RUN_LABEL
 from calcx.contract.failures import FailureReason
 from calcx.server.store.database import Conflict, Database, NotFound, parse_attempt_id
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from calcx.api.models import RUN_LABEL
+from calcx.contract.labels import RUN_LABEL
 from calcx.server.store.database import Conflict, Database, NotFound
 
 _CHUNK = 500  # ids per `IN (...)`: far below SQLite's limit on bound parameters
