@@ -11,7 +11,11 @@ vLLM's parser did not turn into a call; all three counted by `calcx.trainer.tool
 trainer's `calcx/train/...` metrics are), failed attempts (retried as new ones) and the largest policy-version lag of a call:
 how many weight syncs behind the weights its rollout's step starts from (step - 1) the version that
 answered it was (the server records the version it serves at the time of each call). With
-`--incomplete` too, what the calls of the rollouts left out of their steps came back with.
+`--incomplete` too, what the calls of the rollouts left out of their steps came back with. And the
+validation per problem: each validation's accuracy with its standard error, and which problems a
+validation got right that the one before it got wrong and the other way, with the change's paired
+standard error (the same problems both times); with `--versus OTHER.db`, the same against another
+run's store at each step both validated (two recipes on the same validation set).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from calcx.common.stats import union_length  # noqa: E402
+from calcx.common.stats import mean_and_standard_error, union_length  # noqa: E402
+from calcx.contract.labels import PARTITION_LABEL, STEP_LABEL  # noqa: E402
 from calcx.trainer.tool_use import ToolUse, rollout_tool_use, tool_use_metrics  # noqa: E402
 
 
@@ -335,6 +340,68 @@ def table(steps: dict[int, dict], busy: dict[int, float] | None) -> str:
     return "\n".join(lines)
 
 
+def validation_outcomes(db: Path) -> dict[int, dict[str, float]]:
+    """Per validation step, each problem's reward (its Calc-X row id -> reward; the mean where a row
+    had several sessions), from the store's rollouts labelled partition `val`. A rollout that did
+    not succeed with a reward is an infrastructure failure, not a wrong answer: left out."""
+    rewards: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        for spec_text, state, reward in con.execute("select spec, state, reward from rollouts"):
+            spec = json.loads(spec_text)
+            labels = spec.get("labels") or {}
+            step = str(labels.get(STEP_LABEL, ""))
+            if labels.get(PARTITION_LABEL) != "val" or not step.isdigit():
+                continue
+            if state == "SUCCEEDED" and reward is not None:
+                rewards[int(step)][str(spec["row"]["id"])].append(float(reward))
+    finally:
+        con.close()
+    return {step: {row: statistics.mean(values) for row, values in rows.items()}
+            for step, rows in sorted(rewards.items())}
+
+
+def _accuracy(outcomes: dict[str, float]) -> str:
+    mean, se = mean_and_standard_error(outcomes.values())
+    return f"{mean:.3f} ({se:.3f})"
+
+
+def _change(before: dict[str, float], after: dict[str, float]) -> tuple[int, int, int, str]:
+    """Over the problems both hold: how many, how many `after` scored higher, lower, and the change
+    of accuracy with its paired standard error."""
+    shared = sorted(before.keys() & after.keys())
+    diffs = [after[row] - before[row] for row in shared]
+    if not diffs:
+        return 0, 0, 0, "-"
+    mean, se = mean_and_standard_error(diffs)
+    return len(shared), sum(d > 0 for d in diffs), sum(d < 0 for d in diffs), f"{mean:+.3f} ({se:.3f})"
+
+
+def validation_table(outcomes: dict[int, dict[str, float]]) -> str:
+    """Each validation's accuracy (standard error) and what changed since the validation before."""
+    lines = ["| step | problems | accuracy (SE) | problems in both | better now | "
+             "worse now | change (paired SE) |", "|" + "---:|" * 7]
+    previous: dict[str, float] | None = None
+    for step, rows in outcomes.items():
+        shared, gained, lost, change = _change(previous, rows) if previous is not None else (0, 0, 0, "-")
+        cells = [str(len(rows)), _accuracy(rows)] + ([str(shared), str(gained), str(lost), change]
+                                                     if previous is not None else ["-", "-", "-", "-"])
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+        previous = rows
+    return "\n".join(lines)
+
+
+def versus_table(mine: dict[int, dict[str, float]], other: dict[int, dict[str, float]]) -> str:
+    """At each step both runs validated: both accuracies and this run's change against the other's."""
+    lines = ["| step | problems in both | this run (SE) | other run (SE) | better here | "
+             "worse here | difference (paired SE) |", "|" + "---:|" * 7]
+    for step in sorted(mine.keys() & other.keys()):
+        shared, better, worse, change = _change(other[step], mine[step])
+        lines.append(f"| {step} | {shared} | {_accuracy(mine[step])} | {_accuracy(other[step])} | "
+                     f"{better} | {worse} | {change} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("metrics", type=Path)
@@ -345,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the run's session_times.jsonl: with --calls, the trainer's sessions in the wait table")
     parser.add_argument("--starts", type=Path,
                         help="the run's starts.jsonl: a restart's first step pays start-up, left out of the wait summary")
+    parser.add_argument("--versus", type=Path, metavar="OTHER_DB",
+                        help="with --calls, another run's store: the two runs' validations per problem, step by step")
     args = parser.parse_args(argv)
     steps = read_metrics(args.metrics)
     busy = busy_seconds_by_step(args.calls) if args.calls else None
@@ -361,6 +430,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.incomplete and args.incomplete.is_file():
             print()
             print(evicted_calls(args.calls, args.incomplete))
+        outcomes = validation_outcomes(args.calls)
+        if outcomes:
+            print("\nvalidation per problem (the store's validation rollouts; SE: standard error):\n")
+            print(validation_table(outcomes))
+        if args.versus:
+            print(f"\nthis run against {args.versus.name}, the same problems at each step both validated:\n")
+            print(versus_table(outcomes, validation_outcomes(args.versus)))
     validation = [(step, statistics.mean(v for k, v in m.items() if k.startswith("val-core/") and k.endswith("mean@1")))
                   for step, m in sorted(steps.items())
                   if any(k.startswith("val-core/") and k.endswith("mean@1") for k in m)]

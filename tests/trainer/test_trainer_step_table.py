@@ -288,3 +288,63 @@ def test_the_gpus_wait_is_never_negative() -> None:
     assert step_table.idle_share(m, 1.0) == 0.1
     assert step_table.idle_share({"timing_s/gen": 2.0, "timing_s/step": 0}, 1.0) is None
     assert step_table.idle_share(m, None) is None
+
+
+def test_validation_per_problem_pairs_each_problem_across_steps_and_runs(tmp_path: Path) -> None:
+    """Each validation's accuracy with its standard error, what changed per problem since the one
+    before (paired standard error), and the same against another run's store. A failed validation
+    rollout is an infrastructure failure, left out; training rollouts are not validation."""
+    import math
+    import sqlite3
+
+    step_table = _step_table()
+
+    def store(name: str, outcomes: dict[int, dict[str, str]]) -> Path:
+        db = tmp_path / name
+        con = sqlite3.connect(db)
+        con.executescript(_store_schema())
+        for step, rows in outcomes.items():
+            for row, result in rows.items():
+                spec = {"row": {"id": row, "question": "q", "result": "1"},
+                        "labels": {"partition": "val", "run": "r", "step": str(step)}}
+                state, reward = ("FAILED", None) if result == "failed" else ("SUCCEEDED", float(result == "right"))
+                con.execute("insert into rollouts (rollout_id, spec, state, latest_attempt, reward, created_at) "
+                            "values (?, ?, ?, 1, ?, 0)", (f"calcx-val-s{step}-{row}", json.dumps(spec), state, reward))
+        train = {"row": {"id": "a", "question": "q", "result": "1"}, "labels": {"partition": "train", "step": "1"}}
+        con.execute("insert into rollouts (rollout_id, spec, state, latest_attempt, reward, created_at) "
+                    "values ('calcx-train-s1-a', ?, 'SUCCEEDED', 1, 0.0, 0)", (json.dumps(train),))
+        con.commit()
+        con.close()
+        return db
+
+    mine = store("mine.db", {
+        0: {"a": "right", "b": "wrong", "c": "right", "d": "wrong"},
+        10: {"a": "wrong", "b": "right", "c": "right", "d": "right", "e": "failed"},
+    })
+    other = store("other.db", {10: {"a": "right", "b": "wrong", "c": "right", "d": "right"}})
+
+    outcomes = step_table.validation_outcomes(mine)
+    assert outcomes == {0: {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0}, 10: {"a": 0.0, "b": 1.0, "c": 1.0, "d": 1.0}}
+
+    def cells(text: str) -> list[list[str]]:
+        return [[c.strip() for c in line.strip(" |").split("|")] for line in text.splitlines()[2:]]
+
+    assert cells(step_table.validation_table(outcomes)) == [
+        ["0", "4", f"0.500 ({math.sqrt(0.25 / 4):.3f})", "-", "-", "-", "-"],
+        # b and d gained, a lost: +1/4, differences (-1, 1, 0, 1) around 0.25
+        ["10", "4", f"0.750 ({math.sqrt(0.75 * 0.25 / 4):.3f})", "4", "2", "1",
+         f"+0.250 ({math.sqrt((1.5625 + 0.5625 + 0.0625 + 0.5625) / 4 / 4):.3f})"],
+    ]
+    assert cells(step_table.versus_table(outcomes, step_table.validation_outcomes(other))) == [
+        # only step 10 was validated by both; here a is wrong and b right, there the other way
+        ["10", "4", "0.750 (0.217)", "0.750 (0.217)", "1", "1", f"+0.000 ({math.sqrt(0.5 / 4):.3f})"],
+    ]
+
+    printed = tmp_path / "metrics.jsonl"
+    printed.write_text(json.dumps({"step": 1, "data": {"timing_s/step": 10.0}}) + "\n")
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        step_table.main([str(printed), "--calls", str(mine), "--versus", str(other)])
+    assert "validation per problem" in out.getvalue() and "this run against other.db" in out.getvalue()

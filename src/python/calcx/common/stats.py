@@ -1,5 +1,6 @@
-"""One percentile for every figure calcx prints (rehearsal summary, benchmarks), and the length of
-a union of time intervals (how long at least one model call was in flight)."""
+"""One percentile for every figure calcx prints (rehearsal summary, benchmarks), the length of
+a union of time intervals (how long at least one model call was in flight), and the standard error
+that every accuracy and accuracy change is given with."""
 
 from __future__ import annotations
 
@@ -27,3 +28,15 @@ def union_length(spans: Iterable[tuple[float, float]]) -> float:
         total += stop - max(start, end)
         end = stop
     return total
+
+
+def mean_and_standard_error(values: Iterable[float]) -> tuple[float, float]:
+    """The mean and its standard error, sqrt(population variance / n): for 0/1 outcomes that is the
+    binomial sqrt(p (1 - p) / n) of an accuracy; for per-problem differences of two evaluations on
+    the same problems, the paired standard error of the change."""
+    items = list(values)
+    if not items:
+        raise ValueError("no values: a mean needs at least one")
+    n = len(items)
+    mean = math.fsum(items) / n
+    return mean, math.sqrt(math.fsum((x - mean) ** 2 for x in items) / n / n)
