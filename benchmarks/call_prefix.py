@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src" / "python"))
 
 from calcx.common.tokens import continues  # noqa: E402
+from calcx.contract.labels import PARTITION_LABEL  # noqa: E402
 
 
 def _tokens(response: bytes | str | None) -> tuple[list[int], list[int]] | None:
@@ -67,7 +68,7 @@ def _trained_calls(db_path: str) -> tuple[dict[str, str], dict[str, list[Call]],
     con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     # only finished rollouts, and of each only its latest attempt, are trained
     finished = "FROM rollouts WHERE state = 'SUCCEEDED'"
-    partitions = {rid: (json.loads(spec).get("labels") or {}).get("partition", "?")
+    partitions = {rid: (json.loads(spec).get("labels") or {}).get(PARTITION_LABEL, "?")
                   for rid, spec in con.execute(f"SELECT rollout_id, spec {finished}")}
     latest = dict(con.execute(f"SELECT rollout_id, latest_attempt {finished}"))
     calls: dict[str, list[Call]] = defaultdict(list)

@@ -342,8 +342,9 @@ def table(steps: dict[int, dict], busy: dict[int, float] | None) -> str:
 
 def validation_outcomes(db: Path) -> dict[int, dict[str, float]]:
     """Per validation step, each problem's reward (its Calc-X row id -> reward; the mean where a row
-    had several sessions), from the store's rollouts labelled partition `val`. A rollout that did
-    not succeed with a reward is an infrastructure failure, not a wrong answer: left out."""
+    had several sessions), from the store's rollouts labelled partition `val` (one store holds one
+    run). A rollout that did not succeed with a reward is an infrastructure failure, not a wrong
+    answer: left out, as is one whose row has no id (nothing to pair it by)."""
     rewards: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
@@ -351,10 +352,11 @@ def validation_outcomes(db: Path) -> dict[int, dict[str, float]]:
             spec = json.loads(spec_text)
             labels = spec.get("labels") or {}
             step = str(labels.get(STEP_LABEL, ""))
-            if labels.get(PARTITION_LABEL) != "val" or not step.isdigit():
+            row_id = (spec.get("row") or {}).get("id")
+            if labels.get(PARTITION_LABEL) != "val" or not (step.isascii() and step.isdigit()) or row_id is None:
                 continue
             if state == "SUCCEEDED" and reward is not None:
-                rewards[int(step)][str(spec["row"]["id"])].append(float(reward))
+                rewards[int(step)][str(row_id)].append(float(reward))
     finally:
         con.close()
     return {step: {row: statistics.mean(values) for row, values in rows.items()}
@@ -415,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--versus", type=Path, metavar="OTHER_DB",
                         help="with --calls, another run's store: the two runs' validations per problem, step by step")
     args = parser.parse_args(argv)
+    if args.versus and not args.calls:
+        parser.error("--versus compares this run's store (--calls) with another's: give --calls too")
     steps = read_metrics(args.metrics)
     busy = busy_seconds_by_step(args.calls) if args.calls else None
     print(table(steps, busy))
@@ -435,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\nvalidation per problem (the store's validation rollouts; SE: standard error):\n")
             print(validation_table(outcomes))
         if args.versus:
-            print(f"\nthis run against {args.versus.name}, the same problems at each step both validated:\n")
+            print(f"\nthis run against {args.versus}, the same problems at each step both validated:\n")
             print(versus_table(outcomes, validation_outcomes(args.versus)))
     validation = [(step, statistics.mean(v for k, v in m.items() if k.startswith("val-core/") and k.endswith("mean@1")))
                   for step, m in sorted(steps.items())

@@ -9,6 +9,7 @@ import sqlite3
 from pathlib import Path
 
 from benchmarks.call_prefix import main, measure
+from calcx.contract.labels import PARTITION_LABEL, RUN_LABEL, STEP_LABEL
 from calcx.server.store.schema import SCHEMA
 
 
@@ -19,7 +20,7 @@ def _store(path: Path, rollouts: dict[str, tuple[str, int, list[tuple[int, int, 
     con = sqlite3.connect(path)
     con.executescript(SCHEMA)
     for rid, (partition, latest, calls) in rollouts.items():
-        spec = {"rollout_id": rid, "labels": {"partition": partition, "run": "r", "step": "1"}}
+        spec = {"rollout_id": rid, "labels": {PARTITION_LABEL: partition, RUN_LABEL: "r", STEP_LABEL: "1"}}
         con.execute("INSERT INTO rollouts (rollout_id, group_id, spec, state, latest_attempt, reward, created_at)"
                     " VALUES (?, 'g', ?, ?, ?, 1.0, 0)",
                     (rid, json.dumps(spec), "RUNNING" if rid in running else "SUCCEEDED", latest))

@@ -11,6 +11,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 from verl_v1_cpu import load_v1
 
 STEP_TABLE = Path("src/gpu/step_table.py")
@@ -303,16 +304,25 @@ def test_validation_per_problem_pairs_each_problem_across_steps_and_runs(tmp_pat
         db = tmp_path / name
         con = sqlite3.connect(db)
         con.executescript(_store_schema())
+
+        def insert(rid: str, row: dict, labels: dict, state: str, reward: float | None) -> None:
+            con.execute("insert into rollouts (rollout_id, spec, state, latest_attempt, reward, created_at) "
+                        "values (?, ?, ?, 1, ?, 0)", (rid, json.dumps({"row": row, "labels": labels}), state, reward))
+
         for step, rows in outcomes.items():
-            for row, result in rows.items():
-                spec = {"row": {"id": row, "question": "q", "result": "1"},
-                        "labels": {"partition": "val", "run": "r", "step": str(step)}}
-                state, reward = ("FAILED", None) if result == "failed" else ("SUCCEEDED", float(result == "right"))
-                con.execute("insert into rollouts (rollout_id, spec, state, latest_attempt, reward, created_at) "
-                            "values (?, ?, ?, 1, ?, 0)", (f"calcx-val-s{step}-{row}", json.dumps(spec), state, reward))
-        train = {"row": {"id": "a", "question": "q", "result": "1"}, "labels": {"partition": "train", "step": "1"}}
-        con.execute("insert into rollouts (rollout_id, spec, state, latest_attempt, reward, created_at) "
-                    "values ('calcx-train-s1-a', ?, 'SUCCEEDED', 1, 0.0, 0)", (json.dumps(train),))
+            for row, results in rows.items():
+                for session, result in enumerate(results.split(",")):  # one result a validation session
+                    # a failed rollout keeps whatever reward it last posted: still not scored
+                    state, reward = ("FAILED", 1.0) if result == "failed" else ("SUCCEEDED", float(result == "right"))
+                    insert(f"calcx-val-s{step}-{row}-{session}", {"id": row, "question": "q", "result": "1"},
+                           {"partition": "val", "run": "r", "step": str(step)}, state, reward)
+        # not validation problems that can be paired: a training rollout, a row without an id, a step
+        # label that is not ASCII digits (int() would read these as 7 and fail on the second)
+        insert("calcx-train-s1-a", {"id": "a", "question": "q", "result": "1"},
+               {"partition": "train", "step": "1"}, "SUCCEEDED", 0.0)
+        insert("calcx-val-s10-noid", {"question": "q", "result": "1"}, {"partition": "val", "step": "10"}, "SUCCEEDED", 1.0)
+        insert("calcx-val-sx-a", {"id": "a"}, {"partition": "val", "step": "\u0667"}, "SUCCEEDED", 1.0)
+        insert("calcx-val-sy-a", {"id": "a"}, {"partition": "val", "step": "\u00b2"}, "SUCCEEDED", 1.0)
         con.commit()
         con.close()
         return db
@@ -321,10 +331,12 @@ def test_validation_per_problem_pairs_each_problem_across_steps_and_runs(tmp_pat
         0: {"a": "right", "b": "wrong", "c": "right", "d": "wrong"},
         10: {"a": "wrong", "b": "right", "c": "right", "d": "right", "e": "failed"},
     })
-    other = store("other.db", {10: {"a": "right", "b": "wrong", "c": "right", "d": "right"}})
+    # the other run got a, b and c right at step 10 and d wrong; two sessions of c there average 0.5
+    other = store("other.db", {10: {"a": "right", "b": "right", "c": "right,wrong", "d": "wrong"}})
 
     outcomes = step_table.validation_outcomes(mine)
     assert outcomes == {0: {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0}, 10: {"a": 0.0, "b": 1.0, "c": 1.0, "d": 1.0}}
+    assert step_table.validation_outcomes(other) == {10: {"a": 1.0, "b": 1.0, "c": 0.5, "d": 0.0}}
 
     def cells(text: str) -> list[list[str]]:
         return [[c.strip() for c in line.strip(" |").split("|")] for line in text.splitlines()[2:]]
@@ -335,10 +347,17 @@ def test_validation_per_problem_pairs_each_problem_across_steps_and_runs(tmp_pat
         ["10", "4", f"0.750 ({math.sqrt(0.75 * 0.25 / 4):.3f})", "4", "2", "1",
          f"+0.250 ({math.sqrt((1.5625 + 0.5625 + 0.0625 + 0.5625) / 4 / 4):.3f})"],
     ]
+    # only step 10 was validated by both: here (0, 1, 1, 1), there (1, 1, 0.5, 0); differences
+    # (-1, 0, +0.5, +1), mean +0.125: better here on c and d, worse on a
+    diffs = [-1.0, 0.0, 0.5, 1.0]
+    paired_se = math.sqrt(sum((d - 0.125) ** 2 for d in diffs) / 4 / 4)
+    other_se = math.sqrt(sum((x - 0.625) ** 2 for x in (1.0, 1.0, 0.5, 0.0)) / 4 / 4)
     assert cells(step_table.versus_table(outcomes, step_table.validation_outcomes(other))) == [
-        # only step 10 was validated by both; here a is wrong and b right, there the other way
-        ["10", "4", "0.750 (0.217)", "0.750 (0.217)", "1", "1", f"+0.000 ({math.sqrt(0.5 / 4):.3f})"],
+        ["10", "4", "0.750 (0.217)", f"0.625 ({other_se:.3f})", "2", "1", f"+0.125 ({paired_se:.3f})"],
     ]
+    # a problem only one side has is left out of the pairing, not counted as a change
+    shared_only = step_table.validation_table({0: {"a": 1.0, "b": 1.0}, 1: {"a": 1.0, "z": 0.0}})
+    assert cells(shared_only)[1] == ["1", "2", f"0.500 ({math.sqrt(0.25 / 2):.3f})", "1", "0", "0", "+0.000 (0.000)"]
 
     printed = tmp_path / "metrics.jsonl"
     printed.write_text(json.dumps({"step": 1, "data": {"timing_s/step": 10.0}}) + "\n")
@@ -347,4 +366,6 @@ def test_validation_per_problem_pairs_each_problem_across_steps_and_runs(tmp_pat
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         step_table.main([str(printed), "--calls", str(mine), "--versus", str(other)])
-    assert "validation per problem" in out.getvalue() and "this run against other.db" in out.getvalue()
+    assert "validation per problem" in out.getvalue() and f"this run against {other}" in out.getvalue()
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+        step_table.main([str(printed), "--versus", str(other)])  # nothing to compare it with

@@ -16,15 +16,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from calcx.contract.labels import RUN_LABEL
+
+#: the JSON path of a rollout's run label in its stored spec
+_RUN = f"$.labels.{RUN_LABEL}"
+
 #: each rollout trained at most once into the run's surviving weights: no rows
 TRAINED_TWICE = """
 SELECT rollout_id, COUNT(*) FROM trained
 WHERE run = :run AND rolled_back_at IS NULL GROUP BY rollout_id HAVING COUNT(*) > 1
 """
 #: every surviving step: its rollouts, groups, and how many of the trained attempts SUCCEEDED in this run
-STEP_BATCHES = """
+STEP_BATCHES = f"""
 SELECT t.step, COUNT(*), COUNT(DISTINCT json_extract(r.spec, '$.group_id')),
-       SUM(a.state = 'SUCCEEDED' AND json_extract(r.spec, '$.labels.run') = t.run)
+       SUM(a.state = 'SUCCEEDED' AND json_extract(r.spec, '{_RUN}') = t.run)
 FROM trained t JOIN rollouts r ON r.rollout_id = t.rollout_id
 JOIN attempts a ON a.rollout_id = t.rollout_id AND a.attempt_no = t.attempt_no
 WHERE t.run = :run AND t.rolled_back_at IS NULL GROUP BY t.step ORDER BY t.step
@@ -35,15 +40,15 @@ SELECT step, COUNT(*) FROM trained
 WHERE run = :run AND rolled_back_at IS NOT NULL GROUP BY step ORDER BY step
 """
 #: nothing of the run left in flight
-IN_FLIGHT = """
+IN_FLIGHT = f"""
 SELECT COUNT(*) FROM rollouts
-WHERE state IN ('QUEUED', 'RUNNING') AND json_extract(spec, '$.labels.run') = :run
+WHERE state IN ('QUEUED', 'RUNNING') AND json_extract(spec, '{_RUN}') = :run
 """
 #: the run's rollouts by final state and failure reason (cancelled ones are the dead run's leftovers)
-OUTCOMES = """
+OUTCOMES = f"""
 SELECT r.state, COALESCE(a.reason, ''), COUNT(*)
 FROM rollouts r LEFT JOIN attempts a ON a.rollout_id = r.rollout_id AND a.attempt_no = r.latest_attempt
-WHERE json_extract(r.spec, '$.labels.run') = :run GROUP BY 1, 2 ORDER BY 1, 2
+WHERE json_extract(r.spec, '{_RUN}') = :run GROUP BY 1, 2 ORDER BY 1, 2
 """
 #: problems (the rows' `id`) a rolled-back step drew that the re-run of the same step did not: the data
 #: loader resumed somewhere other than the checkpoint's position, so these were skipped (no rows; a
