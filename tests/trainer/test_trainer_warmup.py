@@ -15,6 +15,7 @@ from calcx.data.traces import build_traces, write_traces
 from byte_tokenizer import byte_tokenizer
 from calcx.trainer.config import ConfigError
 from calcx.trainer.warmup import (
+    GPU_PROFILE_KEY,
     SFT_MODULE,
     WarmupRequest,
     compose_warmup,
@@ -74,6 +75,26 @@ def test_config_is_verls_sft_trainer_with_calcx_values(traces: Path, tmp_path: P
 
     with pytest.raises(ConfigError, match="does not exist; make it with `calcx data traces`"):
         prepare_run(compose_warmup(WarmupRequest(traces=str(tmp_path / "missing.parquet"))))
+
+
+
+def test_the_gpu_profile_of_calcx_train_sets_the_warmups_recomputation(traces: Path) -> None:
+    """An H200-sized GPU takes calcx.yaml's `large` profile and its `warmup` settings (no
+    recomputation); an 80 GB one or none keeps warmup.yaml's; the command line wins over the profile."""
+    def composed(memory: float, *dotlist: str, profile: str = "auto"):  # type: ignore[no-untyped-def]
+        return compose_warmup(WarmupRequest(traces=str(traces), dotlist=list(dotlist), gpu_profile=profile,
+                                            gpu_memory_gib=memory))
+
+    h200 = composed(139.8)
+    assert h200.model.enable_gradient_checkpointing is False and h200[GPU_PROFILE_KEY] == "large"
+    for memory, profile in ((79.6, "medium"), (0.0, "none")):
+        cfg = composed(memory)
+        assert cfg.model.enable_gradient_checkpointing is True and cfg[GPU_PROFILE_KEY] == profile
+    assert composed(139.8, profile="none").model.enable_gradient_checkpointing is True
+    assert composed(0.0, profile="large").model.enable_gradient_checkpointing is False
+    assert composed(139.8, "model.enable_gradient_checkpointing=true").model.enable_gradient_checkpointing is True
+    with pytest.raises(ConfigError, match="no such profile"):
+        composed(139.8, profile="huge")
 
 
 def test_verls_sft_trainer_loads_calcxs_dataset_and_trains_the_agents_turns_only(traces: Path) -> None:

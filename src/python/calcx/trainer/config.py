@@ -157,6 +157,14 @@ def choose_gpu_profile(profiles: dict[str, Any], requested: str, memory_gib: flo
     return max(fitting)[1] if fitting else None
 
 
+def warmup_gpu_overrides(requested: str, memory_gib: float) -> tuple[str | None, dict[str, Any]]:
+    """For `calcx warmup`: the GPU profile of calcx.yaml that `requested` (auto, none or a name)
+    picks for this GPU's memory, and its `warmup` settings ({} where it has none)."""
+    profiles = _load_sections(CALCX_OVERRIDES).get("gpu_profiles") or {}
+    profile = choose_gpu_profile(profiles, requested, memory_gib)
+    return profile, (profiles[profile].get("warmup") or {}) if profile is not None else {}
+
+
 def run_profile_overrides(profiles: dict[str, Any], name: str) -> list[dict[str, Any]]:
     """The `overrides` of run profile `name` and of the profiles it `extends`, base first, so that
     a variant of a documented run states only what it changes."""

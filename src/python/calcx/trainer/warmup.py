@@ -6,7 +6,8 @@ trainer, from the same build as `calcx train` (the `gpu` PEX on a GPU machine).
     calcx train --model runs/calcx-warmup/checkpoints/global_step_N/huggingface ...
 
 The config is verl's `sft_trainer_engine` (Hydra compose from verl's own YAML, verl not imported)
-< `calcx/trainer/config/warmup.yaml` < the flags < the dotlist, written to
+< `calcx/trainer/config/warmup.yaml` < the `warmup` settings of calcx.yaml's GPU profile (picked
+by the GPU's memory, as `calcx train` picks it; `--gpu-profile`) < the flags < the dotlist, written to
 `{run dir}/warmup_config.yaml`; the run is verl's trainer under torchrun, one process per GPU:
 `python -m torch.distributed.run --standalone --nnodes 1 --nproc_per_node N -m
 verl.trainer.sft_trainer --config-path RUN_DIR --config-name warmup_config`. Without a CUDA GPU it
@@ -26,14 +27,18 @@ from typing import Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from calcx.trainer.config import (
+    CALCX_OVERRIDES,
     PACKAGE_CONFIG_DIR,
     ConfigError,
     _apply_file,
+    _apply_sections,
     _set,
     chat_template_path,
+    gpu_memory_gib,
     parse_dotlist_item,
     resolve_model_path,
     verl_config_dir,
+    warmup_gpu_overrides,
 )
 
 WARMUP_OVERRIDES = PACKAGE_CONFIG_DIR / "warmup.yaml"
@@ -41,6 +46,8 @@ SFT_CONFIG_NAME = "sft_trainer_engine"
 COMPOSED_NAME = "warmup_config"
 METRICS_FILE = "warmup_metrics.jsonl"
 SFT_MODULE = "verl.trainer.sft_trainer"
+#: where the composed config says which GPU profile's warm-up settings it took
+GPU_PROFILE_KEY = "calcx_gpu_profile"
 
 
 @dataclass
@@ -51,10 +58,15 @@ class WarmupRequest:
     run_name: str | None = None
     chat_template: str | None = None
     dotlist: list[str] = field(default_factory=list)
+    # calcx.yaml's GPU profile whose `warmup` settings apply: auto (by the GPU's memory), none, a name
+    gpu_profile: str = "auto"
+    # the GPU's memory in GiB for `auto` (None: ask nvidia-smi; 0: no GPU)
+    gpu_memory_gib: float | None = None
 
 
 def compose_warmup(request: WarmupRequest) -> DictConfig:
-    """verl's SFT defaults < warmup.yaml < flags < dotlist (a misspelt key is an error naming it)."""
+    """verl's SFT defaults < warmup.yaml < the GPU profile's `warmup` settings < flags < dotlist (a
+    misspelt key is an error naming it). The profile applied is `calcx_gpu_profile` in the result."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -64,6 +76,11 @@ def compose_warmup(request: WarmupRequest) -> DictConfig:
         cfg = hydra_compose(config_name=SFT_CONFIG_NAME)
     GlobalHydra.instance().clear()
     _apply_file(cfg, WARMUP_OVERRIDES, config_name=SFT_CONFIG_NAME)
+    memory = gpu_memory_gib() if request.gpu_memory_gib is None else request.gpu_memory_gib
+    profile, settings = warmup_gpu_overrides(request.gpu_profile, memory)
+    _apply_sections(cfg, {"overrides": settings}, f"{CALCX_OVERRIDES.name} gpu_profiles.{profile}.warmup",
+                    config_name=SFT_CONFIG_NAME)
+    _set(cfg, GPU_PROFILE_KEY, profile or "none", must_exist=False, origin="calcx", config_name=SFT_CONFIG_NAME)
     flags = {"model.path": request.model, "data.train_files": request.traces, "data.val_files": request.val_traces,
              "trainer.experiment_name": request.run_name}
     for dotted, value in flags.items():
@@ -120,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-name", help="trainer.experiment_name: runs/NAME holds the config, metrics, checkpoints")
     parser.add_argument("--chat-template", help="a Jinja chat template for the tokenizer, or 'hermes' (default: the "
                                                 "model's own; use the one `calcx train` runs with)")
+    parser.add_argument("--gpu-profile", default="auto", metavar="NAME",
+                        help="the calcx.yaml GPU profile whose `warmup` settings apply: auto (by the GPU's memory), "
+                             "none, or a profile's name (default: %(default)s)")
     parser.add_argument("--print-config", action="store_true", help="print the composed config and exit; no GPU needed")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotlist overrides, applied last")
     return parser
@@ -128,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     request = WarmupRequest(model=args.model, traces=args.traces, val_traces=args.val_traces, run_name=args.run_name,
-                            chat_template=args.chat_template, dotlist=list(args.overrides))
+                            chat_template=args.chat_template, dotlist=list(args.overrides),
+                            gpu_profile=args.gpu_profile)
     try:
         cfg = compose_warmup(request)
     except ConfigError as exc:
@@ -150,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"calcx warmup: {exc}", file=sys.stderr)
         return 2
     command = warmup_command(composed, int(cfg.trainer.n_gpus_per_node))
-    print(f"calcx warmup: {' '.join(command)}", flush=True)
+    print(f"calcx warmup: GPU profile {cfg[GPU_PROFILE_KEY]}; {' '.join(command)}", flush=True)
     return subprocess.call(command, env={**os.environ, **env})
 
 
