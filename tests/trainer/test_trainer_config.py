@@ -7,8 +7,8 @@ import stat
 import pytest
 from omegaconf import OmegaConf
 
-from calcx.trainer.config import (AGENT_LOOPS_FILE, ComposeRequest, ConfigError, compose, redacted_yaml,
-                                  run_profile_overrides)
+from calcx.trainer.config import (AGENT_LOOPS_FILE, ComposeRequest, ConfigError, choose_gpu_profile, compose,
+                                  redacted_yaml, run_profile_overrides)
 from calcx.trainer.server_key import remove_key_file, server_key, write_key_file
 
 
@@ -221,8 +221,17 @@ def test_gpu_profile_named_or_turned_off_on_the_command_line() -> None:
     # the command line still wins over the profile it picked
     mine = compose(ComposeRequest(gpu_memory_gib=140.4, dotlist=["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576"]))
     assert mine.calcx.gpu_profile_applied == "large" and mine.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 24576
-    with pytest.raises(ConfigError, match="no such profile"):
+    with pytest.raises(ConfigError, match="calcx.gpu_profile='huge': no such profile"):
         compose(ComposeRequest(gpu_memory_gib=0, dotlist=["calcx.gpu_profile=huge"]))
+
+
+def test_a_gpu_profile_entry_with_a_misspelt_section_is_refused() -> None:
+    """A profile whose `overrides` (or `warmup`) is misspelt would otherwise apply nothing, silently."""
+    good = {"large": {"min_gib": 120, "overrides": {}, "warmup": {}}, "medium": {"min_gib": 70}}
+    assert choose_gpu_profile(good, "auto", 140.0) == "large" and choose_gpu_profile(good, "auto", 80.0) == "medium"
+    for entry in ({"min_gib": 120, "overides": {}}, {"min_gib": 120, "warmpu": {}}, {"overrides": {}}, 120):
+        with pytest.raises(ConfigError, match="gpu_profiles.large: expected a mapping with 'min_gib'"):
+            choose_gpu_profile({"large": entry}, "none", 0.0)
 
 
 # -- run profiles ---------------------------------------------------------------------------------------

@@ -77,7 +77,6 @@ def test_config_is_verls_sft_trainer_with_calcx_values(traces: Path, tmp_path: P
         prepare_run(compose_warmup(WarmupRequest(traces=str(tmp_path / "missing.parquet"))))
 
 
-
 def test_the_gpu_profile_of_calcx_train_sets_the_warmups_recomputation(traces: Path) -> None:
     """An H200-sized GPU takes calcx.yaml's `large` profile and its `warmup` settings (no
     recomputation); an 80 GB one or none keeps warmup.yaml's; the command line wins over the profile."""
@@ -93,7 +92,7 @@ def test_the_gpu_profile_of_calcx_train_sets_the_warmups_recomputation(traces: P
     assert composed(139.8, profile="none").model.enable_gradient_checkpointing is True
     assert composed(0.0, profile="large").model.enable_gradient_checkpointing is False
     assert composed(139.8, "model.enable_gradient_checkpointing=true").model.enable_gradient_checkpointing is True
-    with pytest.raises(ConfigError, match="no such profile"):
+    with pytest.raises(ConfigError, match="--gpu-profile='huge': no such profile"):
         composed(139.8, profile="huge")
 
 

@@ -143,14 +143,24 @@ def gpu_memory_gib() -> float:
     return min(sizes) if sizes else 0.0
 
 
-def choose_gpu_profile(profiles: dict[str, Any], requested: str, memory_gib: float) -> str | None:
+#: what a gpu_profiles entry may hold: its threshold, calcx train's settings, calcx warmup's
+GPU_PROFILE_KEYS = frozenset({"min_gib", "overrides", "warmup"})
+
+
+def choose_gpu_profile(profiles: dict[str, Any], requested: str, memory_gib: float,
+                       setting: str = "calcx.gpu_profile") -> str | None:
     """The profile `requested` names, or for `auto` the one with the largest `min_gib` this GPU's
-    memory reaches (None: calcx.yaml's own settings, for small GPUs and machines without one)."""
+    memory reaches (None: calcx.yaml's own settings, for small GPUs and machines without one).
+    `setting` is what the user wrote `requested` as, for the error."""
+    for name, entry in profiles.items():
+        if not isinstance(entry, dict) or "min_gib" not in entry or set(entry) - GPU_PROFILE_KEYS:
+            raise ConfigError(f"{CALCX_OVERRIDES.name} gpu_profiles.{name}: expected a mapping with 'min_gib' "
+                              f"and any of {', '.join(sorted(GPU_PROFILE_KEYS - {'min_gib'}))}")
     if requested == "none":
         return None
     if requested != "auto":
         if requested not in profiles:
-            raise ConfigError(f"calcx.gpu_profile={requested!r}: no such profile; "
+            raise ConfigError(f"{setting}={requested!r}: no such profile; "
                               f"use auto, none or one of: {', '.join(profiles)}")
         return requested
     fitting = [(float(p["min_gib"]), name) for name, p in profiles.items() if memory_gib >= float(p["min_gib"])]
@@ -161,7 +171,7 @@ def warmup_gpu_overrides(requested: str, memory_gib: float) -> tuple[str | None,
     """For `calcx warmup`: the GPU profile of calcx.yaml that `requested` (auto, none or a name)
     picks for this GPU's memory, and its `warmup` settings ({} where it has none)."""
     profiles = _load_sections(CALCX_OVERRIDES).get("gpu_profiles") or {}
-    profile = choose_gpu_profile(profiles, requested, memory_gib)
+    profile = choose_gpu_profile(profiles, requested, memory_gib, setting="--gpu-profile")
     return profile, (profiles[profile].get("warmup") or {}) if profile is not None else {}
 
 
