@@ -229,7 +229,8 @@ def test_a_gpu_profile_entry_with_a_misspelt_section_is_refused() -> None:
     """A profile whose `overrides` (or `warmup`) is misspelt would otherwise apply nothing, silently."""
     good = {"large": {"min_gib": 120, "overrides": {}, "warmup": {}}, "medium": {"min_gib": 70}}
     assert choose_gpu_profile(good, "auto", 140.0) == "large" and choose_gpu_profile(good, "auto", 80.0) == "medium"
-    for entry in ({"min_gib": 120, "overides": {}}, {"min_gib": 120, "warmpu": {}}, {"overrides": {}}, 120):
+    misspelt: tuple[object, ...] = ({"min_gib": 120, "overides": {}}, {"min_gib": 120, "warmpu": {}}, {"overrides": {}}, 120)
+    for entry in misspelt:
         with pytest.raises(ConfigError, match="gpu_profiles.large: expected a mapping with 'min_gib'"):
             choose_gpu_profile({"large": entry}, "none", 0.0)
 
