@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from calcx.common.stats import mean_and_standard_error, union_length  # noqa: E402
-from calcx.contract.labels import PARTITION_LABEL, STEP_LABEL  # noqa: E402
+from calcx.contract.labels import origin_of, scored_reward  # noqa: E402
 from calcx.trainer.tool_use import ToolUse, rollout_tool_use, tool_use_metrics  # noqa: E402
 
 
@@ -350,13 +350,11 @@ def validation_outcomes(db: Path) -> dict[int, dict[str, float]]:
     try:
         for spec_text, state, reward in con.execute("select spec, state, reward from rollouts"):
             spec = json.loads(spec_text)
-            labels = spec.get("labels") or {}
-            step = str(labels.get(STEP_LABEL, ""))
+            origin = origin_of(spec.get("labels") or {})
             row_id = (spec.get("row") or {}).get("id")
-            if labels.get(PARTITION_LABEL) != "val" or not (step.isascii() and step.isdigit()) or row_id is None:
-                continue
-            if state == "SUCCEEDED" and reward is not None:
-                rewards[int(step)][str(row_id)].append(float(reward))
+            scored = scored_reward(state, reward)
+            if origin is not None and origin[0] == "val" and row_id is not None and scored is not None:
+                rewards[origin[1]][str(row_id)].append(scored)
     finally:
         con.close()
     return {step: {row: statistics.mean(values) for row, values in rows.items()}
@@ -385,9 +383,8 @@ def validation_table(outcomes: dict[int, dict[str, float]]) -> str:
              "worse now | change (paired SE) |", "|" + "---:|" * 7]
     previous: dict[str, float] | None = None
     for step, rows in outcomes.items():
-        shared, gained, lost, change = _change(previous, rows) if previous is not None else (0, 0, 0, "-")
-        cells = [str(len(rows)), _accuracy(rows)] + ([str(shared), str(gained), str(lost), change]
-                                                     if previous is not None else ["-", "-", "-", "-"])
+        since = ["-"] * 4 if previous is None else [str(cell) for cell in _change(previous, rows)]
+        cells = [str(len(rows)), _accuracy(rows)] + since
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
         previous = rows
     return "\n".join(lines)

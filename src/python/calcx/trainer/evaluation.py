@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from calcx.api.client import AsyncCalcxClient
 from calcx.api.models import Rollout
+from calcx.contract.labels import scored_reward
 from calcx.trainer.group import RolloutOrigin
 from calcx.trainer.session import run_session_from_config
 from calcx.trainer.rollout_samples import RolloutIncomplete
@@ -57,11 +57,11 @@ def eval_collection(rollouts: Sequence[Rollout], *, step: int | None = None) -> 
     out = EvalCollection(step=chosen)
     for rollout in by_step.get(chosen, []):
         row = rollout.row
-        reward = rollout.reward
+        reward = scored_reward(rollout.state, rollout.reward)
         base = {"rollout_id": rollout.rollout_id, "source": str(row.get("source") or "unknown"),
                 "row_id": row.get("id"), "state": rollout.state}
-        if rollout.state == "SUCCEEDED" and reward is not None and math.isfinite(reward):
-            out.records.append({**base, "reward": float(reward)})
+        if reward is not None:
+            out.records.append({**base, "reward": reward})
         else:
             out.unscored.append(base)
     return out

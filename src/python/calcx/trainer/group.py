@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.api.models import Rollout
-from calcx.contract.labels import PARTITION_LABEL, RUN_LABEL, STEP_LABEL
+from calcx.contract.labels import PARTITION_LABEL, RUN_LABEL, STEP_LABEL, origin_of
 from calcx.trainer.rollout_request import rollout_create_body, rollout_id_for
 from calcx.trainer.rollout_samples import RolloutIncomplete
 
@@ -37,11 +37,8 @@ class RolloutOrigin:
     @classmethod
     def of(cls, rollout: Rollout) -> RolloutOrigin | None:
         """The origin its labels name; None for a rollout the trainer did not make."""
-        partition = rollout.labels.get(PARTITION_LABEL)
-        step = rollout.labels.get(STEP_LABEL, "")
-        if partition is None or not (step.isascii() and step.isdigit()):
-            return None
-        return cls(partition, int(step))
+        origin = origin_of(rollout.labels)
+        return None if origin is None else cls(*origin)
 
 
 @dataclass
