@@ -31,6 +31,9 @@ HEARTBEAT_TICK_S = 0.2
 MIN_HEARTBEAT_SLEEP_S = 0.01
 #: A cancelled rollout ends in well under a second; one still running after this is named in the log.
 CANCEL_WARN_S = 10.0
+#: How long a stopping controller asks the server which attempts it holds before leaving any it
+#: never started to their lease.
+RELEASE_TIMEOUT_S = 5.0
 
 
 def default_controller_id() -> str:
@@ -93,6 +96,8 @@ class Controller:
         self._slot_freed = asyncio.Event()
         self._stop = asyncio.Event()
         self._claim_task: asyncio.Task[Any] | None = None
+        # a stop cancelled a claim request: its answer, lost, may have given this controller work
+        self._claim_cancelled = False
         self._stopped_at: float | None = None
 
     # -- public --------------------------------------------------------------------------
@@ -105,6 +110,7 @@ class Controller:
         self._slot_freed.set()
         if self._claim_task is not None and not self._claim_task.done():
             self._claim_task.cancel()
+            self._claim_cancelled = True
 
     @property
     def running(self) -> int:
@@ -281,6 +287,30 @@ class Controller:
             task.cancel()
 
     # -- shutdown ------------------------------------------------------------------------
+    async def _release_unstarted(self) -> None:
+        """End as cancelled what the server counts as this controller's but it never started.
+
+        A claim request that a stop cancels may have been answered already: the server then holds
+        attempts RUNNING for this controller that nobody runs, until their lease lapses (reason
+        controller_lost). A heartbeat without a list names every attempt the server counts as ours.
+        """
+        assert self._client is not None
+        try:
+            answer = await asyncio.wait_for(self._client.heartbeat(self.controller_id), RELEASE_TIMEOUT_S)
+        except (CalcxAPIError, asyncio.TimeoutError) as exc:
+            log.warning("could not ask the server which attempts it counts as ours (%s); an attempt claimed "
+                        "as the controller stopped ends when its lease lapses", exc or type(exc).__name__)
+            return
+        for ref in answer.held:
+            rid, aid = ref.rollout_id, ref.attempt_id
+            if (rid, aid) in self._running:
+                continue
+            log.warning("%s/%s was claimed as the controller stopped and never started; ending it cancelled", rid, aid)
+            self.stats.claimed += 1
+            result = RunResult.failed(FailureReason.CANCELLED, detail=(
+                f"controller {self.controller_id} shut down as it claimed this attempt; never started"))
+            await self._report(rid, aid, result, timeout_s=RELEASE_TIMEOUT_S)
+
     async def _sleep_or_stop(self, seconds: float) -> None:
         try:
             await asyncio.wait_for(self._stop.wait(), seconds)
@@ -289,6 +319,8 @@ class Controller:
 
     async def _shutdown(self) -> None:
         """After a stop: grace, then cancel (each reports FAILED cancelled). Otherwise drain."""
+        if self._claim_cancelled:
+            await self._release_unstarted()
         stop_waiter = asyncio.create_task(self._stop.wait())
         try:
             while self._running and not self._stop.is_set():
