@@ -25,9 +25,15 @@ def origin_of(labels: Mapping[str, str]) -> tuple[str, int] | None:
     return partition, int(step)
 
 
-def scored_reward(state: str, reward: float | None) -> float | None:
+def finite_reward(value: object) -> float | None:
+    """`value` as a reward: a finite number (a bool is not one), else None. Readers of stored or
+    sent records (JSON, SQLite) see any type there."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def scored_reward(state: str, reward: object) -> float | None:
     """The reward a rollout scored, or None where it has none to count: one that did not succeed
     is an infrastructure failure, never a wrong answer, and so is one without a finite reward."""
-    if state != "SUCCEEDED" or reward is None or not math.isfinite(reward):
-        return None
-    return float(reward)
+    return finite_reward(reward) if state == "SUCCEEDED" else None

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.api.models import Rollout
-from calcx.contract.labels import PARTITION_LABEL, RUN_LABEL, STEP_LABEL, origin_of
+from calcx.contract.labels import PARTITION_LABEL, RUN_LABEL, STEP_LABEL, origin_of, scored_reward
 from calcx.trainer.rollout_request import rollout_create_body, rollout_id_for
 from calcx.trainer.rollout_samples import RolloutIncomplete
 
@@ -109,7 +109,7 @@ async def settle_group(client: AsyncCalcxClient, spec: GroupSpec) -> Rollout:
     settled: dict[str, Rollout] = {}
     for rid in order:
         rollout = await settle_rollout(client, rid, wait_timeout_s=spec.wait_timeout_s, deadline=deadline)
-        if rollout.state != "SUCCEEDED" or rollout.reward is None:
+        if scored_reward(rollout.state, rollout.reward) is None:
             attempts = rollout.attempts
             reason = attempts[-1].reason if attempts else None
             raise RolloutIncomplete(

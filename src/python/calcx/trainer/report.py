@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from calcx.contract.labels import finite_reward
+
 # First key found wins: verl's mean sequence score, then the rehearsal's name.
 REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean", "reward/mean")
 VAL_KEY_PREFIX = "val-core/"
@@ -122,12 +124,13 @@ def eval_rows(records: Iterable[Mapping[str, Any]], *, threshold: float = 0.5) -
     A record without a finite reward is an error: an unscored answer is not a wrong one."""
     by_source: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for number, record in enumerate(records, start=1):
-        reward = record.get("reward")
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(float(reward)):
-            raise ReportError(f"eval record {number} ({record.get('source')!r}) has no finite reward: {reward!r}")
+        reward = finite_reward(record.get("reward"))
+        if reward is None:
+            raise ReportError(f"eval record {number} ({record.get('source')!r}) has no finite reward: "
+                              f"{record.get('reward')!r}")
         cell = by_source[str(record.get("source") or "unknown")]
         cell[0] += 1
-        cell[1] += int(float(reward) > threshold)
+        cell[1] += int(reward > threshold)
     return [EvalRow(source, n, correct) for source, (n, correct) in sorted(by_source.items())]
 
 

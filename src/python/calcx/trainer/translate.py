@@ -11,9 +11,9 @@ instead of being turned into a reward of 0.
 from __future__ import annotations
 
 import json
-import math
 from typing import Any, Mapping, Sequence
 
+from calcx.contract.labels import scored_reward
 from calcx.trainer.rollout_samples import CallSample, RolloutIncomplete, RolloutSamples
 
 
@@ -57,9 +57,9 @@ def translate_rollout(
         raise RolloutIncomplete(
             rollout_id, "wrong_group", f"group {rollout.get('group_id')!r}, expected {expected_group_id!r}"
         )
-    reward = rollout.get("reward")
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(float(reward)):
-        raise RolloutIncomplete(rollout_id, "no_reward", f"reward {reward!r}")
+    reward = scored_reward(state, rollout.get("reward"))
+    if reward is None:
+        raise RolloutIncomplete(rollout_id, "no_reward", f"reward {rollout.get('reward')!r}")
     attempts = rollout.get("attempts") or []
     if not attempts:
         raise RolloutIncomplete(rollout_id, "bad_rollout_record", "SUCCEEDED without attempts")
@@ -115,7 +115,7 @@ def translate_rollout(
                 response_ids=response_ids,
                 response_mask=[1] * len(response_ids),
                 response_logprobs=[float(x) for x in logprobs],
-                reward=float(reward),
+                reward=reward,
                 policy_version=int(version) if isinstance(version, int) else None,
                 latency_s=float(call.get("latency_s") or 0.0),
                 prompt_truncated=prompt_truncated,
@@ -129,7 +129,7 @@ def translate_rollout(
         rollout_id=rollout_id,
         group_id=rollout.get("group_id"),
         attempt_id=attempt_id,
-        reward=float(reward),
+        reward=reward,
         samples=samples,
         skipped_calls=skipped,
         min_policy_version=min(versions) if versions else None,
