@@ -96,6 +96,51 @@ def test_the_gpu_profile_of_calcx_train_sets_the_warmups_recomputation(traces: P
         composed(139.8, profile="huge")
 
 
+def test_without_a_gpu_profile_flag_the_warmup_takes_calcx_yamls_as_calcx_train_does(
+        traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import calcx.trainer.config as config
+
+    shipped = config.CALCX_OVERRIDES.read_text(encoding="utf-8")
+    assert shipped.count("    gpu_profile: auto\n") == 1
+
+    def with_calcx_yaml(text: str) -> None:
+        path = tmp_path / "calcx.yaml"
+        path.write_text(text, encoding="utf-8")
+        monkeypatch.setattr(config, "CALCX_OVERRIDES", path)
+
+    def composed(memory: float):  # type: ignore[no-untyped-def]
+        return compose_warmup(WarmupRequest(traces=str(traces), gpu_memory_gib=memory))
+
+    with_calcx_yaml(shipped)
+    assert composed(139.8)[GPU_PROFILE_KEY] == "large"  # auto, by the memory
+    with_calcx_yaml(shipped.replace("    gpu_profile: auto\n", "    gpu_profile: none\n"))
+    cfg = composed(139.8)
+    assert cfg[GPU_PROFILE_KEY] == "none" and cfg.model.enable_gradient_checkpointing is True
+    with_calcx_yaml(shipped.replace("    gpu_profile: auto\n", "    gpu_profile: large\n"))
+    assert composed(0.0)[GPU_PROFILE_KEY] == "large"
+    with_calcx_yaml(shipped.replace("    gpu_profile: auto\n", "    gpu_profile: huge\n"))
+    with pytest.raises(ConfigError, match="calcx.yaml calcx.gpu_profile='huge': no such profile"):
+        composed(139.8)
+
+
+def test_a_misspelt_key_in_a_profiles_warmup_says_where_new_keys_go(
+        traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import calcx.trainer.config as config
+
+    shipped = config.CALCX_OVERRIDES.read_text(encoding="utf-8")
+    right = "    warmup:\n      model:\n        enable_gradient_checkpointing: false\n"
+    assert shipped.count(right) == 1
+    path = tmp_path / "calcx.yaml"
+    path.write_text(shipped.replace(right, right.replace("checkpointing", "chekpointing")), encoding="utf-8")
+    monkeypatch.setattr(config, "CALCX_OVERRIDES", path)
+    with pytest.raises(ConfigError) as info:
+        compose_warmup(WarmupRequest(traces=str(traces), gpu_memory_gib=139.8))
+    message = str(info.value)
+    assert message.startswith("calcx.yaml gpu_profiles.large.warmup: 'model.enable_gradient_chekpointing' is not a key")
+    # a file's value cannot be written `+key=...`; the place for a new key is the warm-up's file
+    assert "warmup.yaml's 'additions'" in message and "'+" not in message
+
+
 def test_verls_sft_trainer_loads_calcxs_dataset_and_trains_the_agents_turns_only(traces: Path) -> None:
     from verl.trainer.sft_trainer import create_sft_dataset
 

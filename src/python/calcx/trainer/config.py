@@ -92,11 +92,13 @@ def _has_key(cfg: DictConfig | ListConfig, dotted: str) -> bool:
 
 
 def _set(cfg: DictConfig, dotted: str, value: Any, *, must_exist: bool, origin: str,
-         config_name: str = VERL_CONFIG_NAME) -> None:
+         config_name: str = VERL_CONFIG_NAME, new_key_hint: str | None = None) -> None:
+    """Set `dotted`; with `must_exist`, a key verl's config lacks is an error that says how to add
+    one where the value came from (`new_key_hint`; a command line's `+key=...` by default)."""
     if must_exist and not _has_key(cfg, dotted):
+        hint = new_key_hint or f"write '+{dotted}=...' to add a new key"
         raise ConfigError(
-            f"{origin}: '{dotted}' is not a key of verl's {config_name} config; "
-            f"check the spelling, or write '+{dotted}=...' to add a new key"
+            f"{origin}: '{dotted}' is not a key of verl's {config_name} config; check the spelling, or {hint}"
         )
     with open_dict(cfg):
         OmegaConf.update(cfg, dotted, value, merge=False, force_add=True)
@@ -111,11 +113,17 @@ def _load_sections(path: Path) -> dict[str, Any]:
 
 
 def _apply_sections(cfg: DictConfig, data: dict[str, Any], origin: str,
-                    config_name: str = VERL_CONFIG_NAME) -> None:
+                    config_name: str = VERL_CONFIG_NAME,
+                    new_key_hint: str = "put it under the file's 'additions' to add a new key") -> None:
     for dotted, value in _leaves(data.get("overrides") or {}):
-        _set(cfg, dotted, value, must_exist=True, origin=origin, config_name=config_name)
+        _set(cfg, dotted, value, must_exist=True, origin=origin, config_name=config_name, new_key_hint=new_key_hint)
     for dotted, value in _leaves(data.get("additions") or {}):
         _set(cfg, dotted, value, must_exist=False, origin=origin, config_name=config_name)
+
+
+def profile_new_key_hint(additions_file: Path) -> str:
+    """Where a new key goes when a profile (which only changes existing keys) names one."""
+    return f"add it under {additions_file.name}'s 'additions' (a profile only changes existing keys)"
 
 
 def _apply_file(cfg: DictConfig, path: Path, config_name: str = VERL_CONFIG_NAME) -> None:
@@ -167,11 +175,20 @@ def choose_gpu_profile(profiles: dict[str, Any], requested: str, memory_gib: flo
     return max(fitting)[1] if fitting else None
 
 
-def warmup_gpu_overrides(requested: str, memory_gib: float) -> tuple[str | None, dict[str, Any]]:
-    """For `calcx warmup`: the GPU profile of calcx.yaml that `requested` (auto, none or a name)
-    picks for this GPU's memory, and its `warmup` settings ({} where it has none)."""
-    profiles = _load_sections(CALCX_OVERRIDES).get("gpu_profiles") or {}
-    profile = choose_gpu_profile(profiles, requested, memory_gib, setting="--gpu-profile")
+def warmup_gpu_overrides(requested: str | None, memory_gib: float) -> tuple[str | None, dict[str, Any]]:
+    """For `calcx warmup`: the GPU profile of calcx.yaml that `requested` (auto, none or a name;
+    None: calcx.yaml's own `calcx.gpu_profile`, as calcx train reads it) picks for this GPU's
+    memory, and its `warmup` settings ({} where it has none)."""
+    sections = _load_sections(CALCX_OVERRIDES)
+    profiles = sections.get("gpu_profiles") or {}
+    setting = "--gpu-profile"
+    if requested is None:
+        setting = f"{CALCX_OVERRIDES.name} calcx.gpu_profile"
+        requested = "auto"
+        for section in ("overrides", "additions"):  # applied in this order: the later wins
+            value = OmegaConf.select(OmegaConf.create(sections.get(section) or {}), "calcx.gpu_profile")
+            requested = requested if value is None else str(value)
+    profile = choose_gpu_profile(profiles, requested, memory_gib, setting=setting)
     return profile, (profiles[profile].get("warmup") or {}) if profile is not None else {}
 
 
@@ -263,14 +280,14 @@ def compose(request: ComposeRequest) -> DictConfig:
     profile = choose_gpu_profile(profiles, _requested_gpu_profile(cfg, dotlist), memory)
     if profile is not None:
         _apply_sections(cfg, {"overrides": profiles[profile].get("overrides") or {}},
-                        f"{CALCX_OVERRIDES} gpu_profiles.{profile}")
+                        f"{CALCX_OVERRIDES} gpu_profiles.{profile}", new_key_hint=profile_new_key_hint(CALCX_OVERRIDES))
     _set(cfg, "calcx.gpu_profile_applied", profile or "none", must_exist=False, origin="calcx")
     _set(cfg, "calcx.gpu_memory_gib", round(memory, 1), must_exist=False, origin="calcx")
 
     if request.run_profile is not None:
         origin = f"{CALCX_OVERRIDES} run_profiles.{request.run_profile}"
         for overrides in run_profile_overrides(calcx_sections.get("run_profiles") or {}, request.run_profile):
-            _apply_sections(cfg, {"overrides": overrides}, origin)
+            _apply_sections(cfg, {"overrides": overrides}, origin, new_key_hint=profile_new_key_hint(CALCX_OVERRIDES))
     _set(cfg, "calcx.run_profile_applied", request.run_profile or "none", must_exist=False, origin="calcx")
 
     flags = {

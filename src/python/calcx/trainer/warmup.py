@@ -36,6 +36,7 @@ from calcx.trainer.config import (
     chat_template_path,
     gpu_memory_gib,
     parse_dotlist_item,
+    profile_new_key_hint,
     resolve_model_path,
     verl_config_dir,
     warmup_gpu_overrides,
@@ -58,8 +59,9 @@ class WarmupRequest:
     run_name: str | None = None
     chat_template: str | None = None
     dotlist: list[str] = field(default_factory=list)
-    # calcx.yaml's GPU profile whose `warmup` settings apply: auto (by the GPU's memory), none, a name
-    gpu_profile: str = "auto"
+    # calcx.yaml's GPU profile whose `warmup` settings apply: auto (by the GPU's memory), none, a
+    # name; None: the one calcx.yaml's `calcx.gpu_profile` names, as for calcx train
+    gpu_profile: str | None = None
     # the GPU's memory in GiB for `auto` (None: ask nvidia-smi; 0: no GPU)
     gpu_memory_gib: float | None = None
 
@@ -79,7 +81,7 @@ def compose_warmup(request: WarmupRequest) -> DictConfig:
     memory = gpu_memory_gib() if request.gpu_memory_gib is None else request.gpu_memory_gib
     profile, settings = warmup_gpu_overrides(request.gpu_profile, memory)
     _apply_sections(cfg, {"overrides": settings}, f"{CALCX_OVERRIDES.name} gpu_profiles.{profile}.warmup",
-                    config_name=SFT_CONFIG_NAME)
+                    config_name=SFT_CONFIG_NAME, new_key_hint=profile_new_key_hint(WARMUP_OVERRIDES))
     _set(cfg, GPU_PROFILE_KEY, profile or "none", must_exist=False, origin="calcx", config_name=SFT_CONFIG_NAME)
     flags = {"model.path": request.model, "data.train_files": request.traces, "data.val_files": request.val_traces,
              "trainer.experiment_name": request.run_name}
@@ -137,9 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-name", help="trainer.experiment_name: runs/NAME holds the config, metrics, checkpoints")
     parser.add_argument("--chat-template", help="a Jinja chat template for the tokenizer, or 'hermes' (default: the "
                                                 "model's own; use the one `calcx train` runs with)")
-    parser.add_argument("--gpu-profile", default="auto", metavar="NAME",
+    parser.add_argument("--gpu-profile", metavar="NAME",
                         help="the calcx.yaml GPU profile whose `warmup` settings apply: auto (by the GPU's memory), "
-                             "none, or a profile's name (default: %(default)s)")
+                             "none, or a profile's name (default: calcx.yaml's calcx.gpu_profile, as for calcx train)")
     parser.add_argument("--print-config", action="store_true", help="print the composed config and exit; no GPU needed")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotlist overrides, applied last")
     return parser
