@@ -299,7 +299,7 @@ class Controller:
             answer = await asyncio.wait_for(self._client.heartbeat(self.controller_id), RELEASE_TIMEOUT_S)
         except (CalcxAPIError, asyncio.TimeoutError) as exc:
             log.warning("could not ask the server which attempts it counts as ours (%s); an attempt claimed "
-                        "as the controller stopped ends when its lease lapses", exc or type(exc).__name__)
+                        "as the controller stopped ends when its lease lapses", str(exc) or type(exc).__name__)
             return
         for ref in answer.held:
             rid, aid = ref.rollout_id, ref.attempt_id
