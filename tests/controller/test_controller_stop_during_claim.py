@@ -1,78 +1,181 @@
 """A stop that lands while the server answers a claim: the server has moved the attempts to
 RUNNING for this controller, whose cancelled request never reads the answer. The controller asks
-which attempts the server counts as its own and ends the ones it never started as cancelled, so
-none sits RUNNING until its lease lapses (and then ends as controller_lost)."""
+which attempts the server counts as its own and ends the ones it never ran as cancelled, so none
+sits RUNNING until its lease lapses (and then ends as controller_lost). What it ran itself is
+never reported twice: not one that ends while the release is under way, not one whose report
+the server never took."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
 import calcx.controller.controller as controller_module
 from calcx.api import endpoints as api
 from calcx.api.client import AsyncCalcxClient, CalcxClient
-from calcx.api.models import Claim
+from calcx.api.errors import CalcxAPIError
+from calcx.api.models import Claim, Rollout
 from calcx.controller.base import RunResult
 from calcx.controller.controller import Controller
 from calcx.server.serve import start_server_thread
 
 KEY = "stop-during-claim-key-0123456789abcdef"
+LATE = "r-late"  # the rollout whose claim answer the stop loses
 
 
-class _NeverRunner:
-    """Records what it was asked to run; nothing should reach it."""
+def row(rid: str) -> dict[str, Any]:
+    return {"rollout_id": rid, "row": {"question": "q", "result": "1"}}
 
-    name = "never"
+
+class _Runner:
+    """Runs `r-run` until `release` is set (then succeeds); every other rollout succeeds at once."""
+
+    name = "scripted"
 
     def __init__(self) -> None:
         self.runs: list[str] = []
+        self.release = asyncio.Event()
 
     async def start(self) -> None:
         pass
 
     async def run(self, claim: Claim) -> RunResult:
-        self.runs.append(claim.rollout.rollout_id)
+        rid = claim.rollout.rollout_id
+        self.runs.append(rid)
+        if rid == "r-run":
+            await self.release.wait()
         return RunResult.succeeded(agent_seconds=0.0)
 
     async def close(self) -> None:
         pass
 
 
-def test_attempts_claimed_as_the_controller_stops_end_cancelled_not_stranded(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    holder: dict[str, Controller] = {}
+def scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: list[str],
+             on_send: Callable[[Any, Any, Controller, _Runner], Any] | None = None,
+             **controller_kw: Any) -> tuple[Controller, _Runner, dict[str, Rollout]]:
+    """`first` runs, then `r-late` is queued; the stop lands as its claim is answered."""
+    holder: dict[str, Any] = {}
 
     class AnsweredTooLate(AsyncCalcxClient):
-        """The server answers the claim; the stop arrives before the controller reads it."""
-
         async def _send(self, call: Any) -> Any:
+            if on_send is not None:
+                await on_send(call, None, holder["controller"], holder["runner"])
             answer = await super()._send(call)
-            if call.endpoint is api.CLAIM and answer.claims:
+            if on_send is not None:
+                await on_send(call, answer, holder["controller"], holder["runner"])
+            if call.endpoint is api.CLAIM and any(c.rollout.rollout_id == LATE for c in answer.claims):
                 holder["controller"].stop()  # cancels this very request, as a signal would
                 await asyncio.sleep(3600)
             return answer
 
     monkeypatch.setattr(controller_module, "AsyncCalcxClient", AnsweredTooLate)
-    # a lease far longer than the test: only the controller's own release can end the attempts
+    # a lease far longer than the test: only the controller's own release can end what it holds
     server = start_server_thread(str(tmp_path / "calcx.db"), KEY, lease_s=600.0)
+
+    async def main() -> None:
+        runner = _Runner()
+        controller = Controller(server.url, KEY, runner, controller_id="ctl", concurrency=4, claim_timeout_s=2.0,
+                                **controller_kw)
+        holder.update(controller=controller, runner=runner)
+        async with AsyncCalcxClient(server.url, KEY) as admin:
+            await admin.create_rollouts([row(rid) for rid in first])
+            running = asyncio.create_task(controller.run())
+            # what ends at once has ended and been reported (or given up on); r-run runs on
+            while len(runner.runs) < len(first) or controller.running > first.count("r-run"):
+                assert not running.done(), running
+                await asyncio.sleep(0.01)
+            await admin.create_rollouts([row(LATE)])
+            await asyncio.wait_for(running, 60)
+
     try:
-        ids = ["r-1", "r-2"]
+        asyncio.run(main())
         with CalcxClient(server.url, KEY) as client:
-            client.create_rollouts([{"rollout_id": rid, "row": {"question": "q", "result": "1"}} for rid in ids])
-        runner = _NeverRunner()
-        controller = Controller(server.url, KEY, runner, controller_id="ctl", concurrency=4, claim_timeout_s=2.0)
-        holder["controller"] = controller
-        asyncio.run(asyncio.wait_for(controller.run(), 60))
-        with CalcxClient(server.url, KEY) as client:
-            ended = {rid: client.get_rollout(rid) for rid in ids}
+            ended = {rid: client.get_rollout(rid) for rid in [*first, LATE]}
     finally:
         server.stop()
-    assert runner.runs == []
-    for rid, rollout in ended.items():
-        attempt = rollout.latest_attempt
-        assert (rollout.state, attempt.reason, attempt.controller_id) == ("FAILED", "cancelled", "ctl"), rid
-        assert "never started" in (attempt.detail or ""), attempt
-    assert controller.stats.claimed == 2 and controller.stats.finished == {"FAILED:cancelled": 2}
+    return holder["controller"], holder["runner"], ended
+
+
+def ended_as(rollout: Rollout) -> tuple[str, str | None]:
+    return rollout.state, rollout.latest_attempt.reason
+
+
+def test_attempts_claimed_as_the_controller_stops_end_cancelled_not_stranded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-done"])
+    assert runner.runs == ["r-done"]
+    assert ended_as(ended["r-done"]) == ("SUCCEEDED", None)
+    late = ended[LATE].latest_attempt
+    assert ended_as(ended[LATE]) == ("FAILED", "cancelled") and late.controller_id == "ctl"
+    assert "never ran it" in (late.detail or ""), late
+    assert controller.stats.claimed == 2 and controller.stats.report_failures == 0
+    assert controller.stats.finished == {"SUCCEEDED": 1, "FAILED:cancelled": 1}
+
+
+def test_a_rollout_that_ends_during_the_release_is_reported_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """r-run ends (and leaves the running set) right after the server named what it holds."""
+    async def end_run_when_asked(call: Any, answer: Any, controller: Controller, runner: _Runner) -> None:
+        if answer is not None and call.endpoint is api.HEARTBEAT and "attempts" not in (call.body or {}):
+            runner.release.set()
+            while controller.running:
+                await asyncio.sleep(0.01)
+
+    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-run"], on_send=end_run_when_asked,
+                                         shutdown_grace_s=30.0)
+    assert runner.runs == ["r-run"]
+    assert ended_as(ended["r-run"]) == ("SUCCEEDED", None)  # its own end, within the grace
+    assert ended_as(ended[LATE]) == ("FAILED", "cancelled")
+    assert controller.stats.claimed == 2 and controller.stats.report_failures == 0
+    assert controller.stats.finished == {"SUCCEEDED": 1, "FAILED:cancelled": 1}
+
+
+def test_an_attempt_whose_report_was_not_taken_is_left_to_its_lease(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server was unreachable for r-lost's report: it stays RUNNING there (until its lease
+    lapses), and the release must not end it as an attempt this controller never ran."""
+    late_claimed: list[str] = []
+
+    async def refuse_its_report(call: Any, answer: Any, controller: Controller, runner: _Runner) -> None:
+        if answer is not None and call.endpoint is api.CLAIM:
+            late_claimed.extend(c.rollout.rollout_id for c in answer.claims if c.rollout.rollout_id == LATE)
+        # the server is unreachable for r-lost's report, and back by the time of the stop
+        if answer is None and call.endpoint is api.FINISH and call.path_params.get("rid") == "r-lost" \
+                and not late_claimed:
+            raise CalcxAPIError(0, "unreachable", "connection refused", "POST finish")
+
+    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-lost"], on_send=refuse_its_report,
+                                         report_timeout_s=0.2)
+    assert runner.runs == ["r-lost"]
+    assert ended_as(ended["r-lost"]) == ("RUNNING", None)
+    assert ended_as(ended[LATE]) == ("FAILED", "cancelled")
+    assert controller.stats.claimed == 2 and controller.stats.report_failures == 1
+    assert controller.stats.finished == {"SUCCEEDED": 1, "FAILED:cancelled": 1}
+
+
+def test_a_slow_release_does_not_hold_up_the_cancel_of_what_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The server does not answer the release's question: r-run is cancelled and reported at
+    once all the same, the question gives up after its bound, and r-late is left to its lease."""
+    monkeypatch.setattr(controller_module, "RELEASE_TIMEOUT_S", 1.0)
+    seen: dict[str, float] = {}
+
+    async def hang_the_question(call: Any, answer: Any, controller: Controller, runner: _Runner) -> None:
+        if answer is None and call.endpoint is api.FINISH:
+            seen.setdefault(f"finish {call.path_params['rid']}", time.time())
+        if answer is None and call.endpoint is api.HEARTBEAT and "attempts" not in (call.body or {}):
+            await asyncio.Event().wait()
+
+    with caplog.at_level(logging.WARNING, logger="calcx.controller"):
+        controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-run"], on_send=hang_the_question)
+    gave_up = [r.created for r in caplog.records if "could not ask the server" in r.getMessage()]
+    assert len(gave_up) == 1
+    assert seen["finish r-run"] < gave_up[0]  # reported while the question still hung
+    assert ended_as(ended["r-run"]) == ("FAILED", "cancelled")
+    assert ended_as(ended[LATE]) == ("RUNNING", None)
+    assert controller.stats.claimed == 1 and controller.stats.finished == {"FAILED:cancelled": 1}

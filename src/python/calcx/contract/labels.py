@@ -28,9 +28,13 @@ def origin_of(labels: Mapping[str, str]) -> tuple[str, int] | None:
 def finite_reward(value: object) -> float | None:
     """`value` as a reward: a finite number (a bool is not one), else None. Readers of stored or
     sent records (JSON, SQLite) see any type there."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range
+        return None
+    return number if math.isfinite(number) else None
 
 
 def scored_reward(state: str, reward: object) -> float | None:

@@ -31,8 +31,8 @@ HEARTBEAT_TICK_S = 0.2
 MIN_HEARTBEAT_SLEEP_S = 0.01
 #: A cancelled rollout ends in well under a second; one still running after this is named in the log.
 CANCEL_WARN_S = 10.0
-#: How long a stopping controller asks the server which attempts it holds before leaving any it
-#: never started to their lease.
+#: How long a stopping controller asks the server which attempts it holds, and then how long it
+#: reports those it never ran, before leaving them to their lease.
 RELEASE_TIMEOUT_S = 5.0
 
 
@@ -93,6 +93,9 @@ class Controller:
         self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
         # attempts whose run has ended and whose result is being reported
         self._reporting: set[tuple[str, str]] = set()
+        # attempts whose report the server never took (unreachable or 5xx past the report's
+        # timeout), with when: still RUNNING there until their lease lapses; older ones are dropped
+        self._unreported: dict[tuple[str, str], float] = {}
         self._slot_freed = asyncio.Event()
         self._stop = asyncio.Event()
         self._claim_task: asyncio.Task[Any] | None = None
@@ -237,6 +240,7 @@ class Controller:
                 if time.monotonic() + backoff > deadline:
                     log.error("gave up reporting %s/%s after %.0fs: %s", rid, aid, timeout_s, exc)
                     self.stats.report_failures += 1
+                    self._note_unreported((rid, aid))
                     return
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
@@ -287,12 +291,22 @@ class Controller:
             task.cancel()
 
     # -- shutdown ------------------------------------------------------------------------
-    async def _release_unstarted(self) -> None:
-        """End as cancelled what the server counts as this controller's but it never started.
+    def _note_unreported(self, key: tuple[str, str]) -> None:
+        now = time.monotonic()
+        for old, since in list(self._unreported.items()):
+            if now - since > 2 * self.lease_s:  # lapsed on the server by now: no longer held
+                del self._unreported[old]
+        self._unreported[key] = now
+
+    async def _release_unrun(self, known: set[tuple[str, str]]) -> None:
+        """End as cancelled the attempts the server counts as this controller's that it never ran.
 
         A claim request that a stop cancels may have been answered already: the server then holds
         attempts RUNNING for this controller that nobody runs, until their lease lapses (reason
-        controller_lost). A heartbeat without a list names every attempt the server counts as ours.
+        controller_lost). A heartbeat without a list names every attempt the server counts as
+        ours; `known` (taken before asking) holds those this process ran or is running, so one that
+        ends meanwhile is not reported twice. An attempt an earlier process under the same id left
+        is not ours to know apart, and ends cancelled too. Bounded by RELEASE_TIMEOUT_S twice.
         """
         assert self._client is not None
         try:
@@ -301,15 +315,25 @@ class Controller:
             log.warning("could not ask the server which attempts it counts as ours (%s); an attempt claimed "
                         "as the controller stopped ends when its lease lapses", str(exc) or type(exc).__name__)
             return
-        for ref in answer.held:
-            rid, aid = ref.rollout_id, ref.attempt_id
-            if (rid, aid) in self._running:
-                continue
-            log.warning("%s/%s was claimed as the controller stopped and never started; ending it cancelled", rid, aid)
+        unrun = [(ref.rollout_id, ref.attempt_id) for ref in answer.held
+                 if (ref.rollout_id, ref.attempt_id) not in known]
+        if not unrun:
+            return
+        detail = (f"controller {self.controller_id} held this attempt but never ran it "
+                  "(claimed as it stopped, or by an earlier controller under the same id)")
+        reports = []
+        for rid, aid in unrun:
+            log.warning("%s/%s is held for this controller, which never ran it; ending it cancelled", rid, aid)
             self.stats.claimed += 1
-            result = RunResult.failed(FailureReason.CANCELLED, detail=(
-                f"controller {self.controller_id} shut down as it claimed this attempt; never started"))
-            await self._report(rid, aid, result, timeout_s=RELEASE_TIMEOUT_S)
+            result = RunResult.failed(FailureReason.CANCELLED, detail=detail)
+            reports.append(asyncio.create_task(self._report(rid, aid, result, timeout_s=RELEASE_TIMEOUT_S)))
+        _, pending = await asyncio.wait(reports, timeout=RELEASE_TIMEOUT_S)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*reports, return_exceptions=True)
+        if pending:
+            log.warning("%d of those reports did not finish in %.0fs; they end when their lease lapses",
+                        len(pending), RELEASE_TIMEOUT_S)
 
     async def _sleep_or_stop(self, seconds: float) -> None:
         try:
@@ -318,9 +342,19 @@ class Controller:
             pass
 
     async def _shutdown(self) -> None:
-        """After a stop: grace, then cancel (each reports FAILED cancelled). Otherwise drain."""
+        """After a stop: grace, then cancel (each reports FAILED cancelled), and beside that, if
+        the stop cancelled a claim, release what it may have taken. Otherwise drain."""
+        release = None
         if self._claim_cancelled:
-            await self._release_unstarted()
+            known = set(self._running) | set(self._unreported)
+            release = asyncio.create_task(self._release_unrun(known), name="calcx-release")
+        try:
+            await self._end_running()
+        finally:
+            if release is not None:
+                await release
+
+    async def _end_running(self) -> None:
         stop_waiter = asyncio.create_task(self._stop.wait())
         try:
             while self._running and not self._stop.is_set():
