@@ -56,9 +56,12 @@ class _Runner:
 
 
 def scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: list[str],
-             on_send: Callable[[Any, Any, Controller, _Runner], Any] | None = None,
+             on_send: Callable[[Any, Any, Controller, _Runner], Any] | None = None, *, late: bool = True,
+             answer_read: bool = False, lease_s: float = 600.0,
              **controller_kw: Any) -> tuple[Controller, _Runner, dict[str, Rollout]]:
-    """`first` runs, then `r-late` is queued; the stop lands as its claim is answered."""
+    """`first` runs, then `r-late` is queued and the stop lands as its claim is answered: before
+    the controller reads the answer (its request cancelled), or with `answer_read` just after.
+    Without `late`, `on_send` stops the controller itself."""
     holder: dict[str, Any] = {}
 
     class AnsweredTooLate(AsyncCalcxClient):
@@ -69,13 +72,16 @@ def scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: list[str],
             if on_send is not None:
                 await on_send(call, answer, holder["controller"], holder["runner"])
             if call.endpoint is api.CLAIM and any(c.rollout.rollout_id == LATE for c in answer.claims):
+                if answer_read:  # the signal's handler runs as the answer comes back
+                    asyncio.get_running_loop().call_soon(holder["controller"].stop)
+                    return answer
                 holder["controller"].stop()  # cancels this very request, as a signal would
                 await asyncio.sleep(3600)
             return answer
 
     monkeypatch.setattr(controller_module, "AsyncCalcxClient", AnsweredTooLate)
     # a lease far longer than the test: only the controller's own release can end what it holds
-    server = start_server_thread(str(tmp_path / "calcx.db"), KEY, lease_s=600.0)
+    server = start_server_thread(str(tmp_path / "calcx.db"), KEY, lease_s=lease_s)
 
     async def main() -> None:
         runner = _Runner()
@@ -86,16 +92,17 @@ def scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: list[str],
             await admin.create_rollouts([row(rid) for rid in first])
             running = asyncio.create_task(controller.run())
             # what ends at once has ended and been reported (or given up on); r-run runs on
-            while len(runner.runs) < len(first) or controller.running > first.count("r-run"):
+            while late and (len(runner.runs) < len(first) or controller.running > first.count("r-run")):
                 assert not running.done(), running
                 await asyncio.sleep(0.01)
-            await admin.create_rollouts([row(LATE)])
+            if late:
+                await admin.create_rollouts([row(LATE)])
             await asyncio.wait_for(running, 60)
 
     try:
         asyncio.run(main())
         with CalcxClient(server.url, KEY) as client:
-            ended = {rid: client.get_rollout(rid) for rid in [*first, LATE]}
+            ended = {rid: client.get_rollout(rid) for rid in [*first, *([LATE] if late else [])]}
     finally:
         server.stop()
     return holder["controller"], holder["runner"], ended
@@ -179,3 +186,60 @@ def test_a_slow_release_does_not_hold_up_the_cancel_of_what_runs(
     assert ended_as(ended["r-run"]) == ("FAILED", "cancelled")
     assert ended_as(ended[LATE]) == ("RUNNING", None)
     assert controller.stats.claimed == 1 and controller.stats.finished == {"FAILED:cancelled": 1}
+
+
+def test_a_stop_just_after_the_answer_came_in_starts_none_of_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claim's answer is in but unread when the stop's handler runs: nothing of it starts,
+    and the release ends it (a task cancelled before its first step could report nothing)."""
+    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-done"], answer_read=True)
+    assert runner.runs == ["r-done"]
+    assert ended_as(ended[LATE]) == ("FAILED", "cancelled")
+    assert "never ran it" in (ended[LATE].latest_attempt.detail or "")
+    assert controller.stats.claimed == 2 and controller.stats.finished == {"SUCCEEDED": 1, "FAILED:cancelled": 1}
+
+
+def test_an_attempt_the_server_took_back_during_the_grace_is_not_reported_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """r-run is cancelled through the API while the stop's grace runs; the heartbeat stops it
+    and counts it once; its stop sends no report the server would refuse."""
+    async def cancel_it_once_asked(call: Any, answer: Any, controller: Controller, runner: _Runner) -> None:
+        if answer is not None and call.endpoint is api.HEARTBEAT and "attempts" not in (call.body or {}):
+            async with AsyncCalcxClient(str(controller.server_url), KEY) as admin:
+                await admin.cancel(rollout_ids=["r-run"])
+
+    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-run"], on_send=cancel_it_once_asked,
+                                         lease_s=1.5, shutdown_grace_s=30.0)
+    assert ended_as(ended["r-run"]) == ("FAILED", "cancelled")
+    assert "cancelled by rollout id" in (ended["r-run"].latest_attempt.detail or "")
+    assert ended_as(ended[LATE]) == ("FAILED", "cancelled")
+    assert controller.stats.report_failures == 0 and controller.stats.lost == 0
+    assert controller.stats.finished == {"FAILED:cancelled": 2}  # r-run by the heartbeat, r-late by the release
+
+
+def test_a_stop_during_a_rollouts_own_report_keeps_its_result(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop lands while r-done's result is on its way: the result is taken, not lost to a
+    cancel (which would leave the attempt RUNNING until its lease lapsed)."""
+    async def stop_during_the_report(call: Any, answer: Any, controller: Controller, runner: _Runner) -> None:
+        if answer is None and call.endpoint is api.FINISH and call.path_params.get("rid") == "r-done":
+            controller.stop()
+            await asyncio.sleep(0.3)  # the stop's cancels go out while this report is under way
+
+    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-done"], on_send=stop_during_the_report,
+                                         late=False)
+    assert ended_as(ended["r-done"]) == ("SUCCEEDED", None)
+    assert controller.stats.report_failures == 0 and controller.stats.finished == {"SUCCEEDED": 1}
+
+
+def test_a_release_report_the_server_does_not_answer_is_cut_at_its_bound(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controller_module, "RELEASE_TIMEOUT_S", 1.0)
+
+    async def hang_the_late_report(call: Any, answer: Any, controller: Controller, runner: _Runner) -> None:
+        if answer is None and call.endpoint is api.FINISH and call.path_params.get("rid") == LATE:
+            await asyncio.Event().wait()
+
+    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-done"], on_send=hang_the_late_report)
+    assert ended_as(ended[LATE]) == ("RUNNING", None)  # left to its lease
+    assert controller.stats.report_failures == 1

@@ -34,6 +34,8 @@ CANCEL_WARN_S = 10.0
 #: How long a stopping controller asks the server which attempts it holds, and then how long it
 #: reports those it never ran, before leaving them to their lease.
 RELEASE_TIMEOUT_S = 5.0
+#: How many attempts whose report the server never took the controller remembers.
+MAX_UNREPORTED = 10_000
 
 
 def default_controller_id() -> str:
@@ -93,14 +95,17 @@ class Controller:
         self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
         # attempts whose run has ended and whose result is being reported
         self._reporting: set[tuple[str, str]] = set()
-        # attempts whose report the server never took (unreachable or 5xx past the report's
-        # timeout), with when: still RUNNING there until their lease lapses; older ones are dropped
-        self._unreported: dict[tuple[str, str], float] = {}
+        # attempts whose report the server never took while it may still hold them RUNNING
+        # (unreachable or 5xx past the report's timeout, a refused body), oldest first
+        self._unreported: dict[tuple[str, str], None] = {}
         self._slot_freed = asyncio.Event()
         self._stop = asyncio.Event()
         self._claim_task: asyncio.Task[Any] | None = None
-        # a stop cancelled a claim request: its answer, lost, may have given this controller work
-        self._claim_cancelled = False
+        # a stop left a claim's answer unread (its request cancelled, or answered as it came): the
+        # server may hold attempts for this controller that it never ran
+        self._claims_unread = False
+        # attempts the server took back (cancel API, lapsed lease): their stop reports nothing
+        self._taken_back: set[tuple[str, str]] = set()
         self._stopped_at: float | None = None
 
     # -- public --------------------------------------------------------------------------
@@ -113,7 +118,7 @@ class Controller:
         self._slot_freed.set()
         if self._claim_task is not None and not self._claim_task.done():
             self._claim_task.cancel()
-            self._claim_cancelled = True
+            self._claims_unread = True
 
     @property
     def running(self) -> int:
@@ -130,7 +135,8 @@ class Controller:
         finally:
             try:
                 # the leases of what still runs stay alive through the grace period and the
-                # runners' stops, until each attempt is reported: it ends cancelled, never lost
+                # runners' stops, until each attempt is reported: it ends with its own result or
+                # cancelled, never lost
                 await self._shutdown()
             finally:
                 heartbeat.cancel()
@@ -173,6 +179,9 @@ class Controller:
                 continue
             finally:
                 self._claim_task = None
+            if self._stop.is_set():  # stopped as the answer came in: start none of it (see _release_unrun)
+                self._claims_unread = True
+                break
             backoff = 0.05
             self.lease_s = answer.lease_s or self.lease_s
             for claim in answer.claims:
@@ -186,6 +195,7 @@ class Controller:
 
         def done(_: asyncio.Task[None]) -> None:
             self._running.pop(key, None)
+            self._taken_back.discard(key)
             self._slot_freed.set()
 
         task.add_done_callback(done)
@@ -197,7 +207,8 @@ class Controller:
             result = await self.runner.run(claim)
             log.debug("timing: %s/%s run %.4f", rid, aid, time.monotonic() - t0)
         except asyncio.CancelledError:
-            if self._stop.is_set():
+            # a stop's cancel reports the attempt; one the server took back is no longer ours to report
+            if self._stop.is_set() and (rid, aid) not in self._taken_back:
                 result = RunResult.failed(FailureReason.CANCELLED, detail=f"controller {self.controller_id} shut down")
                 self._reporting.add((rid, aid))  # a heartbeat crossing this report must not cancel it
                 try:
@@ -233,9 +244,12 @@ class Controller:
             except CalcxAPIError as exc:
                 retriable = exc.unreachable or exc.status >= 500
                 if not retriable:
-                    # 409: no longer RUNNING (lease expired, already finished); 404: gone.
+                    # 409: no longer RUNNING (lease expired, already finished); 404: gone. Any
+                    # other refusal leaves the attempt RUNNING there until its lease lapses.
                     log.warning("server did not take the result of %s/%s: %s", rid, aid, exc)
                     self.stats.report_failures += 1
+                    if exc.status not in (404, 409):
+                        self._note_unreported((rid, aid))
                     return
                 if time.monotonic() + backoff > deadline:
                     log.error("gave up reporting %s/%s after %.0fs: %s", rid, aid, timeout_s, exc)
@@ -288,15 +302,19 @@ class Controller:
             else:
                 log.warning("server says %s/%s is no longer ours; stopping it", *key)
                 self.stats.lost += 1
+            self._taken_back.add(key)
             task.cancel()
 
     # -- shutdown ------------------------------------------------------------------------
     def _note_unreported(self, key: tuple[str, str]) -> None:
-        now = time.monotonic()
-        for old, since in list(self._unreported.items()):
-            if now - since > 2 * self.lease_s:  # lapsed on the server by now: no longer held
-                del self._unreported[old]
-        self._unreported[key] = now
+        """Remember an attempt the server may still hold for us although it ran here. A server
+        restart renews every lease, so age says nothing; past the bound the oldest is forgotten
+        (then a release after a cancelled claim may end it as never run)."""
+        self._unreported[key] = None
+        if len(self._unreported) > MAX_UNREPORTED:
+            forgotten = next(iter(self._unreported))
+            del self._unreported[forgotten]
+            log.warning("more than %d attempts left unreported; forgetting %s/%s", MAX_UNREPORTED, *forgotten)
 
     async def _release_unrun(self, known: set[tuple[str, str]]) -> None:
         """End as cancelled the attempts the server counts as this controller's that it never ran.
@@ -308,6 +326,12 @@ class Controller:
         ends meanwhile is not reported twice. An attempt an earlier process under the same id left
         is not ours to know apart, and ends cancelled too. Bounded by RELEASE_TIMEOUT_S twice.
         """
+        try:
+            await self._release_unrun_now(known)
+        except Exception:  # the stop goes on whatever happens here; the lease is the fallback
+            log.exception("releasing the attempts this controller never ran failed")
+
+    async def _release_unrun_now(self, known: set[tuple[str, str]]) -> None:
         assert self._client is not None
         try:
             answer = await asyncio.wait_for(self._client.heartbeat(self.controller_id), RELEASE_TIMEOUT_S)
@@ -332,6 +356,7 @@ class Controller:
             task.cancel()
         await asyncio.gather(*reports, return_exceptions=True)
         if pending:
+            self.stats.report_failures += len(pending)
             log.warning("%d of those reports did not finish in %.0fs; they end when their lease lapses",
                         len(pending), RELEASE_TIMEOUT_S)
 
@@ -345,7 +370,7 @@ class Controller:
         """After a stop: grace, then cancel (each reports FAILED cancelled), and beside that, if
         the stop cancelled a claim, release what it may have taken. Otherwise drain."""
         release = None
-        if self._claim_cancelled:
+        if self._claims_unread:
             known = set(self._running) | set(self._unreported)
             release = asyncio.create_task(self._release_unrun(known), name="calcx-release")
         try:
@@ -367,10 +392,15 @@ class Controller:
         if self.shutdown_grace_s > 0:
             log.info("waiting up to %.0fs for %d running rollouts", self.shutdown_grace_s, len(tasks))
             await asyncio.wait(tasks, timeout=self.shutdown_grace_s)
-        for task in tasks:
-            task.cancel()
+        # one whose run has ended is reporting its own result: let it, within CANCEL_WARN_S
+        for key, task in list(self._running.items()):
+            if key not in self._reporting:
+                task.cancel()
         _, pending = await asyncio.wait(tasks, timeout=CANCEL_WARN_S)
         if pending:  # a runner that lost the cancel: the agent runs on to its end or deadline
             log.warning("%d cancelled rollouts still running after %.0fs: %s", len(pending), CANCEL_WARN_S,
                         ", ".join(sorted(t.get_name() for t in pending)))
+            for key, task in list(self._running.items()):
+                if key in self._reporting:  # a report that long: its attempt ends when its lease lapses
+                    task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
