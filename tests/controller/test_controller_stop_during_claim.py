@@ -190,10 +190,18 @@ def test_a_slow_release_does_not_hold_up_the_cancel_of_what_runs(
 
 def test_a_stop_just_after_the_answer_came_in_starts_none_of_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The claim's answer is in but unread when the stop's handler runs: nothing of it starts,
-    and the release ends it (a task cancelled before its first step could report nothing)."""
-    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-done"], answer_read=True)
-    assert runner.runs == ["r-done"]
+    """The claim's answer is in but unread when the stop's handler runs: nothing of it starts
+    (a task cancelled before its first step could report nothing), and the controller ends what
+    the answer named without asking the server what it holds."""
+    asked: list[str] = []
+
+    async def note_questions(call: Any, answer: Any, controller: Controller, runner: _Runner) -> None:
+        if answer is None and call.endpoint is api.HEARTBEAT and "attempts" not in (call.body or {}):
+            asked.append("held?")
+
+    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-done"], on_send=note_questions,
+                                         answer_read=True)
+    assert runner.runs == ["r-done"] and asked == []
     assert ended_as(ended[LATE]) == ("FAILED", "cancelled")
     assert "never ran it" in (ended[LATE].latest_attempt.detail or "")
     assert controller.stats.claimed == 2 and controller.stats.finished == {"SUCCEEDED": 1, "FAILED:cancelled": 1}
@@ -209,7 +217,7 @@ def test_an_attempt_the_server_took_back_during_the_grace_is_not_reported_again(
                 await admin.cancel(rollout_ids=["r-run"])
 
     controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-run"], on_send=cancel_it_once_asked,
-                                         lease_s=1.5, shutdown_grace_s=30.0)
+                                         lease_s=3.0, shutdown_grace_s=30.0)
     assert ended_as(ended["r-run"]) == ("FAILED", "cancelled")
     assert "cancelled by rollout id" in (ended["r-run"].latest_attempt.detail or "")
     assert ended_as(ended[LATE]) == ("FAILED", "cancelled")
@@ -242,4 +250,21 @@ def test_a_release_report_the_server_does_not_answer_is_cut_at_its_bound(
 
     controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-done"], on_send=hang_the_late_report)
     assert ended_as(ended[LATE]) == ("RUNNING", None)  # left to its lease
+    assert controller.stats.report_failures == 1
+
+
+def test_a_report_the_stop_gives_up_on_counts_as_a_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """r-done's report hangs past the stop's wait: it is cut, counted as a report failure, and
+    the attempt, which the server still holds, is left to its lease (not ended as never run)."""
+    monkeypatch.setattr(controller_module, "CANCEL_WARN_S", 0.5)
+
+    async def hang_its_report(call: Any, answer: Any, controller: Controller, runner: _Runner) -> None:
+        if answer is None and call.endpoint is api.FINISH and call.path_params.get("rid") == "r-done":
+            controller.stop()
+            await asyncio.Event().wait()
+
+    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-done"], on_send=hang_its_report,
+                                         late=False)
+    assert ended_as(ended["r-done"]) == ("RUNNING", None)
     assert controller.stats.report_failures == 1

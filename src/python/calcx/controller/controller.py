@@ -101,9 +101,11 @@ class Controller:
         self._slot_freed = asyncio.Event()
         self._stop = asyncio.Event()
         self._claim_task: asyncio.Task[Any] | None = None
-        # a stop left a claim's answer unread (its request cancelled, or answered as it came): the
-        # server may hold attempts for this controller that it never ran
+        # a stop cancelled a claim request: the server may hold attempts for this controller
+        # that it never read, let alone ran
         self._claims_unread = False
+        # the attempts of a claim answer read after a stop: never started, ended by the release
+        self._unrun_claims: list[tuple[str, str]] = []
         # attempts the server took back (cancel API, lapsed lease): their stop reports nothing
         self._taken_back: set[tuple[str, str]] = set()
         self._stopped_at: float | None = None
@@ -180,7 +182,7 @@ class Controller:
             finally:
                 self._claim_task = None
             if self._stop.is_set():  # stopped as the answer came in: start none of it (see _release_unrun)
-                self._claims_unread = True
+                self._unrun_claims = [(c.rollout.rollout_id, c.attempt_id) for c in answer.claims]
                 break
             backoff = 0.05
             self.lease_s = answer.lease_s or self.lease_s
@@ -222,7 +224,12 @@ class Controller:
         t1 = time.monotonic()
         self._reporting.add((rid, aid))
         try:
-            await self._report(rid, aid, result, timeout_s=self.report_timeout_s)
+            # a runner that returned after a stop's cancel reports within the stop's bound too
+            await self._report(rid, aid, result, timeout_s=5.0 if self._stop.is_set() else self.report_timeout_s)
+        except asyncio.CancelledError:  # a stop gave up on this report (CANCEL_WARN_S): the lease ends it
+            self.stats.report_failures += 1
+            self._note_unreported((rid, aid))
+            raise
         finally:
             self._reporting.discard((rid, aid))
         log.debug("timing: %s/%s report %.4f", rid, aid, time.monotonic() - t1)
@@ -291,7 +298,7 @@ class Controller:
         for ref in lost:
             key = (ref.rollout_id, ref.attempt_id)
             task = self._running.get(key)
-            if task is None:
+            if task is None or task.done():  # ended and reported; its done callback is yet to run
                 continue
             if key in self._reporting:
                 log.debug("%s/%s finished while a heartbeat was in flight", *key)
@@ -319,28 +326,34 @@ class Controller:
     async def _release_unrun(self, known: set[tuple[str, str]]) -> None:
         """End as cancelled the attempts the server counts as this controller's that it never ran.
 
-        A claim request that a stop cancels may have been answered already: the server then holds
-        attempts RUNNING for this controller that nobody runs, until their lease lapses (reason
-        controller_lost). A heartbeat without a list names every attempt the server counts as
-        ours; `known` (taken before asking) holds those this process ran or is running, so one that
-        ends meanwhile is not reported twice. An attempt an earlier process under the same id left
-        is not ours to know apart, and ends cancelled too. Bounded by RELEASE_TIMEOUT_S twice.
+        A claim answer read after a stop names its attempts, which were never started. A claim
+        request that a stop cancels may have been answered already: the server then holds attempts
+        RUNNING for this controller that nobody runs, until their lease lapses (reason
+        controller_lost); a heartbeat without a list names every attempt the server counts as
+        ours, and `known` (taken before asking) holds those this process ran or is running, so one
+        that ends meanwhile is not reported twice. An attempt an earlier process under the same id
+        left is not ours to know apart, and ends cancelled too. Bounded by RELEASE_TIMEOUT_S twice.
         """
         try:
-            await self._release_unrun_now(known)
+            unrun = list(self._unrun_claims)
+            if self._claims_unread:
+                unrun += [key for key in await self._held_unrun(known) if key not in unrun]
+            await self._end_unrun(unrun)
         except Exception:  # the stop goes on whatever happens here; the lease is the fallback
             log.exception("releasing the attempts this controller never ran failed")
 
-    async def _release_unrun_now(self, known: set[tuple[str, str]]) -> None:
+    async def _held_unrun(self, known: set[tuple[str, str]]) -> list[tuple[str, str]]:
         assert self._client is not None
         try:
             answer = await asyncio.wait_for(self._client.heartbeat(self.controller_id), RELEASE_TIMEOUT_S)
         except (CalcxAPIError, asyncio.TimeoutError) as exc:
             log.warning("could not ask the server which attempts it counts as ours (%s); an attempt claimed "
                         "as the controller stopped ends when its lease lapses", str(exc) or type(exc).__name__)
-            return
-        unrun = [(ref.rollout_id, ref.attempt_id) for ref in answer.held
-                 if (ref.rollout_id, ref.attempt_id) not in known]
+            return []
+        return [(ref.rollout_id, ref.attempt_id) for ref in answer.held
+                if (ref.rollout_id, ref.attempt_id) not in known]
+
+    async def _end_unrun(self, unrun: list[tuple[str, str]]) -> None:
         if not unrun:
             return
         detail = (f"controller {self.controller_id} held this attempt but never ran it "
@@ -370,7 +383,7 @@ class Controller:
         """After a stop: grace, then cancel (each reports FAILED cancelled), and beside that, if
         the stop cancelled a claim, release what it may have taken. Otherwise drain."""
         release = None
-        if self._claims_unread:
+        if self._claims_unread or self._unrun_claims:
             known = set(self._running) | set(self._unreported)
             release = asyncio.create_task(self._release_unrun(known), name="calcx-release")
         try:
