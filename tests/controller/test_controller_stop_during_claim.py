@@ -169,7 +169,7 @@ def test_a_slow_release_does_not_hold_up_the_cancel_of_what_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """The server does not answer the release's question: r-run is cancelled and reported at
     once all the same, the question gives up after its bound, and r-late is left to its lease."""
-    monkeypatch.setattr(controller_module, "RELEASE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(controller_module, "STOP_TIMEOUT_S", 1.0)
     seen: dict[str, float] = {}
 
     async def hang_the_question(call: Any, answer: Any, controller: Controller, runner: _Runner) -> None:
@@ -242,7 +242,7 @@ def test_a_stop_during_a_rollouts_own_report_keeps_its_result(
 
 def test_a_release_report_the_server_does_not_answer_is_cut_at_its_bound(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(controller_module, "RELEASE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(controller_module, "STOP_TIMEOUT_S", 1.0)
 
     async def hang_the_late_report(call: Any, answer: Any, controller: Controller, runner: _Runner) -> None:
         if answer is None and call.endpoint is api.FINISH and call.path_params.get("rid") == LATE:

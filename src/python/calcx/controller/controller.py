@@ -31,9 +31,10 @@ HEARTBEAT_TICK_S = 0.2
 MIN_HEARTBEAT_SLEEP_S = 0.01
 #: A cancelled rollout ends in well under a second; one still running after this is named in the log.
 CANCEL_WARN_S = 10.0
-#: How long a stopping controller asks the server which attempts it holds, and then how long it
-#: reports those it never ran, before leaving them to their lease.
-RELEASE_TIMEOUT_S = 5.0
+#: How long a stopping controller waits on the server for one thing: a report (an attempt's
+#: cancel or result), the question which attempts it holds, the reports of those it never ran.
+#: Past it, what is left ends when its lease lapses.
+STOP_TIMEOUT_S = 5.0
 #: How many attempts whose report the server never took the controller remembers.
 MAX_UNREPORTED = 10_000
 
@@ -214,7 +215,7 @@ class Controller:
                 result = RunResult.failed(FailureReason.CANCELLED, detail=f"controller {self.controller_id} shut down")
                 self._reporting.add((rid, aid))  # a heartbeat crossing this report must not cancel it
                 try:
-                    await self._report(rid, aid, result, timeout_s=5.0)
+                    await self._report(rid, aid, result, timeout_s=STOP_TIMEOUT_S)
                 finally:
                     self._reporting.discard((rid, aid))
             raise
@@ -225,7 +226,7 @@ class Controller:
         self._reporting.add((rid, aid))
         try:
             # a runner that returned after a stop's cancel reports within the stop's bound too
-            await self._report(rid, aid, result, timeout_s=5.0 if self._stop.is_set() else self.report_timeout_s)
+            await self._report(rid, aid, result, timeout_s=STOP_TIMEOUT_S if self._stop.is_set() else self.report_timeout_s)
         except asyncio.CancelledError:  # a stop gave up on this report (CANCEL_WARN_S): the lease ends it
             self.stats.report_failures += 1
             self._note_unreported((rid, aid))
@@ -332,7 +333,7 @@ class Controller:
         controller_lost); a heartbeat without a list names every attempt the server counts as
         ours, and `known` (taken before asking) holds those this process ran or is running, so one
         that ends meanwhile is not reported twice. An attempt an earlier process under the same id
-        left is not ours to know apart, and ends cancelled too. Bounded by RELEASE_TIMEOUT_S twice.
+        left is not ours to know apart, and ends cancelled too. Bounded by STOP_TIMEOUT_S twice.
         """
         try:
             unrun = list(self._unrun_claims)
@@ -345,7 +346,7 @@ class Controller:
     async def _held_unrun(self, known: set[tuple[str, str]]) -> list[tuple[str, str]]:
         assert self._client is not None
         try:
-            answer = await asyncio.wait_for(self._client.heartbeat(self.controller_id), RELEASE_TIMEOUT_S)
+            answer = await asyncio.wait_for(self._client.heartbeat(self.controller_id), STOP_TIMEOUT_S)
         except (CalcxAPIError, asyncio.TimeoutError) as exc:
             log.warning("could not ask the server which attempts it counts as ours (%s); an attempt claimed "
                         "as the controller stopped ends when its lease lapses", str(exc) or type(exc).__name__)
@@ -363,15 +364,15 @@ class Controller:
             log.warning("%s/%s is held for this controller, which never ran it; ending it cancelled", rid, aid)
             self.stats.claimed += 1
             result = RunResult.failed(FailureReason.CANCELLED, detail=detail)
-            reports.append(asyncio.create_task(self._report(rid, aid, result, timeout_s=RELEASE_TIMEOUT_S)))
-        _, pending = await asyncio.wait(reports, timeout=RELEASE_TIMEOUT_S)
+            reports.append(asyncio.create_task(self._report(rid, aid, result, timeout_s=STOP_TIMEOUT_S)))
+        _, pending = await asyncio.wait(reports, timeout=STOP_TIMEOUT_S)
         for task in pending:
             task.cancel()
         await asyncio.gather(*reports, return_exceptions=True)
         if pending:
             self.stats.report_failures += len(pending)
             log.warning("%d of those reports did not finish in %.0fs; they end when their lease lapses",
-                        len(pending), RELEASE_TIMEOUT_S)
+                        len(pending), STOP_TIMEOUT_S)
 
     async def _sleep_or_stop(self, seconds: float) -> None:
         try:
