@@ -26,6 +26,7 @@ SYSTEM_TEST_FILES = frozenset({
     "controller/test_controller_cli.py",
     "controller/test_controller_end_to_end.py",
     "controller/test_controller_local_runner.py",
+    "data/test_data_hard.py",
     "data/test_data_traces.py",
     "docker/test_docker_agent_container.py",
     "docker/test_image_reproducible.py",

@@ -93,9 +93,24 @@ tooluse_profile() { echo "$TOOLUSE_PROFILE${1#tooluse}"; }
 started_modes() {
   local mode
   for mode in "${MODES[@]}"; do echo "$mode"; done
-  for mode in "$RESULTS"/tooluse-*/; do [[ -d "$mode" ]] && basename "$mode"; done
+  for mode in "$RESULTS"/tooluse-*/ "$RESULTS"/calculator*/; do [[ -d "$mode" ]] && basename "$mode"; done
   return 0
 }
+# the calculator recipe (calcx.yaml's gsm8k-h200-calculator): RL from the base model, trained on GSM8K and
+# its hard-arithmetic split; `calculator-X` runs the run profile gsm8k-h200-calculator-X the same way
+CALCULATOR_PROFILE=gsm8k-h200-calculator
+is_calculator() { [[ "$1" == calculator || "$1" == calculator-* ]]; }
+calculator_profile() { echo "$CALCULATOR_PROFILE${1#calculator}"; }
+# the data every run validates on: the held-out GSM8K rows and, when carried, their hard-arithmetic
+# versions (accuracy by source: gsm8k, gsm8k-hard); the hard split's training rows feed the calculator runs
+val_files() { echo "$IN/gsm8k/test.parquet"; [[ -f "$IN/gsm8k/test-hard.parquet" ]] && echo "$IN/gsm8k/test-hard.parquet"; return 0; }
+train_files() {
+  echo "$IN/gsm8k/train.parquet"
+  if is_calculator "$1" && [[ -f "$IN/gsm8k/train-hard.parquet" ]]; then echo "$IN/gsm8k/train-hard.parquet"; fi
+  return 0
+}
+# KEY=VALUE overrides a campaign hands every run it starts (e.g. trainer.test_freq=20)
+read -r -a CAMPAIGN_OVERRIDES <<< "${CAMPAIGN_OVERRIDES:-}"
 ANCHOR_RUN_NAME=toolagentloop
 # The anchor is there for its step times: its profile validates once before training (its prompts
 # against calcx's, by accuracy), not every 10 steps and at the end.
@@ -161,10 +176,13 @@ case "$stage" in
     for spec in "$@"; do  # before setup's minutes
       mode="${spec%%:*}"
       [[ "$spec" =~ ^[a-z][a-z0-9.-]*(:[0-9]+(:[0-9]+)?)?$ ]] || { echo "campaign: $spec is not MODE[:STEPS[:MAX_S]]" >&2; exit 2; }
-      [[ " ${MODES[*]} " == *" $mode "* ]] || is_tooluse "$mode" \
-        || { echo "campaign: mode $mode is not one of: ${MODES[*]} tooluse-X" >&2; exit 2; }
+      [[ " ${MODES[*]} " == *" $mode "* ]] || is_tooluse "$mode" || is_calculator "$mode" \
+        || { echo "campaign: mode $mode is not one of: ${MODES[*]} tooluse-X calculator calculator-X" >&2; exit 2; }
       if [[ "$mode" == tooluse-* ]] && ! grep -qxF "  $(tooluse_profile "$mode"):" "$here/../python/calcx/trainer/config/calcx.yaml"; then
         echo "campaign: mode $mode needs the run profile $(tooluse_profile "$mode") in calcx.yaml" >&2; exit 2
+      fi
+      if is_calculator "$mode" && ! grep -qxF "  $(calculator_profile "$mode"):" "$here/../python/calcx/trainer/config/calcx.yaml"; then
+        echo "campaign: mode $mode needs the run profile $(calculator_profile "$mode") in calcx.yaml" >&2; exit 2
       fi
     done
     "$0" setup
@@ -183,7 +201,7 @@ case "$stage" in
       elif is_tooluse "$mode"; then
         echo "campaign: $mode trains from the warm-up model already there: $(readlink -f "$WARMUP_DIR/model")" >&2
       fi
-      FLAGS="$flags" "$0" start "$mode" "${mode_steps:-$steps}"
+      FLAGS="$flags" "$0" start "$mode" "${mode_steps:-$steps}" "${CAMPAIGN_OVERRIDES[@]}"
       t0=$(date +%s)
       while kill -0 "$(cat "$RESULTS/$mode/pid")" 2>/dev/null; do
         if [[ -n "$max_s" ]] && (( $(date +%s) - t0 >= max_s )); then
@@ -210,13 +228,16 @@ case "$stage" in
     model="$MODEL"
     [[ "$name" == anchor ]] && { cmd=(anchor train); run="$ANCHOR_RUN_NAME"; profile="$ANCHOR_PROFILE"; }
     if is_tooluse "$name"; then model="$WARMUP_DIR/model"; profile="$(tooluse_profile "$name")"; fi
+    if is_calculator "$name"; then profile="$(calculator_profile "$name")"; fi
+    mapfile -t train < <(train_files "$name"); mapfile -t val < <(val_files)
     # in $WORK, not in the checkout the script is run from: verl's checkpoints (checkpoints/PROJECT/RUN)
     # and the trainer's other working files stay out of a tree that may be refreshed during the run
     cd "$WORK"
-    setsid nohup env PEX_EXTRA_SYS_PATH="$torch" "$PYTHON" "$PEX" "${cmd[@]}" \
-      --model "$model" --train-file "$IN/gsm8k/train.parquet" --val-file "$IN/gsm8k/test.parquet" \
-      --run-name "$run" --profile "$profile" "${flags[@]}" "calcx.report_dir=$dir" \
-      trainer.total_training_steps="$steps" "$@" \
+    argv=("${cmd[@]}" --model "$model" --train-file "${train[@]}" --val-file "${val[@]}"
+      --run-name "$run" --profile "$profile" "${flags[@]}" "calcx.report_dir=$dir"
+      trainer.total_training_steps="$steps" "$@")
+    printf '%q ' calcx-gpu.pex "${argv[@]}" > "$dir/command.txt"; echo >> "$dir/command.txt"  # the run record's command
+    setsid nohup env PEX_EXTRA_SYS_PATH="$torch" "$PYTHON" "$PEX" "${argv[@]}" \
       >"$dir/train.log" 2>&1 </dev/null &
     echo $! > "$dir/pid"
     echo "started $name (pid $(cat "$dir/pid")): $dir/train.log"
@@ -340,7 +361,7 @@ PY
       kept=()
       for f in metrics.jsonl train.log steps.md eval.md report.md reward_curve.png incomplete_groups.jsonl \
                machine.txt started ended kill.log ledger.md train.before-kill.log started.before-kill \
-               superseded session_times.jsonl starts.jsonl; do
+               superseded session_times.jsonl starts.jsonl command.txt tool_use.jsonl; do
         if [[ -e "$dir/$f" ]]; then kept+=("$f"); fi
       done
       # the store apart from the rest, so a large store never holds back the metrics and logs

@@ -219,6 +219,16 @@ def test_cli_skip_invalid_writes_the_good_rows_and_says_what_it_skipped(tmp_path
     assert ids == {"gsm8k-gsm-1", "gsm8k-gsm-3", "gsm8k-gsm-5", "gsm8k-gsm-6"}
 
 
+def test_the_default_validation_split_holds_out_1000_rows_by_id(tmp_path, capsys):
+    rows = [{"question": f"Ana has {i} pens and buys 2. How many?", "answer": f"{i}+2=<<{i}+2={i + 2}>>{i + 2}\n#### {i + 2}"}
+            for i in range(1100)]
+    out = tmp_path / "out"
+    code, stdout, _ = run(capsys, str(write_jsonl(tmp_path / "gsm.jsonl", rows)), "--out", str(out))
+    assert code == 0 and stdout.splitlines()[-1] == "imported 1100 rows read from 1 file: 100 train, 1000 validation, 0 skipped"
+    train, val = read_rows(out / "train.parquet"), read_rows(out / "test.parquet")
+    assert len({r["id"] for r in train} | {r["id"] for r in val}) == 1100  # no id in both
+
+
 def test_cli_usage_errors(tmp_path, capsys):
     gsm = write_jsonl(tmp_path / "gsm.jsonl", GSM8K)
     out = tmp_path / "out"
@@ -237,7 +247,15 @@ def test_cli_usage_errors(tmp_path, capsys):
 def test_the_real_gsm8k_train_file(tmp_path, capsys):
     code, stdout, stderr = run(capsys, str(REAL_GSM8K), "--out", str(tmp_path / "gsm8k"))
     assert code == 0, stderr
-    assert stdout.splitlines()[-1] == "imported 7473 rows read from 1 file: 7273 train, 200 validation, 0 skipped"
-    rows = read_rows(tmp_path / "gsm8k" / "train.parquet") + read_rows(tmp_path / "gsm8k" / "test.parquet")
+    assert stdout.splitlines()[-1] == "imported 7473 rows read from 1 file: 6473 train, 1000 validation, 0 skipped"
+    train, val = read_rows(tmp_path / "gsm8k" / "train.parquet"), read_rows(tmp_path / "gsm8k" / "test.parquet")
+    assert not {r["id"] for r in train} & {r["id"] for r in val}
+    assert not {r["question"] for r in train} & {r["question"] for r in val}
+    # the hard split of the held-out rows is made of held-out problems only
+    hard = tmp_path / "gsm8k" / "test-hard.parquet"
+    assert main(["data", "harden", str(tmp_path / "gsm8k" / "test.parquet"), "--out", str(hard)]) == 0
+    hard_ids = {r["id"].removesuffix("-hard") for r in read_rows(hard)}
+    assert len(hard_ids) > 400 and hard_ids <= {r["id"] for r in val}
+    rows = train + val
     assert all(re.fullmatch(r"-?\d+(\.\d+)?", r["result"]) for r in rows)
     assert all("####" not in r["chain"] and r["chain"] for r in rows)

@@ -10,17 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from mcp import ClientSession, StdioServerParameters, types
-from mcp.client.stdio import stdio_client
+from calculator_client import calculator_answers
 
 import calcx.data.__main__  # noqa: F401  (calcx.cli loads it by name; importing it here makes Pants ship it)
 from calcx.agent.answer import SYSTEM_MESSAGE, build_task, extract_answer
-from calcx.agent.calculator import calculator_environment
 from calcx.agent.reward import reward
 from calcx.anchor.calculator import calculator_tool_entry
 from calcx.cli import main
@@ -51,20 +48,6 @@ def _write(path: Path) -> Path:
     rows = [GOOD[0], *[row for row, _ in BAD], *GOOD[1:]]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
-
-
-async def _calculator(expressions: list[str]) -> list[str]:
-    """What the agent's MCP calculator answers, over stdio as the agent asks it."""
-    params = StdioServerParameters(command=sys.executable, args=["-m", "calcx.agent.calculator"],
-                                   env=calculator_environment())
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
-        answers = [await session.call_tool("calculate", {"expression": e}) for e in expressions]
-    texts = []
-    for answer in answers:
-        assert not answer.isError
-        texts.append("\n".join(c.text for c in answer.content if isinstance(c, types.TextContent)))
-    return texts
 
 
 def test_traces_in_the_agents_format_with_the_calculators_answers(tmp_path: Path, capsys) -> None:
@@ -100,7 +83,7 @@ def test_traces_in_the_agents_format_with_the_calculators_answers(tmp_path: Path
         assert extract_answer(closing["content"]) == truth and reward(extract_answer(closing["content"]), truth) == 1.0
     assert expressions == ["48/2", "48+24", "10/3", "1000*2"]
     assert rows[0]["messages"][-1]["content"].startswith("In May she sold 48/2 = 24 clips.\nIn all 48+24 = 72 clips.")
-    assert answers == asyncio.run(_calculator(expressions)) == ["24.0", "72", "3.3333333333333335", "2000"]
+    assert answers == asyncio.run(calculator_answers(expressions)) == ["24.0", "72", "3.3333333333333335", "2000"]
 
 
 def test_jsonl_output_and_refusals(tmp_path: Path, capsys) -> None:

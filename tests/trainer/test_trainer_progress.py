@@ -56,6 +56,16 @@ def test_a_line_a_step_and_the_curve_at_each_validation(tmp_path: Path) -> None:
     assert watch.poll() == ["calcx train: step 0/10 | before training | val acc 0.200"]
 
 
+def test_a_line_shows_each_validation_source_and_the_steps_signal() -> None:
+    metrics = {"critic/score/mean": 0.5, "timing_s/step": 12.0, "calcx/train/tool_use": 0.9,
+               "calcx/train/tool_parse_failures": 3.0, "calcx/train/equal_reward_groups": 0.25,
+               "actor/entropy": 0.4321, "val-core/gsm8k/reward/mean@1": 0.7,
+               "val-core/gsm8k-hard/reward/mean@1": 0.35, "calcx/val/tool_use": 0.95}
+    assert progress_line(20, metrics, total_steps=20, step_seconds=[12.0]) == (
+        "calcx train: step 20/20 | reward 0.500 | val acc gsm8k 0.700, gsm8k-hard 0.350 | "
+        "equal-reward groups 25% | entropy 0.432 | tool use 90% (3 parse failures) (val 95%) | 12.0 s/step")
+
+
 def test_the_watch_runs_beside_training_and_never_stops_it(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
     shown: list[str] = []

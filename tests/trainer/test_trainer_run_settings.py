@@ -67,6 +67,26 @@ def test_validate_only_switches_verl_to_validation(tmp_path: Path, data: Path) -
     assert cfg.trainer.val_only is True and cfg.trainer.val_before_train is True
 
 
+def test_several_files_make_one_verl_file_and_an_id_in_two_is_refused(tmp_path: Path, data: Path) -> None:
+    import pyarrow.parquet as pq
+
+    hard = tmp_path / "hard.jsonl"
+    hard.write_text(json.dumps({**ROW, "id": "r1-hard", "source": "gsm8k-hard", "result": "5000"}) + "\n")
+    settings = prepare_run(_cfg(tmp_path / "report"), train_src=[data], val_src=[data, hard])
+    rows = pq.read_table(settings.report_dir / "verl_val.parquet").to_pylist()
+    assert [(r["extra_info"]["id"], r["data_source"]) for r in rows] == [("r1", "gsm8k"), ("r1-hard", "gsm8k-hard")]
+    assert pq.read_table(settings.report_dir / "verl_train.parquet").num_rows == 1
+    with pytest.raises(ValueError, match=r"row id 'r1' is also in .*rows.jsonl; ids must be unique"):
+        prepare_run(_cfg(tmp_path / "report2"), train_src=[data, data], val_src=data)
+
+
+def test_the_cli_takes_several_files_for_each_flag() -> None:
+    from calcx.trainer.cli import build_parser, config_files
+
+    args = build_parser().parse_args(["--train-file", "a.parquet", "b.parquet", "--val-file", "v.parquet"])
+    assert (config_files(args.train_file), config_files(args.val_file)) == (["a.parquet", "b.parquet"], "v.parquet")
+
+
 def test_a_bad_model_directory_stops_the_run_before_any_file(tmp_path: Path, data: Path) -> None:
     cfg = _cfg(tmp_path / "report", f"actor_rollout_ref.model.path={tmp_path / 'no-model'}")
     before = OmegaConf.to_yaml(cfg)

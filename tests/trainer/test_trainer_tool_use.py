@@ -20,6 +20,7 @@ from calcx.trainer.tool_use import (
     ToolUseLedger,
     add_tool_use_metrics,
     attempt_calls,
+    equal_reward_share,
     record_tool_use,
     rollout_tool_use,
     tool_use_metrics,
@@ -141,6 +142,30 @@ def test_ledger_reports_calls_and_sequences_a_rollout_where_recorded(tmp_path: P
     assert (train["calcx/train/model_calls_per_rollout"], train["calcx/train/sequences_per_rollout"]) == (3.0, 1.5)
     record_tool_use(tmp_path, partition="train", step=2, rollout_id="r3", use=ToolUse(1, 1, 0))
     assert "calcx/train/sequences_per_rollout" not in ledger.take("train")  # taken with step 1's
+
+
+def test_share_of_groups_whose_rewards_are_all_equal() -> None:
+    groups = {"a": [1.0, 1.0, 1.0, 1.0], "b": [0.0, 0.0, 0.0, 0.0], "c": [1.1, 1.0, 1.0, 1.0], "d": [0.0, 1.0]}
+    assert equal_reward_share(groups) == 0.5  # a and b teach nothing; c (the bonus) and d do
+    assert equal_reward_share({**groups, "e": [1.0]}) == 0.5  # a group of one is no group
+    assert equal_reward_share({"e": [1.0]}) is None and equal_reward_share({}) is None
+
+
+def test_ledger_reports_the_equal_reward_groups_of_a_step(tmp_path: Path) -> None:
+    ledger = ToolUseLedger(tmp_path / LEDGER_FILE)
+    rewards = {"g1": [1.0, 1.0], "g2": [0.0, 1.1], "g3": [0.0, 0.0]}
+    for group, values in rewards.items():
+        for i, reward in enumerate(values):
+            record_tool_use(tmp_path, partition="train", step=1, rollout_id=f"{group}-{i}", use=ToolUse(1, 1, 0),
+                            group=group, reward=reward)
+    # a rollout recorded twice counts once, with its last reward
+    record_tool_use(tmp_path, partition="train", step=1, rollout_id="g2-0", use=ToolUse(1, 1, 0), group="g2", reward=0.0)
+    record_tool_use(tmp_path, partition="val", step=1, rollout_id="v1", use=ToolUse(1, 1, 0), group="v", reward=1.0)
+    train = ledger.take("train")
+    assert train["calcx/train/equal_reward_groups"] == 1 / 3
+    assert "calcx/val/equal_reward_groups" not in ledger.take("val")  # validation groups are of one
+    record_tool_use(tmp_path, partition="train", step=2, rollout_id="r9", use=ToolUse(1, 1, 0))
+    assert "calcx/train/equal_reward_groups" not in ledger.take("train")  # no reward recorded this step
 
 
 class FakeTrainer:

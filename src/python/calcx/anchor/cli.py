@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Sequence
 
-from calcx.trainer.cli import (DEFAULT_MODEL, DEFAULT_TRAIN, DEFAULT_VAL, add_profile_argument,
+from calcx.trainer.cli import (DEFAULT_MODEL, add_data_arguments, add_profile_argument, config_files,
                               ready_to_train, run_command, run_interruptible)
 
 NO_GPU_MESSAGE = ("calcx anchor train: no CUDA GPU was found on this machine ({why}). The anchor trains "
@@ -34,8 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="overrides: the same Hydra-style dotlist as calcx train's (e.g. data.train_batch_size=32 "
                "calcx.report_dir=results/anchor); metrics go to calcx.report_dir/metrics.jsonl.",
     )
-    train.add_argument("--train-file", default=DEFAULT_TRAIN, help=f"Calc-X training rows (default {DEFAULT_TRAIN})")
-    train.add_argument("--val-file", default=DEFAULT_VAL, help=f"validation rows (default {DEFAULT_VAL})")
+    add_data_arguments(train)
     train.add_argument("--model", default=DEFAULT_MODEL,
                        help=f"policy model: a local Hugging Face model directory or a hub id (default {DEFAULT_MODEL})")
     train.add_argument("--run-name", default=None,
@@ -54,7 +52,8 @@ def compose_from_args(args: argparse.Namespace):
     from calcx.trainer.config import ComposeRequest
 
     return compose_anchor(ComposeRequest(
-        model=args.model, train_files=args.train_file, val_files=args.val_file, run_name=args.run_name,
+        model=args.model, train_files=config_files(args.train_file), val_files=config_files(args.val_file),
+        run_name=args.run_name,
         chat_template=args.chat_template, run_profile=args.profile, dotlist=list(args.overrides),
     ))
 
@@ -67,9 +66,9 @@ def _train(args: argparse.Namespace) -> int:
     from calcx.trainer.config import ConfigError
 
     def train() -> int:
-        train_src, val_src = Path(args.train_file), Path(args.val_file)
-        data_mod.ensure_generated(train_src)
-        data_mod.ensure_generated(val_src)
+        train_src, val_src = list(args.train_file), list(args.val_file)
+        for path in train_src + val_src:
+            data_mod.ensure_generated(path)
         return run_anchor(compose_from_args(args), train_src=train_src, val_src=val_src)
 
     # bad data rows are ValueErrors

@@ -4,17 +4,16 @@ checks and V1 trainer (calcx train's run path, less the rollout services), then 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from omegaconf import DictConfig
 
 from calcx.anchor.data import anchor_records
+from calcx.trainer.data import Sources
 from calcx.trainer.launch import run_then_report, run_verl
 from calcx.trainer.report import write_report
 from calcx.trainer.run_settings import prepare_run
 
 
-def run_anchor(cfg: DictConfig, *, train_src: Path, val_src: Path) -> int:
+def run_anchor(cfg: DictConfig, *, train_src: Sources, val_src: Sources) -> int:
     """Train and write the report (metrics, reward curve); 0 when both succeeded."""
     settings = prepare_run(cfg, train_src=train_src, val_src=val_src, records=anchor_records)
     settings.apply(cfg)

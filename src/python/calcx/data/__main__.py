@@ -1,5 +1,6 @@
-"""``calcx data``: generate a Calc-X-style dataset, import GSM8K or Calc-X files, validate files, or
-turn GSM8K's calculator annotations into the agent's chat traces (a warm-up set)."""
+"""``calcx data``: generate a Calc-X-style dataset, import GSM8K or Calc-X files, validate files,
+turn GSM8K's calculator annotations into the agent's chat traces (a warm-up set), or make the
+hard-arithmetic split of imported GSM8K rows."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from calcx.contract.env import TOOL_ROUNDS_DEFAULT, TOOL_ROUNDS_MAX, parse_tool_
 from calcx.data.importers import FORMATS
 
 SHOWN_PROBLEMS = 20
+# a validation split of 1,000 rows measures an accuracy near 0.65 to a standard error of ~0.015
+VAL_SIZE_DEFAULT = 1000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,8 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--out", required=True, help="directory to write into (created if missing)")
     imp.add_argument("--format", choices=FORMATS, default="auto",
                      help="input layout (default auto: rows with 'answer' and no 'result' are GSM8K)")
-    imp.add_argument("--val-size", type=int, default=200,
-                     help="rows in the validation split, test.parquet (default 200)")
+    imp.add_argument("--val-size", type=int, default=VAL_SIZE_DEFAULT,
+                     help=f"rows in the validation split, test.parquet (default {VAL_SIZE_DEFAULT}: enough to tell "
+                          "two recipes apart, compared paired on the same rows)")
     imp.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
     imp.add_argument("--mini-size", type=int, default=50,
                      help="rows in test_mini.parquet, the head of the validation split (default 50)")
@@ -61,6 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
                          "writes one call a turn, each followed by its result, and skips rows with more than N "
                          f"annotations (at most {TOOL_ROUNDS_MAX})")
     tr.add_argument("--force", action="store_true", help="overwrite an existing file")
+    hard = sub.add_parser(
+        "harden", help="the hard-arithmetic split: imported GSM8K rows with their numbers made large",
+        description="Read imported GSM8K rows (train.parquet or test.parquet of `calcx data import`) and write "
+                    "each one's hard version (source gsm8k-hard, id <id>-hard): the question's numbers scaled by "
+                    "one factor, the answer recomputed from the row's own calculator annotations through the MCP "
+                    "calculator. Rows whose numbers cannot all be rewritten consistently are skipped and named "
+                    "(all of them in OUT's .skipped.jsonl).")
+    hard.add_argument("files", nargs="+", help="imported Calc-X rows (.parquet or .jsonl) with GSM8K chains")
+    hard.add_argument("--out", required=True, help="the hard rows: .parquet or .jsonl")
+    hard.add_argument("--seed", type=int, default=0, help="factor seed (default 0)")
+    hard.add_argument("--limit", type=int, default=None, help="stop after this many hard rows (default: all)")
+    hard.add_argument("--force", action="store_true", help="overwrite an existing file")
     return parser
 
 
@@ -229,6 +245,54 @@ def _traces(args: argparse.Namespace) -> int:
     return 0
 
 
+def _harden(args: argparse.Namespace) -> int:
+    import json
+
+    from calcx.data.hard import harden_rows
+    from calcx.data.io import SUFFIXES, read_rows, write_rows
+    from calcx.data.schema import DataError
+
+    out = Path(args.out)
+    if out.suffix not in SUFFIXES:
+        print(f"calcx data: error: --out {out} must end in {' or '.join(SUFFIXES)}", file=sys.stderr)
+        return 2
+    if out.exists() and not args.force:
+        print(f"calcx data: error: {out} already exists; pass --force to overwrite", file=sys.stderr)
+        return 2
+    if args.limit is not None and args.limit < 1:
+        print("calcx data: error: --limit must be at least 1", file=sys.stderr)
+        return 2
+    rows, origins = [], []
+    try:
+        for name in args.files:
+            file_rows = read_rows(name)
+            rows += file_rows
+            origins += [f"{name}: row {number}" for number in range(1, len(file_rows) + 1)]
+    except DataError as exc:
+        print(f"calcx data: error: {exc}", file=sys.stderr)
+        return 2
+    result = harden_rows(rows, origins, seed=args.seed, limit=args.limit)
+    skipped_path = out.with_name(f"{out.stem}.skipped.jsonl")
+    if result.skipped:
+        reasons: dict[str, int] = {}
+        for item in result.skipped:
+            reasons[item.reason] = reasons.get(item.reason, 0) + 1
+        shown = ", ".join(f"{reason} {count}" for reason, count in sorted(reasons.items()))
+        print(f"calcx data: skipped {len(result.skipped)} row{'s' if len(result.skipped) != 1 else ''} ({shown}); "
+              f"all named in {skipped_path}:", file=sys.stderr)
+        _list_problems(result.skipped)
+    if not result.rows:
+        print(f"calcx data: error: no row of {', '.join(args.files)} could be made hard; nothing written",
+              file=sys.stderr)
+        return 1
+    write_rows(result.rows, out)
+    skipped_path.write_text("".join(json.dumps({"where": s.where, "reason": s.reason, "detail": s.detail}) + "\n"
+                                    for s in result.skipped), encoding="utf-8")
+    print(f"wrote {out} ({len(result.rows)} hard rows, {result.calls} calculator calls); "
+          f"{len(rows)} rows read, {len(result.skipped)} skipped")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "generate":
@@ -237,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         return _import(args)
     if args.command == "traces":
         return _traces(args)
+    if args.command == "harden":
+        return _harden(args)
     return _validate(args)
 
 

@@ -37,10 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
             "an override of a config group (e.g. model_engine=...) is passed to Hydra's compose."
         ),
     )
-    parser.add_argument("--train-file", default=DEFAULT_TRAIN,
-                        help=f"Calc-X training rows, parquet or jsonl (default {DEFAULT_TRAIN}, "
-                             "generated with 'calcx data generate' when absent)")
-    parser.add_argument("--val-file", default=DEFAULT_VAL, help=f"validation rows (default {DEFAULT_VAL})")
+    add_data_arguments(parser)
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help=f"policy model: a local Hugging Face model directory or a hub id (default {DEFAULT_MODEL})")
     parser.add_argument("--agl-base-url", default=None,
@@ -70,6 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """--train-file and --val-file, the same flags for calcx train and calcx anchor train."""
+    parser.add_argument("--train-file", nargs="+", type=Path, default=[DEFAULT_TRAIN], metavar="F",
+                        help=f"Calc-X training rows, parquet or jsonl, one file or several (default {DEFAULT_TRAIN}, "
+                             "generated with 'calcx data generate' when absent)")
+    parser.add_argument("--val-file", nargs="+", type=Path, default=[DEFAULT_VAL], metavar="F",
+                        help="validation rows, one file or several: accuracy is reported by each row's source, "
+                             f"e.g. gsm8k and gsm8k-hard (default {DEFAULT_VAL})")
+
+
 def add_profile_argument(parser: argparse.ArgumentParser) -> None:
     """--profile, the same flag for calcx train and calcx anchor train."""
     parser.add_argument("--profile", default=None, metavar="NAME",
@@ -77,13 +84,19 @@ def add_profile_argument(parser: argparse.ArgumentParser) -> None:
                              "applied over calcx.yaml and the GPU profile, under the flags and overrides")
 
 
-def compose_from_args(args: argparse.Namespace, *, train_files: str | None = None, val_files: str | None = None):
+def config_files(paths: Sequence[Path]) -> str | list[str]:
+    """verl's `data.*_files` for the flag's files: a path, or a list of them."""
+    names = [str(p) for p in paths]
+    return names[0] if len(names) == 1 else names
+
+
+def compose_from_args(args: argparse.Namespace):
     from calcx.trainer.config import ComposeRequest, compose
 
     return compose(ComposeRequest(
         model=args.model,
-        train_files=train_files if train_files is not None else args.train_file,
-        val_files=val_files if val_files is not None else args.val_file,
+        train_files=config_files(args.train_file),
+        val_files=config_files(args.val_file),
         server_url=args.agl_base_url,
         run_name=args.run_name,
         runner=args.runner,
@@ -141,10 +154,9 @@ def _train(args: argparse.Namespace) -> int:
     from calcx.trainer.services import ServicesError
 
     def train() -> int:
-        train_src, val_src = Path(args.train_file), Path(args.val_file)
-        if not args.eval_only:
-            data_mod.ensure_generated(train_src)
-        data_mod.ensure_generated(val_src)
+        train_src, val_src = list(args.train_file), list(args.val_file)
+        for path in (val_src if args.eval_only else train_src + val_src):
+            data_mod.ensure_generated(path)
         cfg = compose_from_args(args)
         key = args.agl_key or os.environ.get(CALCX_KEY, "")  # kept out of cfg: verl prints and uploads it
         return run_training(cfg, train_src=train_src if not args.eval_only else val_src, val_src=val_src,

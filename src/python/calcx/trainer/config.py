@@ -52,8 +52,8 @@ class ComposeRequest:
     """What the command line asks for, before any file is read."""
 
     model: str | None = None
-    train_files: str | None = None
-    val_files: str | None = None
+    train_files: str | list[str] | None = None
+    val_files: str | list[str] | None = None
     server_url: str | None = None
     run_name: str | None = None
     runner: str | None = None

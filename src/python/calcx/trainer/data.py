@@ -15,6 +15,8 @@ DEFAULT_DATA_DIR = Path("data/calcx")
 DEFAULT_TRAIN = DEFAULT_DATA_DIR / "train.parquet"
 DEFAULT_VAL = DEFAULT_DATA_DIR / "test_mini.parquet"
 AGENT_NAME = "calcx_agent"
+# one Calc-X file or several, read in order (`--train-file A B`)
+Sources = str | Path | Sequence[str | Path]
 
 
 def ensure_generated(path: Path) -> None:
@@ -53,18 +55,36 @@ def verl_records(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return records
 
 
-def to_verl_parquet(src: str | Path, dst: str | Path,
+def read_sources(srcs: Sources) -> list[dict[str, Any]]:
+    """The rows of one or more Calc-X parquet/jsonl files, in order (each validated); ValueError
+    when a file has no rows or an id repeats (verl's metrics and calcx's store key a
+    row by its id)."""
+    from calcx.data.io import read_rows
+
+    paths = [srcs] if isinstance(srcs, (str, Path)) else list(srcs)
+    rows: list[dict[str, Any]] = []
+    seen: dict[str, str] = {}
+    for path in paths:
+        file_rows = read_rows(path)
+        if not file_rows:
+            raise ValueError(f"{path} has no rows; nothing to train on")
+        for row in file_rows:
+            first = seen.get(str(row["id"]))
+            if first is not None:
+                raise ValueError(f"{path}: row id {row['id']!r} is also in {first}; ids must be unique")
+            seen[str(row["id"])] = str(path)
+        rows.extend(file_rows)
+    return rows
+
+
+def to_verl_parquet(srcs: Sources, dst: str | Path,
                     records: Callable[[Sequence[dict[str, Any]]], list[dict[str, Any]]] = verl_records) -> Path:
-    """Read (and validate) a Calc-X parquet/jsonl file and write `records(rows)` to `dst` (verl's
-    layout for calcx's agent loop unless another is given)."""
+    """Read (and validate) one or more Calc-X parquet/jsonl files and write `records(rows)` to `dst`
+    (verl's layout for calcx's agent loop unless another is given)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from calcx.data.io import read_rows
-
-    rows = read_rows(src)
-    if not rows:
-        raise ValueError(f"{src} has no rows; nothing to train on")
+    rows = read_sources(srcs)
     out = Path(dst)
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(records(rows)), out)

@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from calcx.trainer.data import Sources
 from calcx.trainer.progress import ProgressWatch, total_training_steps
 from calcx.trainer.report import count_incomplete, write_report
 from calcx.trainer.resume import ResumePlan, plan_resume, settle_previous_run
@@ -169,12 +170,12 @@ def run_verl(cfg: DictConfig) -> None:
     run_ppo(cfg, task_runner_class=CalcxTaskRunner)
 
 
-def run_eval_driver(cfg: DictConfig, val_src: Path) -> dict[str, int]:
+def run_eval_driver(cfg: DictConfig, val_src: Sources) -> dict[str, int]:
     """Validation only, without verl: each row through the AgentLoop's session path."""
-    from calcx.data.io import read_rows
+    from calcx.trainer.data import read_sources
     from calcx.trainer.evaluation import run_validation
 
-    rows = read_rows(val_src)
+    rows = read_sources(val_src)
     return asyncio.run(run_validation(cfg, rows, step=0,
                                       groups_in_flight=int(cfg.calcx.get("controller_concurrency") or 32)))
 
@@ -191,7 +192,7 @@ def finish_report(cfg: DictConfig, report_dir: Path, metrics_path: Path) -> Path
     )
 
 
-def run_training(cfg: DictConfig, *, train_src: Path, val_src: Path, eval_only: bool = False,
+def run_training(cfg: DictConfig, *, train_src: Sources, val_src: Sources, eval_only: bool = False,
                  model_endpoint: str | None = None, key: str = "") -> int:
     """Train (or, with `eval_only`, only validate) and write the report; 0 when both succeeded."""
     settings = prepare_run(cfg, train_src=train_src, val_src=val_src,

@@ -28,6 +28,7 @@ from calcx.trainer.report import (
     plot_reward_curve,
     plot_validation_curve,
     reward_series,
+    validation_by_source,
     validation_series,
 )
 
@@ -59,12 +60,22 @@ def progress_line(step: int, metrics: Mapping[str, Any], *, total_steps: int | N
         parts.append(f"reward {reward:.3f}")
     elif step == 0:
         parts.append("before training")
-    val = validation_series([{**metrics, "step": step}])
-    if val:
-        parts.append(f"val acc {val[0][1]:.3f}")
+    by_source = validation_by_source(metrics)
+    if len(by_source) > 1:
+        parts.append("val acc " + ", ".join(f"{source} {value:.3f}" for source, value in by_source.items()))
+    elif by_source:
+        parts.append(f"val acc {next(iter(by_source.values())):.3f}")
+    equal, entropy = _number(metrics.get("calcx/train/equal_reward_groups")), _number(metrics.get("actor/entropy"))
+    if equal is not None:
+        parts.append(f"equal-reward groups {equal:.0%}")
+    if entropy is not None:
+        parts.append(f"entropy {entropy:.3f}")
     train_use, val_use = _number(metrics.get("calcx/train/tool_use")), _number(metrics.get("calcx/val/tool_use"))
     if train_use is not None or val_use is not None:
-        shown = f"tool use {train_use:.0%}" if train_use is not None else "tool use"
+        shown = "tool use"
+        if train_use is not None:
+            failures = _number(metrics.get("calcx/train/tool_parse_failures"))
+            shown += f" {train_use:.0%}" + (f" ({failures:.0f} parse failures)" if failures else "")
         if val_use is not None:
             failures = _number(metrics.get("calcx/val/tool_parse_failures"))
             shown += f" (val {val_use:.0%}" + (f", {failures:.0f} parse failures)" if failures else ")")

@@ -242,6 +242,16 @@ def tool_use_lines(metrics: Sequence[Mapping[str, Any]]) -> list[str]:
     return ["; ".join(parts) + ".", ""] if parts else []
 
 
+def validation_by_source(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """One metrics line's validation accuracy by data source (`val-core/<source>/.../mean@1`)."""
+    found: dict[str, float] = {}
+    for k, v in metrics.items():
+        if (k.startswith(VAL_KEY_PREFIX) and k.endswith("/mean@1") and isinstance(v, (int, float))
+                and not isinstance(v, bool) and math.isfinite(float(v))):
+            found.setdefault(k[len(VAL_KEY_PREFIX):].split("/", 1)[0], float(v))
+    return dict(sorted(found.items()))
+
+
 def validation_series(metrics: Sequence[Mapping[str, Any]]) -> list[tuple[int, float]]:
     """(step, mean of the `val-core/*/mean@1` values) per step that has any."""
     by_step: dict[int, list[float]] = defaultdict(list)

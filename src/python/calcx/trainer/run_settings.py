@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from calcx.trainer.config import resolve_model_path
-from calcx.trainer.data import to_verl_parquet, verl_records
+from calcx.trainer.data import Sources, to_verl_parquet, verl_records
 from calcx.trainer.services import CALCX_SRC
 
 WORKER_ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
@@ -72,7 +72,7 @@ def worker_env(cfg: DictConfig, env: Mapping[str, str]) -> dict[str, Any]:
     return values
 
 
-def prepare_run(cfg: DictConfig, *, train_src: Path, val_src: Path, records: Records = verl_records,
+def prepare_run(cfg: DictConfig, *, train_src: Sources, val_src: Sources, records: Records = verl_records,
                 validate_only: bool = False) -> RunSettings:
     """Check the model, write the verl-layout data files (`records` of the Calc-X rows) and point
     verl's file logger at the metrics file; return what the run sets, not yet applied.

@@ -135,7 +135,8 @@ async def run_session(spec: GroupSpec, *, server_url: str, key: str, report_dir:
         if join_calls:  # after the reward options, which mask void turns call by call
             samples = join_continued_calls(samples, max_response_length=max_response_length)
         record_tool_use(report_dir, partition=spec.partition, step=spec.step, rollout_id=samples.rollout_id,
-                        use=use, shape=RolloutShape(model_calls=model_calls, sequences=len(samples.samples)))
+                        use=use, shape=RolloutShape(model_calls=model_calls, sequences=len(samples.samples)),
+                        group=spec.uid, reward=samples.reward)
         return samples
     except RolloutIncomplete as exc:
         record_incomplete(report_dir, exc, uid=spec.uid, step=spec.step)

@@ -26,6 +26,8 @@ LEDGER_FILE = "tool_use.jsonl"
 PARTITIONS = ("train", "val")
 # a ledger line is a few hundred bytes; anything longer is not one of ours and is skipped
 MAX_LEDGER_LINE = 4096
+# two trained rewards closer than this are equal (rewards are 0, 1 and 1 + a bonus)
+EQUAL_REWARD_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -117,11 +119,23 @@ def rollout_tool_use(calls: Sequence[Mapping[str, Any]]) -> ToolUse:
     return ToolUse(calls=made, successful=successful, parse_failures=failures)
 
 
+def equal_reward_share(rewards: Mapping[str, Sequence[float]]) -> float | None:
+    """The share of GRPO groups (group id -> its rollouts' trained rewards) whose rewards are all
+    equal: GRPO gives each of their samples an advantage of 0, so they teach nothing. Groups of one
+    rollout are not counted; None when no group has two."""
+    groups = [values for values in rewards.values() if len(values) >= 2]
+    if not groups:
+        return None
+    return sum(max(values) - min(values) <= EQUAL_REWARD_TOLERANCE for values in groups) / len(groups)
+
+
 def tool_use_metrics(uses: Iterable[ToolUse], partition: str,
-                     shapes: Iterable[RolloutShape] = ()) -> dict[str, float]:
+                     shapes: Iterable[RolloutShape] = (),
+                     group_rewards: Mapping[str, Sequence[float]] | None = None) -> dict[str, float]:
     """`calcx/{partition}/...`: share of rollouts with >= 1 successful calculator call, tool calls
     per rollout, parse failures (count, and share of all tool-call attempts); with `shapes`, model
-    calls and trained sequences per rollout. Empty: no metric."""
+    calls and trained sequences per rollout; with `group_rewards`, the share of groups whose rewards
+    are all equal (`equal_reward_groups`). Empty: no metric."""
     items = list(uses)
     if not items:
         return {}
@@ -139,17 +153,23 @@ def tool_use_metrics(uses: Iterable[ToolUse], partition: str,
     if measured:
         metrics[f"{prefix}/model_calls_per_rollout"] = sum(s.model_calls for s in measured) / len(measured)
         metrics[f"{prefix}/sequences_per_rollout"] = sum(s.sequences for s in measured) / len(measured)
+    equal = equal_reward_share(group_rewards or {})
+    if equal is not None:
+        metrics[f"{prefix}/equal_reward_groups"] = equal
     return metrics
 
 
 def record_tool_use(report_dir: str | os.PathLike[str], *, partition: str, step: int, rollout_id: str,
-                    use: ToolUse, shape: RolloutShape | None = None) -> None:
-    """Append the rollout's tool use (and shape, when given) to `{report_dir}/tool_use.jsonl` (one
-    short line, appended in one write, so the agent loop workers can share the file)."""
+                    use: ToolUse, shape: RolloutShape | None = None, group: str | None = None,
+                    reward: float | None = None) -> None:
+    """Append the rollout's tool use (and shape, GRPO group and trained reward, when given) to
+    `{report_dir}/tool_use.jsonl` (one short line, appended in one write, so the agent loop workers
+    can share the file)."""
     path = Path(report_dir) / LEDGER_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
+    scored = {"group": group, "reward": reward} if group is not None and reward is not None else {}
     line = json.dumps({"partition": partition, "step": step, "rollout_id": rollout_id, **asdict(use),
-                       **(asdict(shape) if shape is not None else {})})
+                       **(asdict(shape) if shape is not None else {}), **scored})
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(line + "\n")
 
@@ -164,6 +184,7 @@ class ToolUseLedger:
         self._offset = self.path.stat().st_size if self.path.exists() else 0
         self._pending: dict[str, dict[str, ToolUse]] = {p: {} for p in PARTITIONS}
         self._shapes: dict[str, dict[str, RolloutShape]] = {p: {} for p in PARTITIONS}
+        self._scored: dict[str, dict[str, tuple[str, float]]] = {p: {} for p in PARTITIONS}
 
     def _read_new(self) -> None:
         if not self.path.exists():
@@ -181,6 +202,8 @@ class ToolUseLedger:
                 use = ToolUse(int(record["calls"]), int(record["successful"]), int(record["parse_failures"]))
                 shape = (RolloutShape(int(record["model_calls"]), int(record["sequences"]))
                          if "sequences" in record else None)
+                scored = ((str(record["group"]), float(record["reward"]))
+                          if record.get("group") is not None and record.get("reward") is not None else None)
                 partition, rollout_id = str(record["partition"]), str(record["rollout_id"])
                 pending = self._pending[partition]
             except (ValueError, KeyError, TypeError):
@@ -188,14 +211,19 @@ class ToolUseLedger:
             pending[rollout_id] = use
             if shape is not None:
                 self._shapes[partition][rollout_id] = shape
+            if scored is not None:
+                self._scored[partition][rollout_id] = scored
 
     def take(self, partition: str) -> dict[str, float]:
         """The metrics of the partition's rollouts recorded since its last take ({} when none)."""
         self._read_new()
         uses = list(self._pending[partition].values())
         shapes = list(self._shapes[partition].values())
-        self._pending[partition], self._shapes[partition] = {}, {}
-        return tool_use_metrics(uses, partition, shapes)
+        rewards: dict[str, list[float]] = {}
+        for group, reward in self._scored[partition].values():
+            rewards.setdefault(group, []).append(reward)
+        self._pending[partition], self._shapes[partition], self._scored[partition] = {}, {}, {}
+        return tool_use_metrics(uses, partition, shapes, rewards)
 
 
 def add_tool_use_metrics(trainer: Any, ledger: ToolUseLedger) -> None:
