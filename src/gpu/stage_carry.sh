@@ -5,8 +5,9 @@
 #   src/gpu/stage_carry.sh PEX MODEL_CHUNKS_DIR DATA_DIR OUT_DIR [PIECE_MB]
 #
 # OUT_DIR/00/  checksums, the PEX's sha256 and DATA_DIR's train.parquet and test.parquet (validation),
-#              and its traces.parquet when there is one (`calcx data traces ... --exclude test.parquet`,
-#              the warm-up's set)
+#              and, when there, traces.parquet (`calcx data traces ... --exclude test.parquet`, the
+#              warm-up's set), test-hard.parquet and train-hard.parquet (`calcx data harden`: the
+#              hard-arithmetic split of each)
 # OUT_DIR/NN/  one piece each: calcx-gpu.pex.NN, then model.gguf.NN (from src/gpu/fetch_model.sh)
 #
 # There, `src/gpu/h200_run.sh receive OUT_DIR/NN` for each folder in order, then `setup`.
@@ -24,7 +25,9 @@ sha256sum "$pex" | cut -d' ' -f1 > "$out/00/calcx-gpu.pex.sha256"
 cp "$model_chunks"/model.gguf.* "$out/pieces/"
 cp "$model_chunks/SHA256SUMS" "$out/00/SHA256SUMS.model"
 cp "$data/train.parquet" "$data/test.parquet" "$out/00/gsm8k/"
-if [[ -f "$data/traces.parquet" ]]; then cp "$data/traces.parquet" "$out/00/gsm8k/"; fi
+for extra in traces.parquet test-hard.parquet train-hard.parquet; do
+  if [[ -f "$data/$extra" ]]; then cp "$data/$extra" "$out/00/gsm8k/"; fi
+done
 n=1
 for piece in "$out"/pieces/calcx-gpu.pex.* "$out"/pieces/model.gguf.*; do
   dir="$(printf '%s/%02d' "$out" "$n")"
