@@ -233,7 +233,9 @@ def agent_table(stats: dict[int, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-TOOL_USE_COLUMNS = (("train tool use", "calcx/train/tool_use", "{:.0%}"),
+TOOL_USE_COLUMNS = (("equal-reward groups", "calcx/train/equal_reward_groups", "{:.0%}"),
+                    ("entropy", "actor/entropy", "{:.3f}"),
+                    ("train tool use", "calcx/train/tool_use", "{:.0%}"),
                     ("train calls / rollout", "calcx/train/tool_calls_per_rollout", "{:.2f}"),
                     ("train parse failures", "calcx/train/tool_parse_failures", "{:.0f}"),
                     ("val tool use", "calcx/val/tool_use", "{:.0%}"),

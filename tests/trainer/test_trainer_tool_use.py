@@ -153,16 +153,16 @@ def test_share_of_groups_whose_rewards_are_all_equal() -> None:
 
 def test_ledger_reports_the_equal_reward_groups_of_a_step(tmp_path: Path) -> None:
     ledger = ToolUseLedger(tmp_path / LEDGER_FILE)
-    rewards = {"g1": [1.0, 1.0], "g2": [0.0, 1.1], "g3": [0.0, 0.0]}
+    rewards = {"g1": [1.0, 1.0], "g2": [0.0, 1.1], "g3": [0.0, 0.0], "g4": [1.0, 0.0]}
     for group, values in rewards.items():
         for i, reward in enumerate(values):
             record_tool_use(tmp_path, partition="train", step=1, rollout_id=f"{group}-{i}", use=ToolUse(1, 1, 0),
                             group=group, reward=reward)
-    # a rollout recorded twice counts once, with its last reward
-    record_tool_use(tmp_path, partition="train", step=1, rollout_id="g2-0", use=ToolUse(1, 1, 0), group="g2", reward=0.0)
+    # a rollout recorded twice counts once, with its last reward: g4 becomes [1.0, 1.0]
+    record_tool_use(tmp_path, partition="train", step=1, rollout_id="g4-1", use=ToolUse(1, 1, 0), group="g4", reward=1.0)
     record_tool_use(tmp_path, partition="val", step=1, rollout_id="v1", use=ToolUse(1, 1, 0), group="v", reward=1.0)
     train = ledger.take("train")
-    assert train["calcx/train/equal_reward_groups"] == 1 / 3
+    assert train["calcx/train/equal_reward_groups"] == 3 / 4
     assert "calcx/val/equal_reward_groups" not in ledger.take("val")  # validation groups are of one
     record_tool_use(tmp_path, partition="train", step=2, rollout_id="r9", use=ToolUse(1, 1, 0))
     assert "calcx/train/equal_reward_groups" not in ledger.take("train")  # no reward recorded this step
