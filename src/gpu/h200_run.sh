@@ -28,7 +28,8 @@
 #                                                # the same command again, to its end; kill.log and ledger.md
 #                                                # say what happened (docs/resume.md); mode `resume` of a campaign
 #   src/gpu/h200_run.sh launch STEPS MODE...   # the campaign in the background (setsid nohup)
-#                                                # e.g. `launch 20 anchor:10:600 async`
+#                                                # e.g. `launch 20 anchor:10:600 async`; CAMPAIGN_OVERRIDES=
+#                                                # "K=V ..." hands each of its runs these overrides
 #   src/gpu/h200_run.sh watch SECONDS [OUT]    # the campaign's runs after it ends or SECONDS pass
 #   src/gpu/h200_run.sh status NAME [OUT]      # progress and step tables; OUT gets NAME.tar.gz and
 #                                                # NAME-store.tar.gz (see pack: pieces when large)
@@ -109,8 +110,9 @@ train_files() {
   if is_calculator "$1" && [[ -f "$IN/gsm8k/train-hard.parquet" ]]; then echo "$IN/gsm8k/train-hard.parquet"; fi
   return 0
 }
-# KEY=VALUE overrides a campaign hands every run it starts (e.g. trainer.test_freq=20)
-read -r -a CAMPAIGN_OVERRIDES <<< "${CAMPAIGN_OVERRIDES:-}"
+# KEY=VALUE overrides a campaign hands every run it starts, as $CAMPAIGN_OVERRIDES (space-separated,
+# e.g. trainer.test_freq=20); the environment variable stays a string, so that `launch` passes it on
+read -r -a campaign_overrides <<< "${CAMPAIGN_OVERRIDES:-}"
 ANCHOR_RUN_NAME=toolagentloop
 # The anchor is there for its step times: its profile validates once before training (its prompts
 # against calcx's, by accuracy), not every 10 steps and at the end.
@@ -201,7 +203,7 @@ case "$stage" in
       elif is_tooluse "$mode"; then
         echo "campaign: $mode trains from the warm-up model already there: $(readlink -f "$WARMUP_DIR/model")" >&2
       fi
-      FLAGS="$flags" "$0" start "$mode" "${mode_steps:-$steps}" "${CAMPAIGN_OVERRIDES[@]}"
+      FLAGS="$flags" "$0" start "$mode" "${mode_steps:-$steps}" "${campaign_overrides[@]}"
       t0=$(date +%s)
       while kill -0 "$(cat "$RESULTS/$mode/pid")" 2>/dev/null; do
         if [[ -n "$max_s" ]] && (( $(date +%s) - t0 >= max_s )); then

@@ -363,6 +363,33 @@ def validation_outcomes(db: Path) -> dict[int, dict[str, float]]:
             for step, rows in sorted(rewards.items())}
 
 
+def validation_sources(db: Path) -> dict[str, str]:
+    """Each validation problem's source (its Calc-X row id -> the row's `source`, e.g. gsm8k or
+    gsm8k-hard), from the same rollouts `validation_outcomes` reads."""
+    sources: dict[str, str] = {}
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        for (spec_text,) in con.execute("select spec from rollouts"):
+            spec = json.loads(spec_text)
+            row = spec.get("row") or {}
+            origin = origin_of(spec.get("labels") or {})
+            if origin is not None and origin[0] == "val" and row.get("id") is not None:
+                sources[str(row["id"])] = str(row.get("source") or "unknown")
+    finally:
+        con.close()
+    return sources
+
+
+def split_by_source(outcomes: dict[int, dict[str, float]], sources: dict[str, str]
+                    ) -> dict[str, dict[int, dict[str, float]]]:
+    """The outcomes of each source apart ({source: {step: {row: reward}}}), sources in name order."""
+    split: dict[str, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    for step, rows in outcomes.items():
+        for row, reward in rows.items():
+            split[sources.get(row, "unknown")][step][row] = reward
+    return {source: dict(steps) for source, steps in sorted(split.items())}
+
+
 def _accuracy(outcomes: dict[str, float]) -> str:
     mean, se = mean_and_standard_error(outcomes.values())
     return f"{mean:.3f} ({se:.3f})"
@@ -434,12 +461,22 @@ def main(argv: list[str] | None = None) -> int:
             print()
             print(evicted_calls(args.calls, args.incomplete))
         outcomes = validation_outcomes(args.calls)
-        if outcomes:
-            print("\nvalidation per problem (the store's validation rollouts; SE: standard error):\n")
-            print(validation_table(outcomes))
+        sources = validation_sources(args.calls)
+        by_source = split_by_source(outcomes, sources)
+        # several sources (e.g. gsm8k and its hard split): all of them, then each apart
+        parts = [("", outcomes)] + ([(f" ({name})", part) for name, part in by_source.items()]
+                                    if len(by_source) > 1 else [])
+        for label, part in parts:
+            if part:
+                print(f"\nvalidation per problem{label} (the store's validation rollouts; SE: standard error):\n")
+                print(validation_table(part))
         if args.versus:
-            print(f"\nthis run against {args.versus}, the same problems at each step both validated:\n")
-            print(versus_table(outcomes, validation_outcomes(args.versus)))
+            other = validation_outcomes(args.versus)
+            other_parts = {"": other, **{f" ({name})": part for name, part in
+                                         split_by_source(other, validation_sources(args.versus)).items()}}
+            for label, part in parts:
+                print(f"\nthis run against {args.versus}{label}, the same problems at each step both validated:\n")
+                print(versus_table(part, other_parts.get(label, {})))
     validation = [(step, statistics.mean(v for k, v in m.items() if k.startswith("val-core/") and k.endswith("mean@1")))
                   for step, m in sorted(steps.items())
                   if any(k.startswith("val-core/") and k.endswith("mean@1") for k in m)]

@@ -279,6 +279,40 @@ def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path
     assert (tmp_path / "results" / "machine.txt").exists()  # on to setup (which has no carried pieces here)
 
 
+def test_a_launched_campaign_hands_each_run_its_overrides_and_the_hard_split(tmp_path: Path) -> None:
+    """`CAMPAIGN_OVERRIDES=... launch STEPS calculator`: setup, then the calculator recipe's run with
+    the overrides, trained on GSM8K and its hard split and validated on both."""
+    import hashlib
+
+    _fake_python(tmp_path)
+    carried = tmp_path / "in"
+    (carried / "gsm8k").mkdir(parents=True)
+    for name in ("train", "test", "train-hard", "test-hard"):
+        (carried / "gsm8k" / f"{name}.parquet").write_bytes(b"")
+    (carried / "model.gguf.00").write_bytes(b"gguf")
+    (carried / "SHA256SUMS.model").write_text(f"{hashlib.sha256(b'gguf').hexdigest()}  model.gguf.00\n")
+    (tmp_path / "pex.ready").write_text("")
+    done = subprocess.run(["bash", str(RUN_SCRIPT), "launch", "20", "calculator"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "WORK": str(tmp_path), "PYTHON": str(tmp_path / "python3"),
+                                           "REAL_PYTHON": sys.executable, "ARGV_DIR": str(tmp_path),
+                                           "CAMPAIGN_OVERRIDES": "trainer.test_freq=20 trainer.save_freq=-1"})
+    assert done.returncode == 0, done.stderr
+    run = tmp_path / "results" / "calculator"
+    deadline = time.monotonic() + 60
+    while not (run / "ended").exists():
+        assert time.monotonic() < deadline, (tmp_path / "results" / "campaign.log").read_text()
+        time.sleep(0.2)
+    argv = (tmp_path / "run.argv").read_text().splitlines()
+    assert argv[-2:] == ["trainer.test_freq=20", "trainer.save_freq=-1"], argv
+    cfg = _train_config(argv)
+    assert cfg.calcx.run_profile_applied == "gsm8k-h200-calculator" and cfg.trainer.test_freq == 20
+    assert list(cfg.data.train_files) == [str(carried / "gsm8k" / "train.parquet"),
+                                          str(carried / "gsm8k" / "train-hard.parquet")]
+    assert list(cfg.data.val_files) == [str(carried / "gsm8k" / "test.parquet"),
+                                        str(carried / "gsm8k" / "test-hard.parquet")]
+    assert (run / "command.txt").read_text().startswith("calcx-gpu.pex train --model ")
+
+
 def test_a_runs_status_brings_back_its_store_without_token_ids(tmp_path: Path) -> None:
     """`status NAME OUT` packs the server's store with every row and clock but without the token ids
     and log-probs (the bulk of it), and the step tables split the GPU's wait from the store."""

@@ -290,7 +290,7 @@ def test_a_run_profile_wins_over_calcx_yaml_and_loses_to_the_command_line() -> N
 
 
 def test_an_unknown_run_profile_is_refused_with_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match="'gsm8k-h100'.*known: gsm8k-h200, gsm8k-h200-anchor, gsm8k-h200-tooluse, "
+    with pytest.raises(ConfigError, match="'gsm8k-h100'.*known: gsm8k-h200, gsm8k-h200-anchor, gsm8k-h200-calculator, gsm8k-h200-tooluse, "
                                           "gsm8k-h200-tooluse-lr5e-6, gsm8k-h200-tooluse-lr5e-6-joined, "
                                           "gsm8k-h200-tooluse-one-round"):
         compose(ComposeRequest(gpu_memory_gib=0, run_profile="gsm8k-h100"))
