@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from calcx.server.errors import BodyLimit
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -20,6 +22,9 @@ class ServerSettings:
     access_log: bool = False
     # requests
     max_body_bytes: int = 8 * 1024 * 1024
+    # JSON bodies nested deeper than this are refused (422): a tool's JSON schema nests a few
+    # levels; thousands would exhaust the parser's stack
+    max_json_depth: int = 64
     page_limit: int = 100  # GET /v1/rollouts and /v1/terminal without ?limit=
     max_page_limit: int = 1000
     # per attempt: past these an agent's next event or model call is refused (413 attempt_limit)
@@ -53,6 +58,10 @@ class ServerSettings:
     # the model servers' tool-call parser (vLLM's --tool-call-parser; "" = not known). With
     # "hermes", an earlier model turn goes back to the model as it wrote it (calcx.server.assistant_turns)
     tool_call_parser: str = ""
+
+    def body_limit(self) -> BodyLimit:
+        """What a route reads of a request body."""
+        return BodyLimit(self.max_body_bytes, "--max-body-bytes", self.max_json_depth)
 
     def poll_timeout(self, requested: float) -> float:
         """A client's long-poll timeout, cut to [0, max_poll_s]."""

@@ -20,7 +20,7 @@ routes = Routes()
 @routes.serve(api.CHAT_COMPLETIONS)
 async def chat_completions(request: Request, state: ServerState, body: None) -> Response:
     rid, aid = request.path_params["rid"], request.path_params["aid"]
-    payload = await read_json(request, state.settings.max_body_bytes)
+    payload = await read_json(request, state.settings.body_limit())
     current = state.db.attempts.state(rid, aid)
     if current != "RUNNING":
         raise APIError(
