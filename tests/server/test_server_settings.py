@@ -22,6 +22,7 @@ FLAGS = {
     "public_url": "public_url",
     "max_tokens_ceiling": "max_tokens_ceiling",
     "max_body_bytes": "max_body_bytes",
+    "max_in_flight_per_attempt": "max_in_flight_per_attempt",
     "lease_s": "lease_s",
     "max_poll_s": "max_poll_s",
     "upstream_timeout_s": "upstream_timeout_s",

@@ -22,6 +22,7 @@ from calcx.server.settings import DEFAULTS, ServerSettings
 TUNED_SETTINGS: tuple[tuple[str, str], ...] = (
     ("max_tokens_ceiling", "gateway max_tokens ceiling (a larger request is clamped to it)"),
     ("max_body_bytes", "largest request body accepted"),
+    ("max_in_flight_per_attempt", "requests in flight at once with one attempt's URLs (gateway, events); past it 429"),
     ("lease_s", "claim lease; controllers heartbeat within it"),
     ("max_poll_s", "longest long poll the server holds"),
     ("upstream_timeout_s", "read timeout of one upstream call"),
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     limits = (args.max_events_per_attempt, args.max_event_bytes_per_attempt, args.max_calls_per_attempt,
-              args.max_call_bytes_per_attempt)
+              args.max_call_bytes_per_attempt, args.max_in_flight_per_attempt)
     if min(limits) < 1 or not math.isfinite(args.retain_s) or args.retain_s < 0:
         print("calcx server: the --max-*-per-attempt limits must be >= 1 and --retain-s a number >= 0",
               file=sys.stderr)

@@ -90,7 +90,8 @@ def aborted(payload: dict[str, Any] | None) -> bool:
     return choices[0].get("finish_reason") == "abort"
 
 
-def _encode(request: dict[str, Any]) -> bytes:
+def encode_request(request: dict[str, Any]) -> bytes:
+    """The JSON bytes of an upstream request, as forwarded and recorded."""
     return json.dumps(request, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -258,12 +259,14 @@ class Gateway:
         request: dict[str, Any],
         registry_now: Callable[[], dict[str, Any]],
         agent_gone: Callable[[], Awaitable[bool]] | None = None,
+        encoded: bytes | None = None,
     ) -> Forwarded:
         """Send the call (`_send`: endpoints picked per rollout, retries, resends of aborted
         answers), record it once, return what the agent gets. `registry_now` gives the model
         registry as it is at the time; an answer that arrives after the agent hung up
-        (`agent_gone`) is recorded as 499, only until the agent's resend is."""
-        sent = await self._send(rollout_id, attempt_id, request, registry_now)
+        (`agent_gone`) is recorded as 499, only until the agent's resend is. `encoded`: the
+        request's bytes (`encode_request`) when the caller has them already."""
+        sent = await self._send(rollout_id, attempt_id, request, registry_now, encoded)
         if sent.gave_up_after_s is not None and sent.result is not None:
             call, answer = self._aborted(rollout_id, attempt_id, sent, sent.result, sent.gave_up_after_s)
         elif sent.result is not None and sent.result.status not in _RETRYABLE_STATUS:
@@ -278,7 +281,8 @@ class Gateway:
         return answer
 
     async def _send(
-        self, rollout_id: str, attempt_id: str, request: dict[str, Any], registry_now: Callable[[], dict[str, Any]]
+        self, rollout_id: str, attempt_id: str, request: dict[str, Any], registry_now: Callable[[], dict[str, Any]],
+        encoded: bytes | None = None,
     ) -> Sent:
         """The call sent with retries over the rollout's endpoints, and sent again while its answer
         is aborted, to the registry of that moment, until `abort_retry_s` has passed since the
@@ -286,7 +290,7 @@ class Gateway:
         s = self.settings
         started = time.perf_counter()
         registry = registry_now()
-        body = _encode(request)
+        body = encode_request(request) if encoded is None else encoded
         aborts = 0
         while True:
             order = self.pick_endpoints(rollout_id, registry["endpoints"])
@@ -305,7 +309,7 @@ class Gateway:
             if current.get("endpoints"):
                 if current.get("model") and current["model"] != request.get("model"):
                     request = {**request, "model": current["model"]}
-                    body = _encode(request)
+                    body = encode_request(request)
                 registry = current
         # The answering try's own time: an aborted call's wait through a weight update is not the
         # model's latency.

@@ -32,6 +32,10 @@ class ServerSettings:
     max_event_bytes_per_attempt: int = 1024 * 1024  # the events' data, as stored JSON
     max_calls_per_attempt: int = 256
     max_call_bytes_per_attempt: int = 64 * 1024 * 1024  # recorded requests and answers, as JSON bytes
+    # requests in flight at once with one attempt's URLs (its gateway and events, whoever sends
+    # them); past it 429 too_many_requests. An agent makes one model call at a time, and its client
+    # may resend one it gave up on while the first is still upstream
+    max_in_flight_per_attempt: int = 8
     # retention: a rollout terminal for longer than this is deleted with its attempts, events and
     # calls (checked every retain_check_s); 0 keeps everything
     retain_s: float = 7 * 24 * 3600.0
