@@ -8,7 +8,6 @@ controller are served."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import sqlite3
 import threading
 import time
@@ -53,15 +52,6 @@ def reading(server: ServerThread) -> Iterator[sqlite3.Connection]:
         yield conn
     finally:
         conn.close()
-
-
-def declared_only(server: ServerThread, path: str, token: str, length: int) -> bytes:
-    """The server's answer to a POST that declares `length` bytes of body and sends none of them
-    (a server that waited for the body would never answer: the socket's timeout fails the test)."""
-    with socket.create_connection((server.host, server.port), timeout=20) as sock:
-        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
-                     f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n".encode())
-        return sock.recv(65536)
 
 
 def running(client: CalcxClient, *rids: str) -> dict[str, tuple[str, str]]:
@@ -112,7 +102,7 @@ def test_hundreds_of_concurrent_calls_with_one_token_stop_exactly_at_the_call_ca
 
 
 def test_concurrent_large_calls_stop_at_the_byte_cap(
-        start: Callable[..., ServerThread], server_key: str, upstream: Any) -> None:
+        start: Callable[..., ServerThread], server_key: str, upstream: Any, raw_post: Callable[..., bytes]) -> None:
     cap = 1024 * 1024
     server = start(max_call_bytes_per_attempt=cap, max_in_flight_per_attempt=100)
     upstream.delay_s = 0.3
@@ -131,7 +121,8 @@ def test_concurrent_large_calls_stop_at_the_byte_cap(
             request_bytes = db.execute("SELECT SUM(LENGTH(request)) FROM calls").fetchone()[0]
         assert request_bytes <= cap  # the requests let in fit in the cap; none was forwarded past it
         # a body declared larger than the bytes left is refused before any of it is sent
-        answer = declared_only(server, f"/v1/rollouts/large/attempts/{aid}/v1/chat/completions", token, 2 * cap)
+        answer = raw_post(server, f"/v1/rollouts/large/attempts/{aid}/v1/chat/completions", token,
+                          f"Content-Length: {2 * cap}\r\n")
         assert answer.startswith(b"HTTP/1.1 413") and b"attempt_limit" in answer and b"Content-Length" in answer
     assert server.app.state.calcx.budgets.held("large", aid) == (0, 0, 0)
 

@@ -76,7 +76,7 @@ def _asgi_endpoint(endpoint: Endpoint, handler: Handler, state: ServerState) -> 
     audience = audience_for(endpoint.auth)
     auth = state.auth
     model = endpoint.request
-    limit = state.settings.body_limit()
+    limit = state.settings.body_limit(endpoint.name)
     body_optional = endpoint.body_optional
 
     async def serve(request: Request) -> Response:

@@ -66,7 +66,7 @@ def start_server_thread(
             public_url=public_url or url_of(sock), **settings,
         )
         app = create_app(server_settings)
-        return ServerThread(app, sock).start()
+        return ServerThread(app, sock, limit_concurrency=server_settings.max_connections).start()
     except BaseException:
         sock.close()
         raise

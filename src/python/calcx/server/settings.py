@@ -21,7 +21,11 @@ class ServerSettings:
     log_level: str = "info"
     access_log: bool = False
     # requests
-    max_body_bytes: int = 8 * 1024 * 1024
+    max_body_bytes: int = 8 * 1024 * 1024  # every endpoint but those of BODY_LIMIT_SETTINGS
+    max_event_body_bytes: int = 64 * 1024  # an event (a reward is a few dozen bytes)
+    # connections and requests the HTTP server holds at once (uvicorn's limit_concurrency): past
+    # it a new request is answered 503 at once, before the app sees it
+    max_connections: int = 4096
     # JSON bodies nested deeper than this are refused (422): a tool's JSON schema nests a few
     # levels; thousands would exhaust the parser's stack
     max_json_depth: int = 64
@@ -63,9 +67,10 @@ class ServerSettings:
     # "hermes", an earlier model turn goes back to the model as it wrote it (calcx.server.assistant_turns)
     tool_call_parser: str = ""
 
-    def body_limit(self) -> BodyLimit:
-        """What a route reads of a request body."""
-        return BodyLimit(self.max_body_bytes, "--max-body-bytes", self.max_json_depth)
+    def body_limit(self, endpoint_name: str) -> BodyLimit:
+        """What the route of one endpoint (its `calcx.api.endpoints` name) reads of a request body."""
+        setting = BODY_LIMIT_SETTINGS.get(endpoint_name, "max_body_bytes")
+        return BodyLimit(getattr(self, setting), "--" + setting.replace("_", "-"), self.max_json_depth)
 
     def poll_timeout(self, requested: float) -> float:
         """A client's long-poll timeout, cut to [0, max_poll_s]."""
@@ -76,5 +81,10 @@ class ServerSettings:
         """How often expired leases are looked for: a few times per lease, at most once a second."""
         return max(0.05, min(1.0, self.lease_s / 4))
 
+
+#: Endpoints (by their name in calcx.api.endpoints) whose bodies have a limit of their own, and the
+#: setting that holds it; every other endpoint reads up to max_body_bytes (the gateway's calls,
+#: a batch of rollouts).
+BODY_LIMIT_SETTINGS: dict[str, str] = {"post_event": "max_event_body_bytes"}
 
 DEFAULTS = ServerSettings()

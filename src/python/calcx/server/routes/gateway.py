@@ -29,7 +29,7 @@ async def chat_completions(request: Request, state: ServerState, body: None) -> 
     _require_running(state, rid, aid)
     budgets, calls = state.budgets, state.db.calls
     budgets.require_room(calls, rid, aid, declared_length(request))
-    payload = await read_json(request, state.settings.body_limit())
+    payload = await read_json(request, state.settings.body_limit(api.CHAT_COMPLETIONS.name))
     registry = state.registry
     if not registry.get("endpoints"):
         raise APIError(
