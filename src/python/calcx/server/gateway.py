@@ -36,6 +36,7 @@ import httpx
 
 from calcx.contract.failures import FailureReason
 from calcx.server.assistant_turns import for_the_model
+from calcx.server.chat_fields import CHAT_FIELDS, SAMPLING_FIELDS, Rule, check_fields
 from calcx.server.errors import APIError
 from calcx.server.metrics import ServerMetrics
 from calcx.server.settings import ServerSettings
@@ -139,11 +140,14 @@ class Gateway:
             self._client = None
 
     def prepare(self, body: Any, registry: dict[str, Any]) -> dict[str, Any]:
-        """The upstream request: checked, model replaced, earlier model turns as the model wrote them
-        when the model servers' parser is known (calcx.server.assistant_turns), token ids and
-        log-probs asked for, max_tokens clamped to the ceiling (or set to it when absent)."""
+        """The upstream request: checked, only the fields of `calcx.server.chat_fields.CHAT_FIELDS`
+        the agent may set (any other is a 400 `field_not_allowed`), model replaced, earlier model
+        turns as the model wrote them when the model servers' parser is known
+        (calcx.server.assistant_turns), token ids and log-probs asked for, max_tokens clamped to the
+        ceiling (or set to it when absent)."""
         if not isinstance(body, dict):
             raise APIError(400, "invalid_request", "a chat completion request must be a JSON object")
+        check_fields(body)
         if body.get("stream"):
             raise APIError(
                 400,
@@ -156,9 +160,8 @@ class Gateway:
         n = body.get("n", 1)
         if n not in (None, 1):
             raise APIError(400, "invalid_request", f"n={n!r} is not supported; the gateway records one choice (n=1)")
-        out = dict(body)
+        out = {name: value for name, value in body.items() if CHAT_FIELDS[name].rule is not Rule.GATEWAY}
         out["messages"] = for_the_model(messages, self.settings.tool_call_parser)
-        out.pop("stream_options", None)
         out["stream"] = False
         out["model"] = registry["model"]
         out["return_token_ids"] = True
@@ -166,9 +169,8 @@ class Gateway:
         ceiling = self.settings.max_tokens_ceiling
         has_limit = False
         for field in ("max_tokens", "max_completion_tokens"):
-            value = out.get(field)
+            value = body.get(field)
             if value is None:
-                out.pop(field, None)
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise APIError(400, "invalid_request", f"{field} must be a positive integer, got {value!r}")
@@ -180,15 +182,17 @@ class Gateway:
 
     def apply_sampling(self, request: dict[str, Any], sampling: dict[str, Any], rollout_id: str) -> dict[str, Any]:
         """The request with the rollout's sampling parameters in place of the agent's: the trainer
-        trains on the recorded log-probs, so its distribution is the one sampled. A rollout
-        without sampling parameters passes through as the agent sent it."""
+        trains on the recorded log-probs, so its distribution is the one sampled. Every sampling
+        parameter the agent set is dropped, those the rollout leaves out too (the model server's
+        default applies, as for an agent that sets none). A rollout without sampling parameters
+        passes through as the agent sent it."""
         if not sampling:
             return request
-        overridden = {k: request[k] for k, v in sampling.items() if k in request and request[k] != v}
+        overridden = {k: v for k, v in request.items() if k in SAMPLING_FIELDS and sampling.get(k) != v}
         if overridden:
             log.debug("rollout %s: agent's sampling %s replaced by the rollout's %s", rollout_id, overridden,
-                      {k: sampling[k] for k in overridden})
-        return {**request, **sampling}
+                      {k: sampling.get(k) for k in overridden})
+        return {**{k: v for k, v in request.items() if k not in SAMPLING_FIELDS}, **sampling}
 
     def pick_endpoints(self, rollout_id: str, endpoints: list[str]) -> list[str]:
         """Endpoints in the order to try: the sticky one first, then the others in turn."""
