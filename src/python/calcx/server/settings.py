@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from calcx.api.endpoints import POST_EVENT
 from calcx.server.errors import BodyLimit
 
 
@@ -85,6 +86,6 @@ class ServerSettings:
 #: Endpoints (by their name in calcx.api.endpoints) whose bodies have a limit of their own, and the
 #: setting that holds it; every other endpoint reads up to max_body_bytes (the gateway's calls,
 #: a batch of rollouts).
-BODY_LIMIT_SETTINGS: dict[str, str] = {"post_event": "max_event_body_bytes"}
+BODY_LIMIT_SETTINGS: dict[str, str] = {POST_EVENT.name: "max_event_body_bytes"}
 
 DEFAULTS = ServerSettings()
