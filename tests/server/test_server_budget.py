@@ -143,6 +143,7 @@ def test_a_reservation_ends_with_its_call_on_upstream_failure_and_when_the_agent
         upstream.before_answer = lambda: release.wait(30)
         with pytest.raises(httpx.ReadTimeout):  # the agent hangs up while its call is upstream
             httpx.post(url, headers=auth, json={"messages": [{"role": "user", "content": "b"}]}, timeout=0.5)
+        wait_until(lambda: len(upstream.requests) == 1, "the call reached the upstream")
         assert budgets.held("ends", aid)[1] == 1  # still reserved: the call is still upstream
         release.set()
         wait_until(lambda: budgets.held("ends", aid) == (0, 0, 0), "the hung-up call's reservation ended")
