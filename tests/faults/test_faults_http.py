@@ -13,14 +13,24 @@ import pytest
 from calcx.api.client import CalcxClient
 from calcx.api.tokens import attempt_token
 from calcx.contract.failures import FailureReason
-from calcx.faults.hostile import FLOOD_EVENTS, KEY, MAX_BODY_BYTES, live_cases, send, static_cases, summarize
+from calcx.faults.hostile import (
+    FLOOD_EVENTS,
+    KEY,
+    MAX_BODY_BYTES,
+    MAX_EVENT_BODY_BYTES,
+    live_cases,
+    send,
+    static_cases,
+    summarize,
+)
 from calcx.faults.run import decoy_attempts
 from calcx.server.serve import start_server_thread
 
 
 @pytest.fixture()
 def server(tmp_path: Path) -> Iterator[Any]:
-    srv = start_server_thread(str(tmp_path / "calcx.db"), KEY, max_body_bytes=MAX_BODY_BYTES)
+    srv = start_server_thread(str(tmp_path / "calcx.db"), KEY, max_body_bytes=MAX_BODY_BYTES,
+                              max_event_body_bytes=MAX_EVENT_BODY_BYTES)
     try:
         yield srv
     finally:
@@ -62,10 +72,10 @@ def test_error_answers_say_what_was_wrong(server: Any) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as http:
         broken = http.post(f"/v1/rollouts/{rid}/attempts/{aid}/events", headers=token, content=b'{"event_type": ')
         big = http.post(f"/v1/rollouts/{rid}/attempts/{aid}/events", headers=token,
-                        content=b"x" * (MAX_BODY_BYTES + 1))
+                        content=b"x" * (MAX_EVENT_BODY_BYTES + 1))
         missing = http.get("/v1/rollouts")
     assert broken.status_code == 422 and "line 1 column" in broken.json()["error"]["message"]
-    assert big.status_code == 413 and str(MAX_BODY_BYTES) in big.json()["error"]["message"]
+    assert big.status_code == 413 and f"{MAX_EVENT_BODY_BYTES} bytes (--max-event-body-bytes)" in big.json()["error"]["message"]
     assert missing.status_code == 401 and "Authorization: Bearer" in missing.json()["error"]["message"]
 
 
@@ -108,7 +118,8 @@ def test_every_wrong_answer_is_counted_and_only_a_restart_excuses_no_answer(tmp_
     """A decoy lost mid-run turns the whole event flood into 409s: each one is a wrong answer,
     listed with its count (none cut off). A request nobody answered is left out of the figure
     only when it overlapped a server restart; at any other time it is a wrong answer."""
-    srv = start_server_thread(str(tmp_path / "calcx.db"), KEY, max_body_bytes=MAX_BODY_BYTES)
+    srv = start_server_thread(str(tmp_path / "calcx.db"), KEY, max_body_bytes=MAX_BODY_BYTES,
+                              max_event_body_bytes=MAX_EVENT_BODY_BYTES)
     try:
         with CalcxClient(srv.url, KEY) as client:
             decoy, finished = decoy_attempts(client, "t")

@@ -4,6 +4,7 @@ each a real uvicorn server on a free loopback port, stopped at the end of the te
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -156,3 +157,38 @@ def client(server: ServerThread) -> Iterator[CalcxClient]:
     with CalcxClient(server.url, KEY, timeout=10.0) as c:
         yield c
 
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    """One HTTP answer (its head, and as much body as its Content-Length says) read from `sock`."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        more = sock.recv(65536)
+        if not more:
+            return answer
+        answer += more
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        more = sock.recv(65536)
+        if not more:
+            break
+        body += more
+    return head + b"\r\n\r\n" + body
+
+
+@pytest.fixture
+def raw_post() -> Callable[..., bytes]:
+    """`raw_post(server, path, token, head, body=b"")`: the server's answer to a POST of `head`
+    (header lines, each ending in CRLF) and `body`, without sending whatever else the head
+    promises: a server that waited for the rest would never answer, and the socket's timeout
+    fails the test."""
+
+    def post(server: ServerThread, path: str, token: str, head: str, body: bytes = b"") -> bytes:
+        with socket.create_connection((server.host, server.port), timeout=20) as sock:
+            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                         f"Content-Type: application/json\r\n{head}\r\n".encode() + body)
+            return _read_answer(sock)
+
+    return post

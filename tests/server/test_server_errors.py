@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
 
 from calcx.api.client import CalcxClient
 from calcx.server.serve import start_server_thread
+from calcx.server.settings import DEFAULTS
 
 KEY = "errors-test-key-0123456789-abcdef"
 LIMIT = 4096
@@ -148,3 +150,49 @@ def test_gateway_request_errors(http: httpx.Client, running: tuple[str, str]) ->
     error(http.post(path, content=b"{not json"), 422, "invalid_json")
     bad_endpoint = http.put("/v1/models", json={"model": "m", "endpoints": ["ftp://x"]})
     assert "http(s)" in error(bad_endpoint, 422)
+
+
+def nested(depth: int, leaf: str = "1") -> str:
+    """JSON arrays nested `depth` deep around `leaf`."""
+    return "[" * depth + leaf + "]" * depth
+
+
+def test_json_nested_past_the_depth_limit_is_422_not_a_500(http: httpx.Client, running: tuple[str, str]) -> None:
+    rid, aid = running
+    events = f"/v1/rollouts/{rid}/attempts/{aid}/events"
+    gateway = f"/v1/rollouts/{rid}/attempts/{aid}/v1/chat/completions"
+    deep = DEFAULTS.max_json_depth
+    # deeper than Python's parser can go (it raised RecursionError: a 500), and just past the limit
+    for depth in (LIMIT // 2 - 10, deep + 1):
+        for path in ("/v1/rollouts", "/v1/claims", events, gateway):
+            body = f'{{"event_type": "log", "data": {{"x": {nested(depth - 2)}}}}}'.encode()
+            if len(body) > LIMIT:
+                body = nested(depth).encode()
+            message = error(http.post(path, content=body), 422, "invalid_json")
+            assert f"more than {deep} deep" in message, message
+    # at the limit it is read (and stored: the attempt's own event data)
+    at_limit = f'{{"event_type": "log", "data": {{"x": {nested(deep - 2)}}}}}'
+    assert http.post(events, content=at_limit.encode()).status_code == 200
+    assert http.get("/v1/rollouts", params={"state": "QUEUED"}).json() == {"rollouts": []}
+
+
+def test_an_attempt_id_of_non_ascii_digits_is_404_not_a_500(http: httpx.Client, running: tuple[str, str]) -> None:
+    rid, _ = running
+    for aid in ("\u00b2", "\u0663", "\uff11"):  # superscript two, Arabic-Indic three, fullwidth one: isdigit() all
+        path = f"/v1/rollouts/{rid}/attempts/{quote(aid)}"
+        assert "no attempt" in error(http.post(f"{path}/events", json={"event_type": "log", "data": {}}), 404)
+        error(http.post(f"{path}/finish", json={"state": "SUCCEEDED"}), 404, "not_found")
+        error(http.post(f"{path}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}), 404)
+        error(http.get(f"/v1/rollouts/{rid}/calls", params={"attempt_id": aid}), 404, "not_found")
+
+
+def test_rollout_ids_that_are_dot_segments_are_refused(http: httpx.Client) -> None:
+    for rid in (".", ".."):
+        message = error(http.post("/v1/rollouts", json={"rollouts": [{"rollout_id": rid, "row": {"question": "q",
+                                                                                                 "result": "1"}}]}),
+                        422, "invalid_body")
+        assert "dot segment" in message and "rollouts.0.rollout_id" in message, message
+    created = http.post("/v1/rollouts", json={"rollouts": [{"rollout_id": "...", "row": {"question": "q",
+                                                                                          "result": "1"}}]})
+    assert created.status_code == 200  # three dots are no path segment of their own
+    assert http.get("/v1/rollouts/...").json()["rollout_id"] == "..."

@@ -80,7 +80,7 @@ def test_model_calls_past_the_attempts_count_are_413_and_not_forwarded(
 
 
 def test_model_calls_past_the_attempts_bytes_are_413(tmp_path: Path, server_key: str, upstream: Any) -> None:
-    server = _start(tmp_path, server_key, max_call_bytes_per_attempt=1500)
+    server = _start(tmp_path, server_key, max_call_bytes_per_attempt=2500)
     try:
         with CalcxClient(server.url, server_key) as client:
             client.put_models("m", [upstream.url], policy_version=1)
@@ -88,9 +88,14 @@ def test_model_calls_past_the_attempts_bytes_are_413(tmp_path: Path, server_key:
             oa = openai.OpenAI(base_url=f"{server.url}/v1/rollouts/long/attempts/{aid}/v1", api_key=token,
                                max_retries=0)
             long_prompt: list[ChatCompletionUserMessageParam] = [{"role": "user", "content": "x " * 800}]
-            oa.chat.completions.create(model="m", messages=long_prompt)  # recorded: more than 1500 bytes
-            with pytest.raises(openai.APIStatusError, match="1500 bytes"):
-                oa.chat.completions.create(model="m", messages=MESSAGES)
+            oa.chat.completions.create(model="m", messages=long_prompt)  # recorded: about 2000 of 2500 bytes
+            sent = len(upstream.requests)
+            # a request larger than the bytes left is refused from its Content-Length, never forwarded
+            again: list[ChatCompletionUserMessageParam] = [{"role": "user", "content": "y " * 800}]
+            with pytest.raises(openai.APIStatusError, match="2500 bytes") as refused:
+                oa.chat.completions.create(model="m", messages=again)
+            assert refused.value.status_code == 413 and "(Content-Length)" in str(refused.value)
+            assert len(upstream.requests) == sent and len(client.calls("long")) == 1
     finally:
         server.stop()
 

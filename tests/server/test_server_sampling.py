@@ -165,7 +165,8 @@ def test_gateway_applies_the_rollouts_sampling_over_the_agents(
     client.chat_completions("trained", claims["trained"].attempt_id, {"model": "x", "messages": MESSAGES, **AGENT})
     sent = upstream.requests[-1]
     assert {k: sent.get(k) for k in TRAINER} == TRAINER  # the trainer's values, not the agent's
-    assert sent["presence_penalty"] == 0.1 and sent["max_tokens"] == 10  # what the rollout leaves alone stays
+    assert sent["max_tokens"] == 10  # not sampling: the agent's, clamped
+    assert "presence_penalty" not in sent  # a sampling parameter the rollout leaves out is not the agent's either
     assert sent["messages"] == MESSAGES and sent["model"] == "policy" and sent["logprobs"] is True
     # a call without any sampling fields gets the rollout's too
     client.chat_completions("trained", claims["trained"].attempt_id, {"model": "x", "messages": MESSAGES})

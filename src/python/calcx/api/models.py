@@ -29,6 +29,9 @@ ROLLOUT_STATES: tuple[RolloutState, ...] = get_args(RolloutState)
 
 # Rollout ids travel in URL paths and in attempt tokens, so they keep to a URL-safe alphabet.
 ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
+#: Ids of that alphabet that are path segments of their own: a client normalises `/v1/rollouts/..`
+#: to another URL, so such a rollout could never be read, waited on or called back.
+DOT_SEGMENTS: frozenset[str] = frozenset({".", ".."})
 
 
 class _Model(BaseModel):
@@ -92,6 +95,14 @@ class RolloutCreate(_StrictBody):
     policy_version: int | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     sampling: Sampling | None = None
+
+    @field_validator("rollout_id")
+    @classmethod
+    def _not_a_dot_segment(cls, value: str) -> str:
+        if value in DOT_SEGMENTS:
+            raise ValueError(f"rollout id {value!r} is a URL dot segment (a client would rewrite the path); "
+                             "use letters, digits or other characters of [A-Za-z0-9._:-] too")
+        return value
 
     @model_validator(mode="after")
     def _carriable_env(self) -> "RolloutCreate":
@@ -359,5 +370,6 @@ class ModelRegistry(_Model):
 
 
 class Health(_Model):
-    status: str
+    status: str  # "ok" (200) or "unavailable" (503)
     version: str
+    store: str | None = None  # "writable", or why the store cannot write (from a write probe)

@@ -2,9 +2,10 @@
 
 Question texts that break YAML, JSON, shells and templates (they must reach the agent byte
 for byte), texts no process environment can carry, final answers the reward must survive, and
-requests to every endpoint with wrong or missing keys, malformed, oversized and unknown bodies,
-out-of-range rewards and an event flood past the per-attempt cap, each with the status and
-error code the server must answer."""
+requests to every endpoint with wrong or missing keys, malformed, oversized, too deeply nested
+and unknown bodies, out-of-range rewards, gateway fields that would change what the policy
+samples, ids the server cannot read, and an event flood past the per-attempt cap, each with the
+status and error code the server must answer."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from calcx.contract.failures import FailureReason
 
 KEY = "calcx-faults-key-0123456789-abcdefgh"  # the server key of the fault run and of the tests
 MAX_BODY_BYTES = 1024 * 1024  # the server runs with this --max-body-bytes (oversized = above it)
+MAX_EVENT_BODY_BYTES = 16 * 1024  # ... and this --max-event-body-bytes (an oversized event: above it)
 #: The server runs with this --max-events-per-attempt: the hostile client's event flood on its
 #: decoy attempt reaches it within a run, and every event past it must get 413 attempt_limit.
 MAX_EVENTS_PER_ATTEMPT = 40
@@ -172,6 +174,14 @@ def static_cases(key: str, decoy: tuple[str, str], finished: tuple[str, str]) ->
              "invalid_reward"),
         Case("event: oversized (Content-Length)", "POST", ev, 413, decoy_token,
              _j({"event_type": "log", "data": {"x": "y" * (MAX_BODY_BYTES + 10)}}), "body_too_large"),
+        Case("event: over the event body limit, under the server's", "POST", ev, 413, decoy_token,
+             _j({"event_type": "log", "data": {"x": "y" * (MAX_EVENT_BODY_BYTES + 10)}}), "body_too_large"),
+        Case("event: JSON nested past the depth limit", "POST", ev, 422, decoy_token,
+             b'{"event_type": "log", "data": {"x": ' + b"[" * 80 + b"]" * 80 + b"}}", "invalid_json"),
+        Case("event: JSON nested deeper than the parser's stack", "POST", ev, 422, decoy_token,
+             b"[" * 5000 + b"]" * 5000, "invalid_json"),
+        Case("event: attempt id of non-ASCII digits", "POST", f"/v1/rollouts/{drid}/attempts/%C2%B2/events", 404,
+             server, _j({"event_type": "log", "data": {}}), "not_found"),
         Case("event: unknown type is stored as data", "POST", ev, 200, decoy_token,
              _j({"event_type": "definitely-unknown-\u202e", "data": {"nested": {"a": [1, 2, {"b": None}]}}}),
              alt=(413, "attempt_limit")),
@@ -195,6 +205,17 @@ def static_cases(key: str, decoy: tuple[str, str], finished: tuple[str, str]) ->
              "invalid_request"),
         Case("gateway: no messages", "POST", gw, 400, decoy_token, _j({"messages": []}), "invalid_request"),
         Case("gateway: broken JSON", "POST", gw, 422, decoy_token, b'{"messages": [', "invalid_json"),
+        Case("gateway: JSON nested deeper than the parser's stack", "POST", gw, 422, decoy_token,
+             b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "invalid_json"),
+        Case("gateway: attempt id of non-ASCII digits", "POST",
+             f"/v1/rollouts/{drid}/attempts/%C2%B2/v1/chat/completions", 404, server, chat, "not_found"),
+        # fields that would make tokens of the agent's choosing come back as the policy's sample
+        *[Case(f"gateway: {name}", "POST", gw, 400, decoy_token,
+               _j({"messages": [{"role": "user", "content": "x"}], name: value}), "field_not_allowed")
+          for name, value in (("logit_bias", {"1001": 100}), ("min_tokens", 4000), ("ignore_eos", True),
+                              ("priority", -100), ("guided_regex", "4{100}"), ("allowed_token_ids", [1001]),
+                              ("tool_choice", "required"), ("response_format", {"type": "json_object"}),
+                              ("an unknown field", 1))],
         Case("gateway: finished attempt", "POST", f"/v1/rollouts/{frid}/attempts/{faid}/v1/chat/completions", 409,
              finished_token, chat, "attempt_not_running"),
         Case("gateway: oversized", "POST", gw, 413, decoy_token, b"[" + b"1," * (MAX_BODY_BYTES // 2 + 10) + b"1]",
@@ -228,6 +249,9 @@ def static_cases(key: str, decoy: tuple[str, str], finished: tuple[str, str]) ->
         Case("create: bad rollout id", "POST", "/v1/rollouts", 422, server,
              _j({"rollouts": [{"rollout_id": "../../etc/passwd", "row": {"question": "q", "result": "1"}}]}),
              "invalid_body"),
+        *[Case(f"create: rollout id {rid!r}", "POST", "/v1/rollouts", 422, server,
+               _j({"rollouts": [{"rollout_id": rid, "row": {"question": "q", "result": "1"}}]}), "invalid_body")
+          for rid in (".", "..")],
         Case("create: row lacks env_map field", "POST", "/v1/rollouts", 422, server,
              _j({"rollouts": [{"rollout_id": "hostile-no-result", "row": {"question": "q"}}]}), "invalid_body"),
         Case("create: env_map sets the calculator command", "POST", "/v1/rollouts", 422, server,

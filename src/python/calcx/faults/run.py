@@ -20,7 +20,16 @@ from calcx.common.stats import percentile
 from calcx.contract.failures import FailureReason
 from calcx.faults.audit import HangWatch, all_rollouts, audit, recovery_times
 from calcx.faults.forensics import agent_rewards, started_lines
-from calcx.faults.hostile import CANARY_NAME, KEY, MAX_BODY_BYTES, MAX_EVENTS_PER_ATTEMPT, HostileClient, _auth, _j
+from calcx.faults.hostile import (
+    CANARY_NAME,
+    KEY,
+    MAX_BODY_BYTES,
+    MAX_EVENT_BODY_BYTES,
+    MAX_EVENTS_PER_ATTEMPT,
+    HostileClient,
+    _auth,
+    _j,
+)
 from calcx.faults.injector import Injector
 from calcx.faults.plan import DEFAULT_SCHEDULE, REFUSED_AT_CREATE, build_plan, should_retry
 from calcx.procs.procutil import pid_alive, rss_bytes
@@ -34,6 +43,7 @@ def make_stack(workdir: Path, plan_script: Path, rows_script: Path, concurrency:
         workdir=workdir, key=KEY, concurrency=concurrency, agent_logs=True,
         script_files=[str(rows_script), str(plan_script)],
         server_args=["--lease-s", str(lease_s), "--max-body-bytes", str(MAX_BODY_BYTES),
+                     "--max-event-body-bytes", str(MAX_EVENT_BODY_BYTES),
                      "--max-events-per-attempt", str(MAX_EVENTS_PER_ATTEMPT),
                      "--upstream-timeout-s", str(upstream_timeout_s), "--upstream-retries", "2"],
         controller_env={"CALCX_CALCULATOR_TIMEOUT_S": str(calculator_timeout_s),

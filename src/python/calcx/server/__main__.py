@@ -21,7 +21,10 @@ from calcx.server.settings import DEFAULTS, ServerSettings
 # lease_s), typed and defaulted by DEFAULTS; the text is the flag's help before its default.
 TUNED_SETTINGS: tuple[tuple[str, str], ...] = (
     ("max_tokens_ceiling", "gateway max_tokens ceiling (a larger request is clamped to it)"),
-    ("max_body_bytes", "largest request body accepted"),
+    ("max_body_bytes", "largest request body accepted (a gateway call, a batch of rollouts); past it 413"),
+    ("max_event_body_bytes", "largest event body accepted; past it 413"),
+    ("max_in_flight_per_attempt", "requests in flight at once with one attempt's URLs (gateway, events); past it 429"),
+    ("max_connections", "connections and requests the server holds at once; past it 503 at once"),
     ("lease_s", "claim lease; controllers heartbeat within it"),
     ("max_poll_s", "longest long poll the server holds"),
     ("upstream_timeout_s", "read timeout of one upstream call"),
@@ -123,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     limits = (args.max_events_per_attempt, args.max_event_bytes_per_attempt, args.max_calls_per_attempt,
-              args.max_call_bytes_per_attempt)
+              args.max_call_bytes_per_attempt, args.max_in_flight_per_attempt, args.max_connections,
+              args.max_event_body_bytes)
     if min(limits) < 1 or not math.isfinite(args.retain_s) or args.retain_s < 0:
-        print("calcx server: the --max-*-per-attempt limits must be >= 1 and --retain-s a number >= 0",
+        print("calcx server: the --max-*-per-attempt limits, --max-connections and --max-event-body-bytes must be "
+              ">= 1 and --retain-s a number >= 0",
               file=sys.stderr)
         return 2
     if not (math.isfinite(args.reward_min) and math.isfinite(args.reward_max) and args.reward_min <= args.reward_max):
@@ -156,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = settings_from_args(args, key=key, port=port, public_url=public_url)
     app = create_app(settings)
-    server = CalcxUvicornServer(uvicorn_config(app, log_level=settings.log_level, access_log=settings.access_log))
+    server = CalcxUvicornServer(uvicorn_config(app, log_level=settings.log_level, access_log=settings.access_log,
+                                               limit_concurrency=settings.max_connections))
     # Printed once listening is certain, so a parent process can read the address from stdout.
     print(server_ready_line(f"http://{shown_host}:{port}", public_url, args.db), flush=True)
     try:

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from calcx.server import __version__
 from calcx.server.auth import Authenticator
+from calcx.server.budget import AttemptBudgets
 from calcx.server.errors import APIError, error_response
 from calcx.server.gateway import Gateway
 from calcx.server.metrics import ServerMetrics
@@ -43,7 +44,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
     settings = replace(settings, public_url=settings.public_url.rstrip("/"))
     metrics = ServerMetrics()
     service = RolloutService(settings, metrics)
-    state = ServerState(settings=settings, auth=Authenticator(settings.key), metrics=metrics, service=service)
+    state = ServerState(settings=settings, auth=Authenticator(settings.key), metrics=metrics, service=service,
+                        budgets=AttemptBudgets(settings))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

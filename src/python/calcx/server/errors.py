@@ -1,13 +1,15 @@
 """API errors as `{"error": {"code", "message"}}`, strict JSON body reading and query parameters.
 
-Bodies over the size limit are refused (413) from Content-Length, or while streaming in,
-before anything is parsed; malformed JSON is a 422 that says where it broke.
+Bodies over their route's size limit are refused (413) from Content-Length before any of the
+body is read, or while streaming in; malformed JSON is a 422 that says where it broke, and JSON
+nested past the depth limit a 422 that says so (never the parser's RecursionError).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -56,33 +58,75 @@ def _reject_constant(name: str) -> Any:
     raise _NonFiniteNumber(name)
 
 
-async def read_json(request: Request, limit: int, *, allow_empty: bool = False) -> Any:
-    """The parsed JSON body, or APIError 413/422 that says what is wrong."""
+@dataclass(frozen=True)
+class BodyLimit:
+    """What one route reads of a request body: at most `max_bytes` (set by the flag `setting`, named
+    in the refusal), JSON nested at most `max_depth` deep."""
+
+    max_bytes: int
+    setting: str
+    max_depth: int
+
+
+def too_deep(value: Any, max_depth: int) -> bool:
+    """Whether JSON `value` nests objects and arrays deeper than `max_depth` (`{}` is 1 deep).
+    Iterative: a deep value cannot exhaust the interpreter's stack here."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth + 1 > max_depth:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def _too_large(declared: str, limit: BodyLimit) -> APIError:
+    return APIError(
+        413, "body_too_large",
+        f"request body is {declared} bytes; this endpoint accepts at most {limit.max_bytes} bytes ({limit.setting})",
+    )
+
+
+def _too_deep(limit: BodyLimit) -> APIError:
+    return APIError(
+        422, "invalid_json",
+        f"request body nests objects and arrays more than {limit.max_depth} deep; this server reads at most that depth",
+    )
+
+
+def declared_length(request: Request) -> int | None:
+    """The request's Content-Length, or None without one; 400 when it is not a number."""
     declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise APIError(400, "bad_request", f"Content-Length {declared!r} is not a number") from None
-        if size > limit:
-            raise APIError(
-                413,
-                "body_too_large",
-                f"request body is {size} bytes; this server accepts at most {limit} bytes (--max-body-bytes)",
-            )
+    if declared is None:
+        return None
+    try:
+        size = int(declared)
+    except ValueError:
+        raise APIError(400, "bad_request", f"Content-Length {declared!r} is not a number") from None
+    if size < 0:
+        raise APIError(400, "bad_request", f"Content-Length {declared!r} is negative")
+    return size
+
+
+async def read_json(request: Request, limit: BodyLimit, *, allow_empty: bool = False) -> Any:
+    """The parsed JSON body, or APIError 413/422 that says what is wrong. A body declared larger
+    than the limit is refused before any of it is read; one without a Content-Length is read
+    until it passes the limit, and refused there."""
+    size = declared_length(request)
+    if size is not None:
+        if size > limit.max_bytes:
+            raise _too_large(str(size), limit)
         body = await request.body()
     else:
         chunks = []
         total = 0
         async for chunk in request.stream():
             total += len(chunk)
-            if total > limit:
-                raise APIError(
-                    413,
-                    "body_too_large",
-                    f"request body exceeds {limit} bytes; this server accepts at most {limit} bytes "
-                    "(--max-body-bytes)",
-                )
+            if total > limit.max_bytes:
+                raise _too_large(f"more than {limit.max_bytes}", limit)
             chunks.append(chunk)
         body = b"".join(chunks)
     if not body.strip():
@@ -90,7 +134,9 @@ async def read_json(request: Request, limit: int, *, allow_empty: bool = False) 
             return None
         raise APIError(422, "invalid_json", "request body is empty; send a JSON object")
     try:
-        return json.loads(body, parse_constant=_reject_constant)
+        value = json.loads(body, parse_constant=_reject_constant)
+    except RecursionError:  # deeper than the parser's own stack allows
+        raise _too_deep(limit) from None
     except _NonFiniteNumber as exc:
         raise APIError(
             422, "invalid_json", f"request body contains {exc}, which is not JSON; send finite numbers"
@@ -103,9 +149,13 @@ async def read_json(request: Request, limit: int, *, allow_empty: bool = False) 
             "invalid_json",
             f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} (char {exc.pos})",
         ) from None
+    # Fewer opening brackets than the depth limit cannot nest past it: no walk then.
+    if body.count(b"[") + body.count(b"{") > limit.max_depth and too_deep(value, limit.max_depth):
+        raise _too_deep(limit)
+    return value
 
 
-async def read_model(request: Request, model: type[M], limit: int, *, allow_empty: bool = False) -> M:
+async def read_model(request: Request, model: type[M], limit: BodyLimit, *, allow_empty: bool = False) -> M:
     """Read and validate a body; an empty body gives the model's defaults when allowed."""
     payload = await read_json(request, limit, allow_empty=allow_empty)
     if payload is None:

@@ -36,6 +36,7 @@ import httpx
 
 from calcx.contract.failures import FailureReason
 from calcx.server.assistant_turns import for_the_model
+from calcx.server.chat_fields import CHAT_FIELDS, SAMPLING_FIELDS, Rule, check_fields
 from calcx.server.errors import APIError
 from calcx.server.metrics import ServerMetrics
 from calcx.server.settings import ServerSettings
@@ -90,7 +91,8 @@ def aborted(payload: dict[str, Any] | None) -> bool:
     return choices[0].get("finish_reason") == "abort"
 
 
-def _encode(request: dict[str, Any]) -> bytes:
+def encode_request(request: dict[str, Any]) -> bytes:
+    """The JSON bytes of an upstream request, as forwarded and recorded."""
     return json.dumps(request, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -138,11 +140,14 @@ class Gateway:
             self._client = None
 
     def prepare(self, body: Any, registry: dict[str, Any]) -> dict[str, Any]:
-        """The upstream request: checked, model replaced, earlier model turns as the model wrote them
-        when the model servers' parser is known (calcx.server.assistant_turns), token ids and
-        log-probs asked for, max_tokens clamped to the ceiling (or set to it when absent)."""
+        """The upstream request: checked, only the fields of `calcx.server.chat_fields.CHAT_FIELDS`
+        the agent may set (any other is a 400 `field_not_allowed`), model replaced, earlier model
+        turns as the model wrote them when the model servers' parser is known
+        (calcx.server.assistant_turns), token ids and log-probs asked for, max_tokens clamped to the
+        ceiling (or set to it when absent)."""
         if not isinstance(body, dict):
             raise APIError(400, "invalid_request", "a chat completion request must be a JSON object")
+        check_fields(body)
         if body.get("stream"):
             raise APIError(
                 400,
@@ -155,9 +160,8 @@ class Gateway:
         n = body.get("n", 1)
         if n not in (None, 1):
             raise APIError(400, "invalid_request", f"n={n!r} is not supported; the gateway records one choice (n=1)")
-        out = dict(body)
+        out = {name: value for name, value in body.items() if CHAT_FIELDS[name].rule is not Rule.GATEWAY}
         out["messages"] = for_the_model(messages, self.settings.tool_call_parser)
-        out.pop("stream_options", None)
         out["stream"] = False
         out["model"] = registry["model"]
         out["return_token_ids"] = True
@@ -165,9 +169,8 @@ class Gateway:
         ceiling = self.settings.max_tokens_ceiling
         has_limit = False
         for field in ("max_tokens", "max_completion_tokens"):
-            value = out.get(field)
+            value = body.get(field)
             if value is None:
-                out.pop(field, None)
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise APIError(400, "invalid_request", f"{field} must be a positive integer, got {value!r}")
@@ -179,15 +182,17 @@ class Gateway:
 
     def apply_sampling(self, request: dict[str, Any], sampling: dict[str, Any], rollout_id: str) -> dict[str, Any]:
         """The request with the rollout's sampling parameters in place of the agent's: the trainer
-        trains on the recorded log-probs, so its distribution is the one sampled. A rollout
-        without sampling parameters passes through as the agent sent it."""
+        trains on the recorded log-probs, so its distribution is the one sampled. Every sampling
+        parameter the agent set is dropped, those the rollout leaves out too (the model server's
+        default applies, as for an agent that sets none). A rollout without sampling parameters
+        passes through as the agent sent it."""
         if not sampling:
             return request
-        overridden = {k: request[k] for k, v in sampling.items() if k in request and request[k] != v}
+        overridden = {k: v for k, v in request.items() if k in SAMPLING_FIELDS and sampling.get(k) != v}
         if overridden:
             log.debug("rollout %s: agent's sampling %s replaced by the rollout's %s", rollout_id, overridden,
-                      {k: sampling[k] for k in overridden})
-        return {**request, **sampling}
+                      {k: sampling.get(k) for k in overridden})
+        return {**{k: v for k, v in request.items() if k not in SAMPLING_FIELDS}, **sampling}
 
     def pick_endpoints(self, rollout_id: str, endpoints: list[str]) -> list[str]:
         """Endpoints in the order to try: the sticky one first, then the others in turn."""
@@ -258,12 +263,14 @@ class Gateway:
         request: dict[str, Any],
         registry_now: Callable[[], dict[str, Any]],
         agent_gone: Callable[[], Awaitable[bool]] | None = None,
+        encoded: bytes | None = None,
     ) -> Forwarded:
         """Send the call (`_send`: endpoints picked per rollout, retries, resends of aborted
         answers), record it once, return what the agent gets. `registry_now` gives the model
         registry as it is at the time; an answer that arrives after the agent hung up
-        (`agent_gone`) is recorded as 499, only until the agent's resend is."""
-        sent = await self._send(rollout_id, attempt_id, request, registry_now)
+        (`agent_gone`) is recorded as 499, only until the agent's resend is. `encoded`: the
+        request's bytes (`encode_request`) when the caller has them already."""
+        sent = await self._send(rollout_id, attempt_id, request, registry_now, encoded)
         if sent.gave_up_after_s is not None and sent.result is not None:
             call, answer = self._aborted(rollout_id, attempt_id, sent, sent.result, sent.gave_up_after_s)
         elif sent.result is not None and sent.result.status not in _RETRYABLE_STATUS:
@@ -278,7 +285,8 @@ class Gateway:
         return answer
 
     async def _send(
-        self, rollout_id: str, attempt_id: str, request: dict[str, Any], registry_now: Callable[[], dict[str, Any]]
+        self, rollout_id: str, attempt_id: str, request: dict[str, Any], registry_now: Callable[[], dict[str, Any]],
+        encoded: bytes | None = None,
     ) -> Sent:
         """The call sent with retries over the rollout's endpoints, and sent again while its answer
         is aborted, to the registry of that moment, until `abort_retry_s` has passed since the
@@ -286,7 +294,7 @@ class Gateway:
         s = self.settings
         started = time.perf_counter()
         registry = registry_now()
-        body = _encode(request)
+        body = encode_request(request) if encoded is None else encoded
         aborts = 0
         while True:
             order = self.pick_endpoints(rollout_id, registry["endpoints"])
@@ -305,7 +313,7 @@ class Gateway:
             if current.get("endpoints"):
                 if current.get("model") and current["model"] != request.get("model"):
                     request = {**request, "model": current["model"]}
-                    body = _encode(request)
+                    body = encode_request(request)
                 registry = current
         # The answering try's own time: an aborted call's wait through a weight update is not the
         # model's latency.

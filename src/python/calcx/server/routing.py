@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from calcx.api.endpoints import ENDPOINTS, Endpoint
+from calcx.api.endpoints import ENDPOINTS, Auth, Endpoint
 from calcx.server.auth import audience_for
 from calcx.server.errors import read_model
 
@@ -76,7 +76,7 @@ def _asgi_endpoint(endpoint: Endpoint, handler: Handler, state: ServerState) -> 
     audience = audience_for(endpoint.auth)
     auth = state.auth
     model = endpoint.request
-    limit = state.settings.max_body_bytes
+    limit = state.settings.body_limit(endpoint.name)
     body_optional = endpoint.body_optional
 
     async def serve(request: Request) -> Response:
@@ -85,4 +85,18 @@ def _asgi_endpoint(endpoint: Endpoint, handler: Handler, state: ServerState) -> 
         body = None if model is None else await read_model(request, model, limit, allow_empty=body_optional)
         return await handler(request, state, body)
 
-    return serve
+    if endpoint.auth is not Auth.ATTEMPT:
+        return serve
+    budgets = state.budgets
+
+    async def serve_attempt(request: Request) -> Response:
+        """An attempt's URL: let in (its token), then one of the attempt's places in flight taken
+        before its body is read (429 past them), given back however the request ends."""
+        if audience is not None:
+            audience(auth, request)
+        params = request.path_params
+        with budgets.in_flight(params["rid"], params["aid"]):
+            body = None if model is None else await read_model(request, model, limit, allow_empty=body_optional)
+            return await handler(request, state, body)
+
+    return serve_attempt

@@ -61,13 +61,12 @@ def start_server_thread(
 
     sock = bind_socket(host, port)
     try:
-        app = create_app(
-            ServerSettings(
-                key=key, store_path=store_path, host=host, port=sock.getsockname()[1],
-                public_url=public_url or url_of(sock), **settings,
-            )
+        server_settings = ServerSettings(
+            key=key, store_path=store_path, host=host, port=sock.getsockname()[1],
+            public_url=public_url or url_of(sock), **settings,
         )
-        return ServerThread(app, sock).start()
+        app = create_app(server_settings)
+        return ServerThread(app, sock, limit_concurrency=server_settings.max_connections).start()
     except BaseException:
         sock.close()
         raise

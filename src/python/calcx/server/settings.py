@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from calcx.api.endpoints import POST_EVENT
+from calcx.server.errors import BodyLimit
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -19,7 +22,14 @@ class ServerSettings:
     log_level: str = "info"
     access_log: bool = False
     # requests
-    max_body_bytes: int = 8 * 1024 * 1024
+    max_body_bytes: int = 8 * 1024 * 1024  # every endpoint but those of BODY_LIMIT_SETTINGS
+    max_event_body_bytes: int = 64 * 1024  # an event (a reward is a few dozen bytes)
+    # connections and requests the HTTP server holds at once (uvicorn's limit_concurrency): past
+    # it a new request is answered 503 at once, before the app sees it
+    max_connections: int = 4096
+    # JSON bodies nested deeper than this are refused (422): a tool's JSON schema nests a few
+    # levels; thousands would exhaust the parser's stack
+    max_json_depth: int = 64
     page_limit: int = 100  # GET /v1/rollouts and /v1/terminal without ?limit=
     max_page_limit: int = 1000
     # per attempt: past these an agent's next event or model call is refused (413 attempt_limit)
@@ -27,6 +37,10 @@ class ServerSettings:
     max_event_bytes_per_attempt: int = 1024 * 1024  # the events' data, as stored JSON
     max_calls_per_attempt: int = 256
     max_call_bytes_per_attempt: int = 64 * 1024 * 1024  # recorded requests and answers, as JSON bytes
+    # requests in flight at once with one attempt's URLs (its gateway and events, whoever sends
+    # them); past it 429 too_many_requests. An agent makes one model call at a time, and its client
+    # may resend one it gave up on while the first is still upstream
+    max_in_flight_per_attempt: int = 8
     # retention: a rollout terminal for longer than this is deleted with its attempts, events and
     # calls (checked every retain_check_s); 0 keeps everything
     retain_s: float = 7 * 24 * 3600.0
@@ -54,6 +68,11 @@ class ServerSettings:
     # "hermes", an earlier model turn goes back to the model as it wrote it (calcx.server.assistant_turns)
     tool_call_parser: str = ""
 
+    def body_limit(self, endpoint_name: str) -> BodyLimit:
+        """What the route of one endpoint (its `calcx.api.endpoints` name) reads of a request body."""
+        setting = BODY_LIMIT_SETTINGS.get(endpoint_name, "max_body_bytes")
+        return BodyLimit(getattr(self, setting), "--" + setting.replace("_", "-"), self.max_json_depth)
+
     def poll_timeout(self, requested: float) -> float:
         """A client's long-poll timeout, cut to [0, max_poll_s]."""
         return max(0.0, min(float(requested), self.max_poll_s))
@@ -63,5 +82,10 @@ class ServerSettings:
         """How often expired leases are looked for: a few times per lease, at most once a second."""
         return max(0.05, min(1.0, self.lease_s / 4))
 
+
+#: Endpoints (by their name in calcx.api.endpoints) whose bodies have a limit of their own, and the
+#: setting that holds it; every other endpoint reads up to max_body_bytes (the gateway's calls,
+#: a batch of rollouts).
+BODY_LIMIT_SETTINGS: dict[str, str] = {POST_EVENT.name: "max_event_body_bytes"}
 
 DEFAULTS = ServerSettings()

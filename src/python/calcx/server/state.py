@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calcx.server.auth import Authenticator
+from calcx.server.budget import AttemptBudgets
 from calcx.server.gateway import Gateway
 from calcx.server.metrics import ServerMetrics
 from calcx.server.service import RolloutService
@@ -21,6 +22,7 @@ class ServerState:
     auth: Authenticator
     metrics: ServerMetrics
     service: RolloutService
+    budgets: AttemptBudgets
     gateway: Gateway | None = None
     registry: dict[str, Any] = field(default_factory=dict)  # the model registry, as stored
 

@@ -10,7 +10,8 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from calcx.api import endpoints as api
-from calcx.server.errors import APIError, json_response, read_json
+from calcx.server.errors import APIError, declared_length, json_response, read_json
+from calcx.server.gateway import encode_request
 from calcx.server.routing import Routes
 from calcx.server.state import ServerState
 
@@ -19,17 +20,16 @@ routes = Routes()
 
 @routes.serve(api.CHAT_COMPLETIONS)
 async def chat_completions(request: Request, state: ServerState, body: None) -> Response:
+    """One model call of a RUNNING attempt. In order, before anything is forwarded: the attempt
+    still has a call and the request's declared bytes left (before its body is read), the body
+    reads as a chat completion, a model is registered, and then the call is reserved (its
+    forwarded bytes, against the recorded and the reserved calls: calcx.server.budget) until it
+    is recorded, fails or is cancelled."""
     rid, aid = request.path_params["rid"], request.path_params["aid"]
-    payload = await read_json(request, state.settings.max_body_bytes)
-    current = state.db.attempts.state(rid, aid)
-    if current != "RUNNING":
-        raise APIError(
-            409,
-            "attempt_not_running",
-            f"attempt {aid} of rollout {rid!r} is {current}; the gateway serves only RUNNING attempts",
-        )
-    settings = state.settings
-    state.db.calls.require_room(rid, aid, settings.max_calls_per_attempt, settings.max_call_bytes_per_attempt)
+    _require_running(state, rid, aid)
+    budgets, calls = state.budgets, state.db.calls
+    budgets.require_room(calls, rid, aid, declared_length(request))
+    payload = await read_json(request, state.settings.body_limit(api.CHAT_COMPLETIONS.name))
     registry = state.registry
     if not registry.get("endpoints"):
         raise APIError(
@@ -47,14 +47,29 @@ async def chat_completions(request: Request, state: ServerState, body: None) -> 
     # has any, override the agent's.
     sampling = state.db.rollouts.sampling(rid)
     upstream_request = gateway.apply_sampling(gateway.prepare(payload, registry), sampling, rid)
-    # The gateway reads the registry again when it resends a call the model server aborted
-    # (generation paused for a weight update).
-    answer = await gateway.forward(rid, aid, upstream_request, lambda: state.registry, request.is_disconnected)
+    encoded = encode_request(upstream_request)
+    # Read again after the body: the attempt may have ended while it streamed in.
+    _require_running(state, rid, aid)
+    with budgets.call(calls, rid, aid, len(encoded)):
+        # The gateway reads the registry again when it resends a call the model server aborted
+        # (generation paused for a weight update).
+        answer = await gateway.forward(rid, aid, upstream_request, lambda: state.registry, request.is_disconnected,
+                                       encoded=encoded)
     if answer.failure is not None:
         # e.g. model_aborted: the attempt fails as infrastructure before the agent could score an
         # empty answer, whatever the agent does with the error it gets.
         state.service.fail(rid, aid, answer.failure, answer.detail)
     return Response(content=answer.content, status_code=answer.status, media_type="application/json")
+
+
+def _require_running(state: ServerState, rid: str, aid: str) -> None:
+    current = state.db.attempts.state(rid, aid)
+    if current != "RUNNING":
+        raise APIError(
+            409,
+            "attempt_not_running",
+            f"attempt {aid} of rollout {rid!r} is {current}; the gateway serves only RUNNING attempts",
+        )
 
 
 @routes.serve(api.OPENAI_MODELS)

@@ -1,4 +1,5 @@
-"""`/healthz` and `/metrics`: open, for load balancers, probes and Prometheus."""
+"""`/healthz` and `/metrics`: open, for load balancers, probes and Prometheus. `/healthz` checks
+that the store can write, with one small write."""
 
 from __future__ import annotations
 
@@ -17,8 +18,14 @@ routes = Routes()
 
 @routes.serve(api.HEALTH)
 async def healthz(request: Request, state: ServerState, body: None) -> Response:
-    status = "ok" if state.service.serving else "unavailable"
-    return json_response({"status": status, "version": __version__}, 200 if status == "ok" else 503)
+    """Ok only while the server serves and its store takes a write (one committed row): a full
+    disk, a read-only file or another process holding the database's lock is a 503 that says so."""
+    if not state.service.serving:
+        return json_response({"status": "unavailable", "version": __version__, "store": "not open"}, 503)
+    problem = state.db.write_problem()
+    if problem is not None:
+        return json_response({"status": "unavailable", "version": __version__, "store": problem}, 503)
+    return json_response({"status": "ok", "version": __version__, "store": "writable"})
 
 
 @routes.serve(api.METRICS)

@@ -42,3 +42,7 @@ class RolloutStore:
 
     def close(self) -> None:
         self._db.close()
+
+    def write_problem(self) -> str | None:
+        """Why the store cannot write now (a committed write of one row), or None."""
+        return self._db.write_problem()

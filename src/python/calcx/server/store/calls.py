@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from calcx.server.store.database import Database, LimitReached, NotFound, parse_attempt_id
+from calcx.server.store.database import Database, NotFound, parse_attempt_id
 
 
 def _pack(typecode: str, values: Sequence[int] | Sequence[float]) -> bytes:
@@ -109,17 +109,17 @@ class Calls:
             )
         return int(cur.lastrowid or 0)
 
-    def require_room(self, rollout_id: str, attempt_id: str, max_count: int, max_bytes: int) -> None:
-        """LimitReached when the attempt's recorded calls number `max_count` or their requests
-        and answers fill `max_bytes`: its next model call would pass a bound."""
+    def usage(self, rollout_id: str, attempt_id: str) -> tuple[int, int]:
+        """(calls recorded, bytes of their requests and answers) of one attempt: what its caps count
+        (calcx.server.budget adds the calls reserved and not yet recorded)."""
+        no = parse_attempt_id(attempt_id)
+        if no is None:
+            return 0, 0
         count, size = self._db.execute(
             "SELECT COUNT(*), COALESCE(SUM(LENGTH(request) + COALESCE(LENGTH(response), 0)), 0) FROM calls "
-            "WHERE rollout_id = ? AND attempt_no = ?", (rollout_id, int(attempt_id)),
+            "WHERE rollout_id = ? AND attempt_no = ?", (rollout_id, no),
         ).fetchone()
-        if count >= max_count or size >= max_bytes:
-            raise LimitReached(
-                f"attempt {attempt_id} of rollout {rollout_id!r} has made {count} model calls ({size} bytes recorded); "
-                f"one attempt may make at most {max_count} calls and record {max_bytes} bytes")
+        return int(count), int(size)
 
     def query(self, rollout_id: str, attempt_id: str | None = None) -> list[dict[str, Any]]:
         """A rollout's calls (or one attempt's), ordered by attempt, then `seq`."""

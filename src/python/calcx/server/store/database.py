@@ -12,6 +12,12 @@ from typing import Any
 from calcx.server.store.schema import SCHEMA
 
 
+#: How long a statement waits for another connection's write lock (ms).
+BUSY_TIMEOUT_MS = 5000
+#: ... and the health probe's write, which answers a load balancer rather than a caller's request.
+PROBE_BUSY_MS = 200
+
+
 class StoreError(Exception):
     """A request the store refuses; `code` is the API error code."""
 
@@ -65,7 +71,7 @@ class Database:
             )
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.execute("PRAGMA foreign_keys=OFF")
-        self.conn.execute("PRAGMA busy_timeout=5000")
+        self.conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         self.conn.execute("PRAGMA cache_size=-32000")
         self.conn.executescript(SCHEMA)
 
@@ -95,6 +101,25 @@ class Database:
                 db.execute("ROLLBACK")
             raise
 
+    def write_problem(self) -> str | None:
+        """Why the store cannot write now (None when it can): one small committed write (the
+        `health_probe` row of `kv`), waiting at most PROBE_BUSY_MS for another writer's lock
+        instead of the usual busy timeout, so a probe never holds the server's loop for long."""
+        try:
+            self.conn.execute(f"PRAGMA busy_timeout={PROBE_BUSY_MS}")
+            try:
+                with self.tx() as db:
+                    db.execute(
+                        "INSERT INTO kv (key, value) VALUES ('health_probe', ?) "
+                        "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                        (repr(self.clock()),),
+                    )
+            finally:
+                self.conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        except sqlite3.Error as exc:
+            return f"the store cannot write: {type(exc).__name__}: {exc}"
+        return None
+
     def wall_time(self, monotonic_time: float) -> float:
         """A monotonic instant of this process (a lease deadline) as wall time, for people."""
         return self.clock() + (monotonic_time - self.monotonic())
@@ -105,8 +130,9 @@ class Database:
 
 
 def parse_attempt_id(attempt_id: str) -> int | None:
-    """Attempt ids are "1", "2", ... in the API and integers in the tables."""
-    if not attempt_id.isdigit() or len(attempt_id) > 9:
+    """Attempt ids are "1", "2", ... in the API and integers in the tables. Only ASCII digits:
+    `str.isdigit` also takes digits `int` cannot read, such as "²"."""
+    if not attempt_id.isascii() or not attempt_id.isdigit() or len(attempt_id) > 9:
         return None
     return int(attempt_id)
 
