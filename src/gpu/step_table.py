@@ -440,11 +440,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="the run's session_times.jsonl: with --calls, the trainer's sessions in the wait table")
     parser.add_argument("--starts", type=Path,
                         help="the run's starts.jsonl: a restart's first step pays start-up, left out of the wait summary")
+    parser.add_argument("--outcomes", type=Path, metavar="CSV",
+                        help="with --calls, write each validation problem's reward per step (step,id,source,reward): "
+                             "what a run record keeps of its store, for pairing runs without it")
     parser.add_argument("--versus", type=Path, metavar="OTHER_DB",
                         help="with --calls, another run's store: the two runs' validations per problem, step by step")
     args = parser.parse_args(argv)
     if args.versus and not args.calls:
         parser.error("--versus compares this run's store (--calls) with another's: give --calls too")
+    if args.outcomes and not args.calls:
+        parser.error("--outcomes reads the run's store (--calls): give --calls too")
     steps = read_metrics(args.metrics)
     busy = busy_seconds_by_step(args.calls) if args.calls else None
     print(table(steps, busy))
@@ -462,6 +467,10 @@ def main(argv: list[str] | None = None) -> int:
             print(evicted_calls(args.calls, args.incomplete))
         outcomes = validation_outcomes(args.calls)
         sources = validation_sources(args.calls)
+        if args.outcomes:
+            args.outcomes.write_text("step,id,source,reward\n" + "".join(
+                f"{step},{row},{sources.get(row, 'unknown')},{reward:g}\n"
+                for step, rows in outcomes.items() for row, reward in sorted(rows.items())))
         by_source = split_by_source(outcomes, sources)
         # several sources (e.g. gsm8k and its hard split): all of them, then each apart
         parts = [("", outcomes)] + ([(f" ({name})", part) for name, part in by_source.items()]

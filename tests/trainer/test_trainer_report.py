@@ -86,11 +86,21 @@ def test_report_draws_and_states_calculator_use(tmp_path: Path, monkeypatch: pyt
 
     monkeypatch.setattr(report_module, "_save_reward_axes", spy)
     text = write_report(tmp_path / "out", metrics_path=metrics, eval_records=None).read_text()
-    assert drawn[-1] == ["critic/score/mean", "validation", "train tool use", "validation tool use"]
+    assert drawn[-1] == ["training reward (critic/score/mean)", "validation", "train tool use", "validation tool use"]
     assert "train tool use (share of rollouts with a successful calculator call): first 50.0% (step 1), " \
            "last 25.0% (step 2)" in text
     assert "validation tool use (share of rollouts with a successful calculator call): first 25.0% (step 2)" in text
     assert "tool-call parse failures at the last validation (step 2): 4" in text
 
     text = write_report(tmp_path / "old", metrics_path=_metrics(tmp_path / "old.jsonl"), eval_records=None).read_text()
-    assert drawn[-1] == ["critic/score/mean", "validation"] and "tool use" not in text
+    assert drawn[-1] == ["training reward (critic/score/mean)", "validation"] and "tool use" not in text
+
+    # several validation sources: one line each, each source's own points
+    both = tmp_path / "both.jsonl"
+    both.write_text("".join(json.dumps({"step": s, "data": {"critic/score/mean": 0.5, "val-core/gsm8k/reward/mean@1": g,
+                                                           "val-core/gsm8k-hard/reward/mean@1": h}}) + "\n"
+                            for s, g, h in ((1, 0.6, 0.4), (2, 0.7, 0.5))))
+    write_report(tmp_path / "both", metrics_path=both, eval_records=None)
+    assert drawn[-1] == ["training reward (critic/score/mean)", "validation (gsm8k)", "validation (gsm8k-hard)"]
+    assert report_module.validation_points_by_source(read_metrics(both)) == {
+        "gsm8k": [(1, 0.6), (2, 0.7)], "gsm8k-hard": [(1, 0.4), (2, 0.5)]}

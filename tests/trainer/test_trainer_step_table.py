@@ -183,11 +183,12 @@ def test_step_tables_count_calculator_use_as_the_trainer_does(tmp_path: Path) ->
     log.write_text("\n".join(json.dumps(r) for r in [
         {"step": 0, "data": {"calcx/val/tool_use": 0.1, "calcx/val/tool_parse_failures": 3.0}},
         {"step": 1, "data": {"timing_s/step": 2.0, "calcx/train/tool_use": 0.25,
-                             "calcx/train/tool_calls_per_rollout": 0.5}}]) + "\n")
+                             "calcx/train/tool_calls_per_rollout": 0.5, "calcx/train/equal_reward_groups": 0.4,
+                             "actor/entropy": 0.3121}}]) + "\n")
     table = _step_table().tool_use_table(_step_table().read_metrics(log)).splitlines()
-    assert table[0].startswith("| step | train tool use |")
-    assert [c.strip() for c in table[2].strip("|").split("|")] == ["0", "-", "-", "-", "10%", "-", "3"]
-    assert [c.strip() for c in table[3].strip("|").split("|")] == ["1", "25%", "0.50", "-", "-", "-", "-"]
+    assert table[0].startswith("| step | equal-reward groups | entropy | train tool use |")
+    assert [c.strip() for c in table[2].strip("|").split("|")] == ["0", "-", "-", "-", "-", "-", "10%", "-", "3"]
+    assert [c.strip() for c in table[3].strip("|").split("|")] == ["1", "40%", "0.312", "25%", "0.50", "-", "-", "-", "-"]
     assert _step_table().tool_use_table({1: {"timing_s/step": 2.0}}) == ""
 
 
@@ -369,3 +370,38 @@ def test_validation_per_problem_pairs_each_problem_across_steps_and_runs(tmp_pat
     assert "validation per problem" in out.getvalue() and f"this run against {other}" in out.getvalue()
     with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
         step_table.main([str(printed), "--versus", str(other)])  # nothing to compare it with
+
+
+def test_validation_is_split_by_source_and_kept_as_a_csv(tmp_path: Path) -> None:
+    """With two validation sets (gsm8k and its hard split), the per-problem tables come for all the
+    problems and for each source apart; --outcomes keeps each problem's reward per step."""
+    import contextlib
+    import io
+    import sqlite3
+
+    step_table = _step_table()
+    db = tmp_path / "calcx.db"
+    con = sqlite3.connect(db)
+    con.executescript(_store_schema())
+    for step, rewards in ((0, {"a": 0.0, "a-hard": 0.0, "b": 1.0}), (10, {"a": 1.0, "a-hard": 0.0, "b": 1.0})):
+        for row, reward in rewards.items():
+            source = "gsm8k-hard" if row.endswith("-hard") else "gsm8k"
+            con.execute("insert into rollouts (rollout_id, spec, state, latest_attempt, reward, created_at) "
+                        "values (?, ?, 'SUCCEEDED', 1, ?, 0)",
+                        (f"calcx-val-s{step}-{row}", json.dumps({"row": {"id": row, "source": source},
+                                                               "labels": {"partition": "val", "step": str(step)}}),
+                         reward))
+    con.commit()
+    con.close()
+    assert step_table.split_by_source(step_table.validation_outcomes(db), step_table.validation_sources(db)) == {
+        "gsm8k": {0: {"a": 0.0, "b": 1.0}, 10: {"a": 1.0, "b": 1.0}},
+        "gsm8k-hard": {0: {"a-hard": 0.0}, 10: {"a-hard": 0.0}}}
+    metrics, csv = tmp_path / "metrics.jsonl", tmp_path / "validation.csv"
+    metrics.write_text(json.dumps({"step": 1, "data": {"timing_s/step": 10.0}}) + "\n")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        step_table.main([str(metrics), "--calls", str(db), "--outcomes", str(csv)])
+    printed = out.getvalue()
+    assert "validation per problem (the store" in printed and "validation per problem (gsm8k-hard)" in printed
+    assert csv.read_text().splitlines() == ["step,id,source,reward", "0,a,gsm8k,0", "0,a-hard,gsm8k-hard,0",
+                                            "0,b,gsm8k,1", "10,a,gsm8k,1", "10,a-hard,gsm8k-hard,0", "10,b,gsm8k,1"]

@@ -100,12 +100,26 @@ def plot_reward_curve(metrics: Sequence[Mapping[str, Any]], out_png: str | Path,
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    ax.plot(steps, values, marker="o", markersize=3, linewidth=1.5, label=used)
-    val_points = sorted((int(m["step"]), float(v)) for m in metrics for k, v in m.items()
-                        if k.startswith(VAL_KEY_PREFIX) and k.endswith("/mean@1") and isinstance(v, (int, float)))
-    if val_points:
-        ax.plot([p[0] for p in val_points], [p[1] for p in val_points], "s--", markersize=4, label="validation")
+    ax.plot(steps, values, marker="o", markersize=3, linewidth=1.5, label=f"training reward ({used})")
+    _plot_validation_by_source(ax, metrics)
     return _save_reward_axes(fig, ax, title, out, tool_use=_plot_tool_use(ax, metrics))
+
+
+def validation_points_by_source(metrics: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """Each validation source's (step, accuracy) points, in step order."""
+    points: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for m in metrics:
+        for source, value in validation_by_source(m).items():
+            points[source].append((int(m["step"]), value))
+    return {source: sorted(found) for source, found in sorted(points.items())}
+
+
+def _plot_validation_by_source(ax: Any, metrics: Sequence[Mapping[str, Any]]) -> None:
+    """One dashed line a validation source (`validation (gsm8k)`, ...; plain `validation` for one)."""
+    by_source = validation_points_by_source(metrics)
+    for source, points in by_source.items():
+        label = "validation" if len(by_source) == 1 else f"validation ({source})"
+        ax.plot([p[0] for p in points], [p[1] for p in points], "s--", markersize=4, label=label)
 
 
 @dataclass
