@@ -1,7 +1,8 @@
 """One picture of GPU runs side by side: training reward per step (left), validation accuracy
 (middle) and, when the runs logged it, calculator use (right: the share of rollouts with a
-successful calculator call, `calcx/train/tool_use` solid, `calcx/val/tool_use` dashed), one line
-per run, from verl's metrics files (the `file` logger's JSONL).
+successful calculator call, `calcx/train/tool_use` solid, `calcx/val/tool_use` dashed), one colour
+per run (and in the middle one line per validation source), from verl's metrics files (the `file`
+logger's JSONL).
 
     python3 src/gpu/curves.py --out results/gpu-run/curves.png sync=results/gpu-run/sync_metrics.jsonl [async=...]
 """
@@ -14,7 +15,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from calcx.trainer.report import TOOL_USE_SERIES, metric_series, read_metrics, reward_series, validation_series  # noqa: E402
+from calcx.trainer.report import (  # noqa: E402
+    TOOL_USE_SERIES,
+    metric_series,
+    read_metrics,
+    reward_series,
+    validation_points_by_source,
+)
 
 
 def draw(runs: list[tuple[str, Path]], out: Path, title: str) -> Path:
@@ -37,10 +44,14 @@ def draw(runs: list[tuple[str, Path]], out: Path, title: str) -> Path:
                 if points:
                     axes[2].plot([p[0] for p in points], [p[1] for p in points], style, markersize=3,
                                  color=reward_line.get_color(), label=f"{label} {key.split('/')[1]}")
-        points = validation_series(metrics)
-        line, = val_ax.plot([p[0] for p in points], [p[1] for p in points], "s--", markersize=5, label=label)
-        for step, acc in points:
-            labelled.setdefault(step, []).append((acc, line.get_color()))
+        by_source = validation_points_by_source(metrics)
+        for (source, points), style in zip(by_source.items(), ("s--", "^:", "d-.", "v:")):
+            # one line a validation source (gsm8k, gsm8k-hard, ...), in the run's colour
+            line, = val_ax.plot([p[0] for p in points], [p[1] for p in points], style, markersize=5,
+                                color=reward_line.get_color(),
+                                label=label if len(by_source) == 1 else f"{label} ({source})")
+            for step, acc in points:
+                labelled.setdefault(step, []).append((acc, line.get_color()))
     for step, marks in labelled.items():
         # at each step the highest value is labelled above its point, the lowest below and any
         # between to the right, so that close values stay legible
