@@ -34,6 +34,7 @@ class FakeUpstream:
     before_answer: Callable[[], None] | None = None  # called (off the event loop) before each model answer
     delay_s: float = 0.0
     answer_ids: list[int] = field(default_factory=lambda: [7, 8, 9])  # the token ids of every model answer
+    answer_text: str = "### ANSWER: 42 ###"  # the text of every model answer
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def app(self) -> FastAPI:
@@ -80,7 +81,7 @@ class FakeUpstream:
                     "choices": [
                         {
                             "index": 0,
-                            "message": {"role": "assistant", "content": "### ANSWER: 42 ###"},
+                            "message": {"role": "assistant", "content": self.answer_text},
                             "finish_reason": "stop",
                             "token_ids": answer_ids,
                             "logprobs": {

@@ -3,10 +3,12 @@ the max_tokens ceiling and the answers an OpenAI client sees."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionUserMessageParam
@@ -324,6 +326,43 @@ def test_with_the_hermes_parser_an_earlier_tool_turn_goes_back_as_the_model_wrot
                 assert recorded == forwarded  # the recorded request is the one forwarded
     finally:
         server.stop()
+
+
+TEMPLATE_CALL = ('Let me compute.\n<tool_call>\n{{"name": "calculate", "arguments": {"expression": "2 * 6 / 4"}}}\n'
+                 '</tool_call>\n### ANSWER: 3')
+
+
+def test_with_the_hermes_parser_calls_in_the_templates_doubled_braces_are_made(
+        db_path: str, server_key: str, upstream: Any) -> None:
+    """A call written as Qwen2.5's template shows it (`{{"name": ...}}`, which vLLM's parser cannot
+    read) reaches the agent as the call it states, and is recorded so; the tokens are the model's."""
+    server = start_server_thread(db_path, server_key, upstream_timeout_s=5.0, tool_call_parser="hermes")
+    upstream.answer_text = TEMPLATE_CALL
+    try:
+        with CalcxClient(server.url, server_key, timeout=10.0) as client:
+            client.put_models("policy", [upstream.url], policy_version=1)
+            claim = running_claims(client, prefix="template-call")[0]
+            oa = openai.OpenAI(base_url=claim.env["AGL_OPENAI_BASE_URL"], api_key=claim.env["AGL_KEY"], max_retries=0)
+            answer = oa.chat.completions.create(model="m", messages=MESSAGES).choices[0]
+            assert answer.finish_reason == "tool_calls" and answer.message.content == "Let me compute.\n"
+            assert [(c.function.name, json.loads(c.function.arguments)) for c in answer.message.tool_calls] == [
+                ("calculate", {"expression": "2 * 6 / 4"})]
+            recorded = client.calls(claim.rollout.rollout_id)[0]
+            assert recorded.response["choices"][0]["message"]["tool_calls"][0]["id"] == answer.message.tool_calls[0].id
+            assert recorded.response_token_ids == [7, 8, 9]
+            metrics = httpx.get(f"{server.url}/metrics").text
+            assert "calcx_gateway_template_calls_read_total 1.0" in metrics
+    finally:
+        server.stop()
+
+
+def test_without_a_known_parser_a_templates_call_stays_text(client: CalcxClient, upstream: Any) -> None:
+    upstream.answer_text = TEMPLATE_CALL
+    client.put_models("policy", [upstream.url], policy_version=1)
+    claim = running_claims(client, prefix="template-call-off")[0]
+    oa = openai.OpenAI(base_url=claim.env["AGL_OPENAI_BASE_URL"], api_key=claim.env["AGL_KEY"], max_retries=0)
+    answer = oa.chat.completions.create(model="m", messages=MESSAGES).choices[0]
+    assert answer.message.content == TEMPLATE_CALL and not answer.message.tool_calls
 
 
 def test_without_a_known_parser_turns_go_as_the_agent_sent_them(client: CalcxClient, upstream: Any) -> None:

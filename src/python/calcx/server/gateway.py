@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from calcx.contract.failures import FailureReason
-from calcx.server.assistant_turns import for_the_model
+from calcx.server.assistant_turns import HERMES, for_the_model, read_template_calls
 from calcx.server.chat_fields import CHAT_FIELDS, SAMPLING_FIELDS, Rule, check_fields
 from calcx.server.errors import APIError
 from calcx.server.metrics import ServerMetrics
@@ -343,9 +343,14 @@ class Gateway:
     ) -> tuple[CallRecord, Forwarded]:
         """An upstream answer the agent gets as it came (200, or a 4xx other than 408 and 429)."""
         payload = result.payload
+        content = result.content
         ids: tuple[list[int], list[int], list[float]] = ([], [], [])
         if result.status == 200 and payload is not None:
             ids = extract_tokens(payload)
+            read = read_template_calls(payload) if self.settings.tool_call_parser == HERMES else None
+            if read is not None:  # calls in the chat template's own example form: made, and recorded so
+                self.metrics.template_calls_read.inc()
+                content = json.dumps(read).encode()
         status = result.status
         abandoned = agent_gone is not None and await agent_gone()
         if abandoned:
@@ -354,11 +359,11 @@ class Gateway:
             status = CLIENT_CLOSED
         call = CallRecord(
             rollout_id=rollout_id, attempt_id=attempt_id, request=sent.body,
-            response=result.content if payload is not None else None, status_code=status,
+            response=content if payload is not None else None, status_code=status,
             latency_s=sent.latency_s, policy_version=sent.policy_version, endpoint=result.endpoint,
             prompt_token_ids=ids[0], response_token_ids=ids[1], response_logprobs=ids[2], abandoned=abandoned,
         )
-        return call, Forwarded(result.status, result.content)
+        return call, Forwarded(result.status, content)
 
     def _unavailable(self, rollout_id: str, attempt_id: str, sent: Sent) -> tuple[CallRecord, Forwarded]:
         """Every try failed (a retryable status, a timeout, no connection): a 502 for the agent."""

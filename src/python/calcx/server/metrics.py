@@ -41,6 +41,10 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.retries = Counter("calcx_retries", "New attempts queued after a failure", registry=self.registry)
+        self.template_calls_read = Counter(
+            "calcx_gateway_template_calls_read",
+            "Answers whose tool calls were read from the chat template's doubled-brace example form",
+            registry=self.registry)
         self.events = Counter("calcx_events", "Events received, by type", ["event_type"], registry=self.registry)
         self.pruned = Counter("calcx_rollouts_pruned", "Terminal rollouts deleted by retention (--retain-s)",
                               registry=self.registry)
