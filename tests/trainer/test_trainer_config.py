@@ -264,6 +264,12 @@ def _without_profile_name(cfg) -> dict:
     ("gsm8k-h200-tooluse-lr5e-6-joined", {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8}),
     # the first run's TOOLUSE_ARGS (one round: no call continues another, so join_calls does nothing)
     ("gsm8k-h200-tooluse-one-round", {"calcx.reward.tool_bonus": 0.1, "calcx.join_calls": False}),
+    ("gsm8k-h200-calculator", {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8,
+                               "calcx.reward.mask_void_turns": True}),
+    ("gsm8k-h200-calculator-filtered", {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8,
+                                        "calcx.reward.mask_void_turns": True, "algorithm.filter_groups.enable": True,
+                                        "algorithm.filter_groups.metric": "reward",
+                                        "algorithm.filter_groups.max_inflight_gen_batches": 2}),
 ])
 def test_a_run_profile_composes_to_what_the_gpu_script_passed(profile, extra) -> None:
     settings = {**H200_RUN_ARGS, **extra}
@@ -273,6 +279,13 @@ def test_a_run_profile_composes_to_what_the_gpu_script_passed(profile, extra) ->
     for key, value in settings.items():
         assert OmegaConf.select(by_profile, key) == value, key
     assert _without_profile_name(by_profile) == _without_profile_name(by_dotlist)
+
+
+def test_the_calculator_recipes_pass_verls_checks() -> None:
+    from calcx.trainer.launch import validate_with_verl
+
+    for profile in ("gsm8k-h200-calculator", "gsm8k-h200-calculator-filtered"):
+        validate_with_verl(compose(ComposeRequest(gpu_memory_gib=140.4, run_profile=profile)))
 
 
 def test_a_run_profile_wins_over_calcx_yaml_and_loses_to_the_command_line() -> None:
@@ -290,7 +303,8 @@ def test_a_run_profile_wins_over_calcx_yaml_and_loses_to_the_command_line() -> N
 
 
 def test_an_unknown_run_profile_is_refused_with_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match="'gsm8k-h100'.*known: gsm8k-h200, gsm8k-h200-anchor, gsm8k-h200-calculator, gsm8k-h200-tooluse, "
+    with pytest.raises(ConfigError, match="'gsm8k-h100'.*known: gsm8k-h200, gsm8k-h200-anchor, gsm8k-h200-calculator, "
+                                          "gsm8k-h200-calculator-filtered, gsm8k-h200-tooluse, "
                                           "gsm8k-h200-tooluse-lr5e-6, gsm8k-h200-tooluse-lr5e-6-joined, "
                                           "gsm8k-h200-tooluse-one-round"):
         compose(ComposeRequest(gpu_memory_gib=0, run_profile="gsm8k-h100"))
