@@ -40,7 +40,9 @@ def test_the_headline_is_the_last_validation_by_source_with_its_standard_error(t
         {"step": 20, "data": {"val-core/gsm8k/reward/mean@1": 0.716, "val-core/gsm8k-hard/reward/mean@1": 0.606,
                               "timing_s/step": 10.0}},
     ])
-    step, accuracies = read_record(folder).last_validation()
+    last = read_record(folder).last_validation()
+    assert last is not None
+    step, accuracies = last
     assert step == 20 and [(a.source, a.accuracy, a.n) for a in accuracies] == [
         ("gsm8k", 0.716, 1000), ("gsm8k-hard", 0.606, 434)]
     assert accuracies[0].standard_error == pytest.approx(math.sqrt(0.716 * 0.284 / 1000))

@@ -200,7 +200,8 @@ def plan_expressions(pairs: Sequence[tuple[str, str]], question_text: str, enlar
 
 async def _rewrite(plans: list[list[tuple[str, str]]], originals: Sequence[float], factor: int,
                    mapping: dict[float, int]) -> tuple[list[str], list[float]]:
-    expressions, values = [], []
+    expressions: list[str] = []
+    values: list[float] = []
     for plan, original in zip(plans, originals):
         parts = []
         for text, kind in plan:
