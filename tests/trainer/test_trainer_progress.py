@@ -66,6 +66,15 @@ def test_a_line_shows_each_validation_source_and_the_steps_signal() -> None:
         "equal-reward groups 25% | entropy 0.432 | tool use 90% (3 parse failures) (val 95%) | 12.0 s/step")
 
 
+def test_a_line_names_the_phase_that_took_most_of_the_step() -> None:
+    metrics = {"critic/score/mean": 0.5, "timing_s/step": 10.0, "timing_s/gen": 5.5, "timing_s/old_log_prob": 1.1,
+               "timing_s/update_actor": 2.9, "timing_s/update_weights": 0.5}
+    assert progress_line(3, metrics, total_steps=None, step_seconds=[12.0, 10.0]) == (
+        "calcx train: step 3 | reward 0.500 | 11.0 s/step (this step 10.0 s, generation 55%)")
+    slow_update = {**metrics, "timing_s/update_actor": 6.0}
+    assert progress_line(3, slow_update, total_steps=None, step_seconds=[10.0]).endswith("(this step 10.0 s, update 60%)")
+
+
 def test_the_watch_runs_beside_training_and_never_stops_it(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
     shown: list[str] = []

@@ -51,6 +51,22 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+# verl's timed phases of a step, as the console line names them
+STEP_PHASES = (("timing_s/gen", "generation"), ("timing_s/old_log_prob", "old log-prob"),
+               ("timing_s/update_actor", "update"), ("timing_s/update_weights", "weight sync"))
+
+
+def _dominant_phase(metrics: Mapping[str, Any]) -> str:
+    """` (this step: 12.1 s, generation 55%)`: the step's own time and the phase that took most of
+    it ("" when verl logged no phase)."""
+    total = _number(metrics.get("timing_s/step"))
+    phases = [(seconds, name) for key, name in STEP_PHASES if (seconds := _number(metrics.get(key))) is not None]
+    if not total or not phases:
+        return ""
+    seconds, name = max(phases)
+    return f" (this step {total:.1f} s, {name} {seconds / total:.0%})"
+
+
 def progress_line(step: int, metrics: Mapping[str, Any], *, total_steps: int | None,
                   step_seconds: list[float]) -> str:
     """The console line of one metrics line (`metrics` flat, as verl logged it)."""
@@ -82,7 +98,7 @@ def progress_line(step: int, metrics: Mapping[str, Any], *, total_steps: int | N
         parts.append(shown)
     if step_seconds:
         mean = sum(step_seconds) / len(step_seconds)
-        parts.append(f"{mean:.1f} s/step")
+        parts.append(f"{mean:.1f} s/step" + _dominant_phase(metrics))
         if total_steps and step < total_steps:
             parts.append(f"~{_duration(mean * (total_steps - step))} left")
     return f"{PROGRESS_PREFIX} " + " | ".join(parts)
