@@ -35,12 +35,15 @@ def api() -> Iterator[FakeApiServer]:
         yield server
 
 
+NONCE = "feedc0de"  # what a claim's attempt would have drawn
+
+
 def make_claim(rid: str, aid: str = "1", *, question: str = "What is 2+3?", deadline_s: float = 30) -> Claim:
     rollout = Rollout(rollout_id=rid, group_id="g-1", row={"question": question, "result": "5"},
                       state="RUNNING", attempts=[Attempt(attempt_id=aid, state="RUNNING", created_at=0.0)],
                       created_at=0.0, deadline_s=deadline_s)
     base = f"http://127.0.0.1:9/v1/rollouts/{rid}/attempts/{aid}"
-    token = attempt_token(KEY, rid, aid)
+    token = attempt_token(KEY, rid, aid, NONCE)
     env = {"QUESTION": question, "RESULT": "5", "AGL_OPENAI_BASE_URL": f"{base}/v1", "AGL_EVENT_URL": f"{base}/events",
            "AGL_KEY": token}
     return Claim(rollout=rollout, attempt_id=aid, token=token, env=env, deadline_s=deadline_s)
@@ -73,11 +76,11 @@ def test_success_creates_secret_then_job_owned_and_maps_complete(api: FakeApiSer
             job = api.get("job", job_name)
             secret = api.get("secret", f"{job_name}-key")
             assert job is not None and secret is not None
-            assert secret["stringData"] == {SECRET_KEY_NAME: attempt_token(KEY, "r-ok", "1")}
+            assert secret["stringData"] == {SECRET_KEY_NAME: attempt_token(KEY, "r-ok", "1", NONCE)}
             assert secret["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
             env = job["spec"]["template"]["spec"]["containers"][0]["env"]
             assert {"name": "AGL_KEY", "valueFrom": {"secretKeyRef": {"name": f"{job_name}-key", "key": SECRET_KEY_NAME}}} in env
-            assert all(e.get("value") != attempt_token(KEY, "r-ok", "1") for e in env), "token must not be plain env"
+            assert all(e.get("value") != attempt_token(KEY, "r-ok", "1", NONCE) for e in env), "token must not be plain env"
             assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 30
             posts = [r[2] for r in api.requests if r[1] == "POST"]
             assert posts.index("/api/v1/namespaces/calcx/secrets") < posts.index("/apis/batch/v1/namespaces/calcx/jobs")

@@ -1,7 +1,10 @@
 """Attempt tokens: bearer tokens that open only one attempt's gateway and events URLs.
 
-`calcx-at.<rid>.<aid>.<hex hmac-sha256(key, "<rid>/<aid>")>`. The server can check one without
-storing it, and an agent that leaks its token exposes only its own attempt.
+`calcx-at.<rid>.<aid>.<nonce>.<hex hmac-sha256(key, "<rid>/<aid>/<nonce>")>`. The nonce is drawn
+when the attempt is claimed and stored with it (it is not secret: the MAC is what a holder of the
+key alone can make), so a token opens only the attempt it was minted for: not an attempt of a
+later rollout that reuses the id (after retention deleted the first), not one claimed again. An
+agent that leaks its token exposes only its own attempt.
 """
 
 from __future__ import annotations
@@ -33,32 +36,45 @@ def key_problem(key: str) -> str | None:
     return None
 
 
+#: Random bytes of an attempt's nonce (hex in the token): ids of two attempts never share one.
+NONCE_BYTES = 12
+
+
+def new_nonce() -> str:
+    """A fresh attempt nonce (hex, no dots)."""
+    return secrets.token_hex(NONCE_BYTES)
+
+
 @dataclass(frozen=True)
 class AttemptScope:
     rollout_id: str
     attempt_id: str
+    nonce: str
 
 
-def _mac(key: str, rollout_id: str, attempt_id: str) -> str:
-    message = f"{rollout_id}/{attempt_id}".encode()
+def _mac(key: str, rollout_id: str, attempt_id: str, nonce: str) -> str:
+    message = f"{rollout_id}/{attempt_id}/{nonce}".encode()
     return hmac.new(key.encode(), message, hashlib.sha256).hexdigest()
 
 
-def attempt_token(key: str, rollout_id: str, attempt_id: str) -> str:
-    """The token an agent uses for attempt `attempt_id` of rollout `rollout_id`."""
-    return f"{PREFIX}{rollout_id}.{attempt_id}.{_mac(key, rollout_id, attempt_id)}"
+def attempt_token(key: str, rollout_id: str, attempt_id: str, nonce: str) -> str:
+    """The token an agent uses for attempt `attempt_id` of rollout `rollout_id`, claimed with `nonce`."""
+    if not nonce or "." in nonce:
+        raise ValueError(f"an attempt nonce is non-empty and has no dots, got {nonce!r}")
+    return f"{PREFIX}{rollout_id}.{attempt_id}.{nonce}.{_mac(key, rollout_id, attempt_id, nonce)}"
 
 
 def verify_attempt_token(key: str, token: str) -> AttemptScope | None:
-    """The attempt a token opens, or None when it is not a valid attempt token for `key`."""
+    """The attempt (and nonce) a token was minted for, or None when it is not a valid attempt token
+    for `key`. Whether the nonce is the attempt's own is the server's check (it stores them)."""
     if not token.startswith(PREFIX):
         return None
-    parts = token[len(PREFIX) :].rsplit(".", 2)
-    if len(parts) != 3:
+    parts = token[len(PREFIX) :].rsplit(".", 3)
+    if len(parts) != 4:
         return None
-    rollout_id, attempt_id, mac = parts
-    if not rollout_id or not attempt_id:
+    rollout_id, attempt_id, nonce, mac = parts
+    if not rollout_id or not attempt_id or not nonce:
         return None
-    if not hmac.compare_digest(mac.encode(), _mac(key, rollout_id, attempt_id).encode()):
+    if not hmac.compare_digest(mac.encode(), _mac(key, rollout_id, attempt_id, nonce).encode()):
         return None
-    return AttemptScope(rollout_id, attempt_id)
+    return AttemptScope(rollout_id, attempt_id, nonce)

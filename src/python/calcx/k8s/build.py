@@ -41,7 +41,7 @@ def build(out: Path, static: StaticSettings, server_key: str | None, version: st
             CALCX_ROLLOUT_ID: "example-rollout",
             CALCX_ATTEMPT_ID: "1",
         },
-        token="calcx-at.example-rollout.1.<hmac-sha256 of the server key>",
+        token="calcx-at.example-rollout.1.<nonce>.<hmac-sha256 of the server key>",
         deadline_s=300,
         settings=JobSettings(namespace=static.namespace, image=static.agent_image, ttl_seconds_after_finished=static.job_ttl_s),
     )

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from calcx.server.store.schema import SCHEMA
+from calcx.server.store.schema import ADDED_COLUMNS, SCHEMA
 
 
 class StoreError(Exception):
@@ -68,6 +68,9 @@ class Database:
         self.conn.execute("PRAGMA busy_timeout=5000")
         self.conn.execute("PRAGMA cache_size=-32000")
         self.conn.executescript(SCHEMA)
+        for table, column, declaration in ADDED_COLUMNS:
+            if column not in {row[1] for row in self.conn.execute(f"PRAGMA table_info({table})")}:
+                self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
 
     def close(self) -> None:
         self.conn.close()
