@@ -12,13 +12,36 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from calcx.contract.env import CALCX_KEY
 
 PREFIX = "calcx-at."
 #: The shortest server key accepted: an attempt token is an HMAC of known text under the key, so
 #: a short key could be guessed offline from any one token.
 MIN_KEY_CHARS = 32
 HOW_TO_MAKE_A_KEY = "make one with `export CALCX_KEY=$(calcx server --new-key)` (or `openssl rand -hex 32`)"
+
+
+#: What `--key KEY` gets: a key on a command line is readable by every process of the machine.
+KEY_FLAG_REFUSED = (f"--key is not accepted: a key on the command line can be read by every process on the machine "
+                    f"(/proc/PID/cmdline, ps); set {CALCX_KEY} in the environment or pass --key-file FILE "
+                    "(a file only you can read)")
+#: Where a key comes from, for messages that say none was found (a sentence).
+KEY_SOURCES = f"Set {CALCX_KEY} in the environment or pass --key-file FILE"
+
+
+def read_server_key(env: Mapping[str, str], key_file: str | None) -> str:
+    """The server key: the text of ``key_file`` (surrounding whitespace dropped) when given, else
+    ``env``'s CALCX_KEY; '' when neither has one. OSError/ValueError name an unreadable file."""
+    if key_file is None:
+        return env.get(CALCX_KEY, "")
+    try:
+        with open(key_file, encoding="utf-8") as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the server key from --key-file {key_file}: {exc}") from None
 
 
 def new_key() -> str:

@@ -66,8 +66,9 @@ class Stack:
     def start_server(self, timeout_s: float = 60.0) -> str:
         c = self.config
         cmd = [c.python, "-m", "calcx.server", "--host", "127.0.0.1", "--port", str(self._server_port),
-               "--db", str(self.db_path), "--key", c.key, "--log-level", "warning", *c.server_args]
-        self.server = ManagedProcess("server", cmd, self.workdir / "server.log", python_env()).start(SERVER_READY, timeout_s)
+               "--db", str(self.db_path), "--log-level", "warning", *c.server_args]
+        env = python_env({"CALCX_KEY": c.key})  # in its environment, never on its command line
+        self.server = ManagedProcess("server", cmd, self.workdir / "server.log", env).start(SERVER_READY, timeout_s)
         assert self.server.match is not None
         self.server_url = self.server.match.group(1)
         self._server_port = int(self.server_url.rsplit(":", 1)[1].split("/")[0])
