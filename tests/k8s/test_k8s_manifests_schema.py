@@ -153,6 +153,7 @@ def test_build_cli_writes_a_valid_directory(tmp_path: Path) -> None:
         validate_manifest(obj, source=resource)
         assert obj["metadata"].get("namespace", obj["metadata"]["name"]) == "ml"  # a Namespace is named so
     assert "server-key-secret.yaml" in kustomization["resources"]
+    assert (out / "server-key-secret.yaml").stat().st_mode & 0o777 == 0o600  # it holds the server key
     example = yaml.safe_load((out / "examples/agent-job.yaml").read_text())
     assert example["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/calcx/agent:1.2"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -53,3 +54,21 @@ def test_a_database_from_before_the_token_nonce_gets_the_column(tmp_path: Path) 
         assert db.execute("SELECT rollout_id, token_nonce FROM attempts").fetchall() == [("r", None)]
     finally:
         db.close()
+
+
+def test_the_store_and_its_wal_are_owner_only(tmp_path: Path) -> None:
+    old_umask = os.umask(0o022)  # a common umask: files 0644 unless made otherwise
+    try:
+        db = Database(str(tmp_path / "calcx.db"))
+        db.execute("CREATE TABLE t (x)")
+        try:
+            for name in ("calcx.db", "calcx.db-wal", "calcx.db-shm"):
+                assert (tmp_path / name).stat().st_mode & 0o777 == 0o600, name
+        finally:
+            db.close()
+        earlier = tmp_path / "earlier.db"
+        earlier.touch(mode=0o644)
+        Database(str(earlier)).close()
+        assert earlier.stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old_umask)

@@ -24,24 +24,29 @@ MIN_KEY_CHARS = 32
 HOW_TO_MAKE_A_KEY = "make one with `export CALCX_KEY=$(calcx server --new-key)` (or `openssl rand -hex 32`)"
 
 
-#: What `--key KEY` gets: a key on a command line is readable by every process of the machine.
-KEY_FLAG_REFUSED = (f"--key is not accepted: a key on the command line can be read by every process on the machine "
-                    f"(/proc/PID/cmdline, ps); set {CALCX_KEY} in the environment or pass --key-file FILE "
-                    "(a file only you can read)")
+def key_flag_refused(flag: str = "--key", file_flag: str = "--key-file") -> str:
+    """What a key given on the command line (``flag KEY``) gets: a command line is readable by
+    every process of the machine."""
+    return (f"{flag} is not accepted: a key on the command line can be read by every process on the machine "
+            f"(/proc/PID/cmdline, ps); set {CALCX_KEY} in the environment or pass {file_flag} FILE "
+            "(a file only you can read)")
+
+
+KEY_FLAG_REFUSED = key_flag_refused()
 #: Where a key comes from, for messages that say none was found (a sentence).
 KEY_SOURCES = f"Set {CALCX_KEY} in the environment or pass --key-file FILE"
 
 
-def read_server_key(env: Mapping[str, str], key_file: str | None) -> str:
+def read_server_key(env: Mapping[str, str], key_file: str | None, file_flag: str = "--key-file") -> str:
     """The server key: the text of ``key_file`` (surrounding whitespace dropped) when given, else
-    ``env``'s CALCX_KEY; '' when neither has one. OSError/ValueError name an unreadable file."""
+    ``env``'s CALCX_KEY; '' when neither has one. ValueError names an unreadable file."""
     if key_file is None:
         return env.get(CALCX_KEY, "")
     try:
         with open(key_file, encoding="utf-8") as f:
             return f.read().strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read the server key from --key-file {key_file}: {exc}") from None
+        raise ValueError(f"cannot read the server key from {file_flag} {key_file}: {exc}") from None
 
 
 def new_key() -> str:
