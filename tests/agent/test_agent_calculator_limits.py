@@ -26,6 +26,7 @@ from calcx.agent.calculator_limits import (
     MAX_RESULT_DIGITS,
     CalculatorLimit,
     bounded_evaluate,
+    time_limit_message,
 )
 
 #: What a model (or an attacker writing the question) can send: each would take gigabytes or
@@ -39,6 +40,9 @@ BOMBS = {
     "comb(10**7, 5*10**6)": "comb takes arguments up to",
     "'ab' * 400 + 'c' * 300": "more than 1000 digits",
     "1+" * 600 + "1": "characters; the calculator takes at most",
+    # one step that would build 2 GB in seconds before its result's size is seen
+    "'%2147483647d' % 1": "does not format strings",
+    "b'%.2147483646f' % 1.0": "does not format strings",
 }
 WITHIN = ["2 + 3 * 4", "90 * (1 - 2/3)", "-5 // 2", "2^10", "3 × 4 ÷ 6", "sqrt(16)", "pi * 2",
           "2**3000", "factorial(400)", "'a' * 1000", "1e308 * 10", "(-3)**5", "10**-3"]
@@ -60,6 +64,22 @@ def test_within_the_bounds_the_answers_are_the_packages() -> None:
     for bad, message in (("x + 1", "Unknown identifier: x"), ("3 > 2", "Unsupported operation")):
         with pytest.raises(ValueError, match=message):
             bounded_evaluate(bad)
+
+
+def test_the_time_bound_is_checked_at_every_step() -> None:
+    # every step within the bounds is quick, so the bound is shown with none left to spend
+    with pytest.raises(CalculatorLimit, match=time_limit_message(0)):
+        bounded_evaluate("2 + 3", max_call_s=0)
+    with pytest.raises(CalculatorLimit, match="took longer than"):
+        bounded_evaluate("+".join(["1"] * 400), max_call_s=0)
+    assert bounded_evaluate("2 + 3", max_call_s=60) == "5"
+
+
+def test_percent_stays_arithmetic() -> None:
+    assert bounded_evaluate("17 % 5") == package_evaluate("17 % 5") == "2"
+    assert bounded_evaluate("7.5 % 2") == package_evaluate("7.5 % 2")
+    with pytest.raises(CalculatorLimit, match="does not format strings"):
+        bounded_evaluate("'%d' % 5")
 
 
 async def _ask(expressions: list[str]) -> list[tuple[str, bool, float]]:

@@ -15,7 +15,7 @@ from calcx.cli import main as calcx_main
 SRC = Path(__file__).resolve().parents[2] / "src" / "python"
 LOCAL_FLAGS = ("--agent-cmd", "--no-prefork", "--worker-cmd", "--log-dir")
 K8S_FLAGS = ("--namespace", "--agent-image", "--image-pull-policy", "--kubeconfig", "--max-jobs-per-s", "--job-ttl-s")
-COMMON_FLAGS = ("--runner", "--server", "--key", "--concurrency", "--shutdown-grace-s")
+COMMON_FLAGS = ("--runner", "--server", "--key-file", "--concurrency", "--shutdown-grace-s")
 
 
 def _help(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -64,6 +64,13 @@ def test_help_through_the_module_entry_point():
 )
 def test_wrong_flags_are_rejected_naming_the_problem(capsys, argv, expected):
     with pytest.raises(SystemExit) as exited:
-        calcx_main(["controller", *argv, "--key", "k"])
+        calcx_main(["controller", *argv, "--key-file", "/nonexistent"])
     assert exited.value.code == 2
     assert expected in capsys.readouterr().err
+
+
+def test_a_key_on_the_command_line_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert calcx_main(["controller", "--key", "controller-test-key-0123456789-abcdef"]) == 2
+    err = capsys.readouterr().err
+    assert "/proc/PID/cmdline" in err and "CALCX_KEY" in err and "--key-file" in err
+    assert "controller-test-key" not in err

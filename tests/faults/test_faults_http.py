@@ -19,6 +19,7 @@ from calcx.faults.hostile import (
     MAX_BODY_BYTES,
     MAX_EVENT_BODY_BYTES,
     live_cases,
+    ref_of,
     send,
     static_cases,
     summarize,
@@ -67,8 +68,8 @@ def test_every_endpoint_refuses_hostile_requests_with_the_right_status(server: A
 def test_error_answers_say_what_was_wrong(server: Any) -> None:
     with CalcxClient(server.url, KEY) as client:
         decoy, _ = decoy_attempts(client, "t")
-    rid, aid = decoy
-    token = {"Authorization": f"Bearer {attempt_token(KEY, rid, aid)}"}
+    rid, aid, nonce = decoy
+    token = {"Authorization": f"Bearer {attempt_token(KEY, rid, aid, nonce)}"}
     with httpx.Client(base_url=server.url, timeout=30) as http:
         broken = http.post(f"/v1/rollouts/{rid}/attempts/{aid}/events", headers=token, content=b'{"event_type": ')
         big = http.post(f"/v1/rollouts/{rid}/attempts/{aid}/events", headers=token,
@@ -82,10 +83,10 @@ def test_error_answers_say_what_was_wrong(server: Any) -> None:
 def test_unknown_events_are_stored_as_data_and_do_not_touch_the_reward(server: Any) -> None:
     with CalcxClient(server.url, KEY) as client:
         decoy, _ = decoy_attempts(client, "t")
-        rid, aid = decoy
+        rid, aid, nonce = decoy
         client.post_reward(rid, aid, 1.0)
         with httpx.Client(base_url=server.url, timeout=30) as http:
-            headers = {"Authorization": f"Bearer {attempt_token(KEY, rid, aid)}"}
+            headers = {"Authorization": f"Bearer {attempt_token(KEY, rid, aid, nonce)}"}
             resp = http.post(f"/v1/rollouts/{rid}/attempts/{aid}/events", headers=headers,
                              json={"event_type": "rew\u202eard", "data": {"value": 0.0, "nested": [{"a": None}]}})
         assert resp.status_code == 200
@@ -101,9 +102,9 @@ def test_cross_rollout_tokens_and_finished_rollouts_are_refused(server: Any) -> 
         client.put_models("calcx-stub", ["http://127.0.0.1:9/v1"])
         client.create_rollouts([{"rollout_id": f"x{i}", "row": row} for i in range(3)])
         claims = client.claim("test-controller", max=3, timeout_s=0).claims
-        refs = [(c.rollout.rollout_id, c.attempt_id) for c in claims]
-        client.post_reward(*refs[2], 1.0)
-        client.finish(*refs[2], "SUCCEEDED")
+        refs = [ref for c in claims if (ref := ref_of(c.rollout))]
+        client.post_reward(*refs[2][:2], 1.0)
+        client.finish(*refs[2][:2], "SUCCEEDED")
         before = snapshot(client)
         cases = live_cases(KEY, refs[:2], [refs[2]])
         assert {c.expect for c in cases} == {403, 409}
@@ -124,7 +125,7 @@ def test_every_wrong_answer_is_counted_and_only_a_restart_excuses_no_answer(tmp_
         with CalcxClient(srv.url, KEY) as client:
             decoy, finished = decoy_attempts(client, "t")
             cases = static_cases(KEY, decoy, finished)
-            client.finish(*decoy, "FAILED", reason=FailureReason.CANCELLED, detail="the decoy lost")
+            client.finish(*decoy[:2], "FAILED", reason=FailureReason.CANCELLED, detail="the decoy lost")
         flood = [c for c in cases if c.name == "event flood"]
         healthz = next(c for c in cases if c.name == "healthz is open")
         with httpx.Client(base_url=srv.url, timeout=10) as http:

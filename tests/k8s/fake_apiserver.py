@@ -4,11 +4,13 @@ the handful of endpoints the k8s runner uses, so the runner can be tested throug
 
 What it models:
 - Jobs (batch/v1) and Secrets (v1): create (409 on a taken name), get, delete, list with
-  equality label selectors; Secret patch (merge of `metadata.ownerReferences`/labels).
+  equality label selectors; patch (merge of `metadata.ownerReferences`/labels, and a Job's
+  `spec.suspend`).
 - Pods (v1): list/get, and `pods/{name}/log` (the scripted log text).
 - Watches: `?watch=true&resourceVersion=N&timeoutSeconds=T` as a chunked stream of JSON lines,
   replaying events after N, then live events, ending after T seconds.
-- A scripted "kubelet + Job controller": creating a Job creates one Pod whose life follows the
+- A scripted "kubelet + Job controller": creating a Job (or resuming a suspended one, `spec.suspend`
+  patched to false) creates one Pod whose life follows the
   `Scenario` registered for the Job's image (pending -> waiting reason / running -> exit code),
   and the Job's conditions follow the Pod (Complete on exit 0, Failed/BackoffLimitExceeded
   otherwise, Failed/DeadlineExceeded once `activeDeadlineSeconds` pass). Before "starting" the
@@ -360,7 +362,7 @@ class FakeApiServer:
             if (kind, ns, name) in self.objects:
                 return status(409, "AlreadyExists", f'{resource} "{name}" already exists')
             obj = self._store(kind, "ADDED", self._new_meta(body, ns))
-            if kind == "job":
+            if kind == "job" and not (obj.get("spec") or {}).get("suspend"):
                 self._tasks[name] = asyncio.get_running_loop().create_task(self._drive(ns, name))
             return JSONResponse(public(obj), status_code=201)
 
@@ -378,7 +380,13 @@ class FakeApiServer:
                     obj["metadata"]["ownerReferences"] = meta["ownerReferences"]
                 if "labels" in meta:
                     obj["metadata"].setdefault("labels", {}).update(meta["labels"])
-                return public(self._store(kind, "MODIFIED", obj))
+                resume = kind == "job" and (patch.get("spec") or {}).get("suspend") is False
+                if kind == "job" and "suspend" in (patch.get("spec") or {}):
+                    obj["spec"]["suspend"] = patch["spec"]["suspend"]
+                stored = public(self._store(kind, "MODIFIED", obj))
+                if resume and name not in self._tasks:
+                    self._tasks[name] = asyncio.get_running_loop().create_task(self._drive(ns, name))
+                return stored
             # DELETE
             if kind == "job":
                 deleted = self._delete_job(ns, name)

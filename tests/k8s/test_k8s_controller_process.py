@@ -110,8 +110,9 @@ def test_controller_runs_rollouts_as_jobs_with_the_key_in_a_secret(
             secret = api.get("secret", ref["name"])
             assert secret is not None and ref["key"] == SECRET_KEY_NAME
             # the attempt's own token, signed with the server's key, only in the Secret
-            assert secret["stringData"] == {SECRET_KEY_NAME: attempt_token(KEY, rid, "1")}
-            assert all("value" not in e or e["value"] != attempt_token(KEY, rid, "1") for e in env.values())
+            token = attempt_token(KEY, rid, "1", done[rid].latest_attempt.token_nonce or "")
+            assert secret["stringData"] == {SECRET_KEY_NAME: token}
+            assert all("value" not in e or e["value"] != token for e in env.values())
             assert f"/v1/rollouts/{rid}/attempts/1" in env["AGL_EVENT_URL"]["value"]
             assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 60
     finally:

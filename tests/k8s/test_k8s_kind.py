@@ -109,7 +109,7 @@ def _claim(rid: str, deadline_s: float = 120) -> Claim:
     rollout = Rollout(rollout_id=rid, row={"question": "What is 2 + 3?", "result": "5"}, state="RUNNING",
                       attempts=[Attempt(attempt_id="1", state="RUNNING", created_at=0.0)], created_at=0.0)
     base = f"http://127.0.0.1:9/v1/rollouts/{rid}/attempts/1"  # nothing listens there inside the pod
-    token = attempt_token("kind-test-key-0123456789-abcdefghij", rid, "1")
+    token = attempt_token("kind-test-key-0123456789-abcdefghij", rid, "1", "feedc0de")
     env = {"QUESTION": "What is 2 + 3?", "RESULT": "5", "AGL_OPENAI_BASE_URL": f"{base}/v1",
            "AGL_EVENT_URL": f"{base}/events", "CALCX_MODEL_MAX_RETRIES": "0"}
     return Claim(rollout=rollout, attempt_id="1", token=token, env=env, deadline_s=deadline_s)

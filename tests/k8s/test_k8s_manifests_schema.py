@@ -96,10 +96,12 @@ def test_rbac_is_namespaced_and_limited_to_what_the_runner_uses() -> None:
     assert role["kind"] == "Role" and role["metadata"]["namespace"] == "team-a"
     granted = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
     assert granted == {
-        ("batch", "jobs"): {"create", "get", "list", "watch", "delete"},
+        ("batch", "jobs"): {"create", "get", "list", "watch", "patch", "delete"},
         ("", "pods"): {"list", "watch"},
         ("", "pods/log"): {"get"},
-        ("", "secrets"): {"create", "patch", "delete"},  # no get: the server key's Secret is unreadable
+        # create only: no get, list or watch (the server key's Secret is unreadable), no patch (its
+        # answer carries the Secret's data), no delete (a Secret goes with the Job that owns it)
+        ("", "secrets"): {"create"},
     }
     all_verbs = set().union(*granted.values())
     assert "*" not in all_verbs and "escalate" not in all_verbs and "bind" not in all_verbs
@@ -153,6 +155,7 @@ def test_build_cli_writes_a_valid_directory(tmp_path: Path) -> None:
         validate_manifest(obj, source=resource)
         assert obj["metadata"].get("namespace", obj["metadata"]["name"]) == "ml"  # a Namespace is named so
     assert "server-key-secret.yaml" in kustomization["resources"]
+    assert (out / "server-key-secret.yaml").stat().st_mode & 0o777 == 0o600  # it holds the server key
     example = yaml.safe_load((out / "examples/agent-job.yaml").read_text())
     assert example["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/calcx/agent:1.2"
 

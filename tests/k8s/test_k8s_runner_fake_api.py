@@ -35,12 +35,15 @@ def api() -> Iterator[FakeApiServer]:
         yield server
 
 
+NONCE = "feedc0de"  # what a claim's attempt would have drawn
+
+
 def make_claim(rid: str, aid: str = "1", *, question: str = "What is 2+3?", deadline_s: float = 30) -> Claim:
     rollout = Rollout(rollout_id=rid, group_id="g-1", row={"question": question, "result": "5"},
                       state="RUNNING", attempts=[Attempt(attempt_id=aid, state="RUNNING", created_at=0.0)],
                       created_at=0.0, deadline_s=deadline_s)
     base = f"http://127.0.0.1:9/v1/rollouts/{rid}/attempts/{aid}"
-    token = attempt_token(KEY, rid, aid)
+    token = attempt_token(KEY, rid, aid, NONCE)
     env = {"QUESTION": question, "RESULT": "5", "AGL_OPENAI_BASE_URL": f"{base}/v1", "AGL_EVENT_URL": f"{base}/events",
            "AGL_KEY": token}
     return Claim(rollout=rollout, attempt_id=aid, token=token, env=env, deadline_s=deadline_s)
@@ -63,7 +66,7 @@ async def run_one(runner: K8sRunner, claim: Claim, timeout: float = 20) -> RunRe
     return await asyncio.wait_for(runner.run(claim), timeout)
 
 
-def test_success_creates_secret_then_job_owned_and_maps_complete(api: FakeApiServer, tmp_path: Path) -> None:
+def test_success_creates_a_suspended_job_then_its_owned_secret_then_resumes_and_maps_complete(api: FakeApiServer, tmp_path: Path) -> None:
     async def main() -> RunResult:
         runner = make_runner(api, tmp_path, "fake/agent:ok")
         await runner.start()
@@ -73,14 +76,19 @@ def test_success_creates_secret_then_job_owned_and_maps_complete(api: FakeApiSer
             job = api.get("job", job_name)
             secret = api.get("secret", f"{job_name}-key")
             assert job is not None and secret is not None
-            assert secret["stringData"] == {SECRET_KEY_NAME: attempt_token(KEY, "r-ok", "1")}
+            assert secret["stringData"] == {SECRET_KEY_NAME: attempt_token(KEY, "r-ok", "1", NONCE)}
             assert secret["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
             env = job["spec"]["template"]["spec"]["containers"][0]["env"]
             assert {"name": "AGL_KEY", "valueFrom": {"secretKeyRef": {"name": f"{job_name}-key", "key": SECRET_KEY_NAME}}} in env
-            assert all(e.get("value") != attempt_token(KEY, "r-ok", "1") for e in env), "token must not be plain env"
+            assert all(e.get("value") != attempt_token(KEY, "r-ok", "1", NONCE) for e in env), "token must not be plain env"
             assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 30
-            posts = [r[2] for r in api.requests if r[1] == "POST"]
-            assert posts.index("/api/v1/namespaces/calcx/secrets") < posts.index("/apis/batch/v1/namespaces/calcx/jobs")
+            # the Job suspended first, then its Secret (owned by it from its creation), then the Job resumed
+            calls = [(r[1], r[2], r[3]) for r in api.requests if r[1] in ("POST", "PATCH")]
+            job_path = "/apis/batch/v1/namespaces/calcx/jobs"
+            assert [(m, p) for m, p, _ in calls] == [("POST", job_path), ("POST", "/api/v1/namespaces/calcx/secrets"),
+                                                     ("PATCH", f"{job_path}/{job_name}")]
+            assert calls[0][2]["spec"]["suspend"] is True and calls[2][2] == {"spec": {"suspend": False}}
+            assert calls[1][2]["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
             return result
         finally:
             await runner.close()
@@ -142,8 +150,9 @@ def test_missing_secret_is_config_error_not_a_wait(api: FakeApiServer, tmp_path:
             claim = make_claim("r-cfg", deadline_s=300)
             secret_name = runner.render(claim).secret_name
             task = asyncio.create_task(run_one(runner, claim))
-            for _ in range(200):
-                if api.get("job", runner.render(claim).job_name):
+            for _ in range(200):  # the Job resumed: its Secret exists, its container has not started
+                job = api.get("job", runner.render(claim).job_name)
+                if job and not job["spec"].get("suspend") and api.get("secret", secret_name):
                     break
                 await asyncio.sleep(0.01)
             # Someone deletes the attempt Secret before the container starts: the kubelet cannot
@@ -382,4 +391,4 @@ def test_every_call_the_runner_makes_is_granted_by_the_shipped_role(api: FakeApi
     assert used <= granted, sorted(used - granted)
     # read_namespaced_job: only when the runner's deadline backstop looks at a Job the cluster never reported
     assert granted - used <= {("batch", "jobs", "get")}, f"granted but never used: {sorted(granted - used)}"
-    assert not {v for g, r, v in granted if r == "secrets"} & {"get", "list", "watch"}
+    assert {v for g, r, v in granted if r == "secrets"} == {"create"}  # a patch would answer with the data

@@ -61,3 +61,24 @@ def test_summary_counts_failures_by_reason() -> None:
     assert s["succeeded"] == 2 and s["failed"] == 2 and s["failed_by_reason"] == {"timeout": 2}
     assert s["mean_reward"] == 0.5 and s["rollouts_per_s"] == 2.0 and s["latency_p50_s"] == 3.0
     assert "timeout 2" in format_summary(s) and "4/5 terminal" in format_summary(s)
+
+
+def test_the_server_and_controller_get_no_credential_and_no_key_on_their_command_line(
+        tmp_path: Path, monkeypatch) -> None:
+    from calcx.rehearse.stack import Stack, StackConfig
+
+    credentials = {"WANDB_API_KEY": "wandb-secret", "HF_TOKEN": "hf-secret", "AWS_SECRET_ACCESS_KEY": "aws-secret"}
+    for name, value in credentials.items():
+        monkeypatch.setenv(name, value)
+    stack = Stack(StackConfig(workdir=tmp_path / "work"))
+    try:
+        stack.start_server()
+        stack.start_controller()
+        for part in (stack.server, *stack.controllers):
+            assert part is not None
+            environ = Path(f"/proc/{part.pid}/environ").read_bytes().split(b"\0")
+            names = {item.split(b"=", 1)[0].decode() for item in environ if item}
+            assert not names & set(credentials) and "CALCX_KEY" in names, names & set(credentials)
+            assert stack.config.key.encode() not in Path(f"/proc/{part.pid}/cmdline").read_bytes()
+    finally:
+        stack.stop()

@@ -98,7 +98,8 @@ def test_claim_answers_with_token_env_and_fifo_order(client: CalcxClient, server
     claim = answer.claims[0]
     assert claim.attempt_id == "1" and claim.deadline_s == 42
     assert claim.rollout.state == "RUNNING" and claim.rollout.attempts[0].controller_id == "ctl-a"
-    assert claim.token == attempt_token(server_key, "o-0", "1")
+    nonce = claim.rollout.attempts[0].token_nonce
+    assert nonce and claim.token == attempt_token(server_key, "o-0", "1", nonce)
     base = f"{server.url}/v1/rollouts/o-0/attempts/1"
     assert claim.env == {
         "QUESTION": "What is 0 + 1?",

@@ -152,7 +152,7 @@ def test_refuses_to_start_without_a_key(tmp_path: Path) -> None:
         env=env, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2
-    assert "--key" in result.stderr and "CALCX_KEY" in result.stderr
+    assert "--key-file" in result.stderr and "CALCX_KEY" in result.stderr
     assert not (tmp_path / "x.db").exists()
 
 

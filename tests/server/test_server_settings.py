@@ -82,14 +82,18 @@ def test_start_server_thread_passes_settings_through(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("bad", ["-1", "nan", "inf"])
-def test_abort_retry_s_must_be_a_finite_number_not_below_zero(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--key", "settings-test-key-0123456789-abcdef", "--abort-retry-s", bad]) == 2
+def test_abort_retry_s_must_be_a_finite_number_not_below_zero(
+        bad: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CALCX_KEY", "settings-test-key-0123456789-abcdef")
+    assert main(["--abort-retry-s", bad]) == 2
     assert "--abort-retry-s must be a number of seconds >= 0" in capsys.readouterr().err
 
 
-def test_a_short_key_is_refused_with_how_to_make_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_short_key_is_refused_with_how_to_make_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     # a port no server can bind: a key let through fails at once (status 1), it never serves
-    assert main(["--key", "k" * 31, "--port", "-1", "--db", str(tmp_path / "x.db")]) == 2
+    monkeypatch.setenv("CALCX_KEY", "k" * 31)
+    assert main(["--port", "-1", "--db", str(tmp_path / "x.db")]) == 2
     err = capsys.readouterr().err
     assert "31 characters, fewer than 32" in err and "calcx server --new-key" in err
     with pytest.raises(ValueError, match="fewer than 32"):
@@ -118,3 +122,28 @@ def test_the_configured_reward_range_is_the_one_enforced(tmp_path: Path) -> None
             assert c.get_rollout("r").reward == 7.5
     finally:
         thread.stop()
+
+
+def test_a_key_on_the_command_line_is_refused_saying_where_keys_come_from(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--key", "settings-test-key-0123456789-abcdef", "--db", str(tmp_path / "x.db")]) == 2
+    err = capsys.readouterr().err
+    assert "/proc/PID/cmdline" in err and "CALCX_KEY" in err and "--key-file" in err
+    assert "settings-test-key" not in err  # the key itself is never printed
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_the_key_is_read_from_a_key_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CALCX_KEY", raising=False)
+    key_file = tmp_path / "server.key"
+    key_file.write_text("k" * 31 + "\n")
+    # the file's key is the one checked (31 characters: refused) ...
+    assert main(["--key-file", str(key_file), "--port", "-1", "--db", str(tmp_path / "x.db")]) == 2
+    assert "31 characters, fewer than 32" in capsys.readouterr().err
+    # ... a good one is let through, to the bind of a port nobody can bind
+    key_file.write_text("k" * 40 + "\n")
+    with pytest.raises(OverflowError, match="port must be"):
+        main(["--key-file", str(key_file), "--port", "-1", "--db", str(tmp_path / "x.db")])
+    assert main(["--key-file", str(tmp_path / "missing.key")]) == 2
+    assert "cannot read the server key from --key-file" in capsys.readouterr().err

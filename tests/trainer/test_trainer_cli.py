@@ -32,14 +32,21 @@ def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 def test_help_lists_every_flag_without_importing_heavy_packages() -> None:
     done = _run("--help")
     assert done.returncode == 0, done.stderr
-    for flag in ("--train-file", "--val-file", "--model", "--agl-base-url", "--agl-key", "--run-name",
+    for flag in ("--train-file", "--val-file", "--model", "--agl-base-url", "--agl-key-file", "--run-name",
                  "--async", "--runner", "--print-config", "KEY=VALUE"):
         assert flag in done.stdout
     assert "HEAVY=\n" in done.stderr + "\n" and "HEAVY=torch" not in done.stderr
 
 
+def test_a_key_on_the_command_line_is_refused() -> None:
+    done = _run("--print-config", "--agl-key", "top-secret-0123456789-0123456789-abcdef")
+    assert done.returncode == 2
+    assert "/proc/PID/cmdline" in done.stderr and "--agl-key-file" in done.stderr and "CALCX_KEY" in done.stderr
+    assert "top-secret" not in done.stdout + done.stderr
+
+
 def test_print_config_composes_without_importing_verl() -> None:
-    done = _run("--print-config", "--agl-key", "top-secret", "--run-name", "exp7", "trainer.total_epochs=1")
+    done = _run("--print-config", "--run-name", "exp7", "trainer.total_epochs=1")
     assert done.returncode == 0, done.stderr
     assert "HEAVY=\n" in done.stderr + "\n"
     shown = yaml.safe_load(done.stdout)

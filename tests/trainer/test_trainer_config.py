@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from calcx.trainer.config import (AGENT_LOOPS_FILE, ComposeRequest, ConfigError, choose_gpu_profile, compose,
                                   redacted_yaml, run_profile_overrides)
-from calcx.trainer.server_key import remove_key_file, server_key, write_key_file
+from calcx.trainer.server_key import key_dir, remove_key_file, server_key, write_key_file
 
 
 @pytest.fixture(scope="module")
@@ -331,3 +331,14 @@ def test_both_train_commands_take_profile() -> None:
                                                                                            "gsm8k-h200-anchor")
     assert (calcx_cfg.trainer.test_freq, anchor_cfg.trainer.test_freq) == (10, -1)
     assert calcx_cfg.actor_rollout_ref.actor.optim.lr == anchor_cfg.actor_rollout_ref.actor.optim.lr == 5e-6
+
+
+def test_a_runs_key_file_lives_in_its_report_directory_owner_only(tmp_path) -> None:
+    report = tmp_path / "runs" / "exp"
+    left = write_key_file("left-by-a-killed-run", key_dir(report))  # a run killed before its cleanup
+    path = write_key_file(SECRET, key_dir(report))  # the next start of the run
+    assert path == left and path.parent == report / ".server-key"
+    assert path.read_text() == SECRET
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    remove_key_file(path)
+    assert not path.parent.exists() and report.exists()

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Mapping
 
-from calcx.contract.env import AGL_PREFIX, CALCX_CALCULATOR_CMD, QUESTION, RESULT
+from calcx.contract.env import AGL_PREFIX, CALCX_CALCULATOR_CMD, QUESTION, RESULT, agent_base_env
 
 
 def calculator_command(env: Mapping[str, str] | None = None) -> list[str]:
@@ -50,6 +50,13 @@ def calculator_environment(base: Mapping[str, str] | None = None) -> dict[str, s
     env["PYTHONPATH"] = os.pathsep.join(paths + ([existing] if existing else []))
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def isolated_calculator_environment() -> dict[str, str]:
+    """Environment for a calculator a trainer-side process starts (the anchor's): only what a local
+    agent may inherit (calcx.contract.env's allowlist: no server key, tracker or hub credentials),
+    plus our import path."""
+    return calculator_environment(agent_base_env(os.environ))
 
 
 def main() -> int:

@@ -26,6 +26,9 @@ MAX_EXPRESSION_CHARS = 1000
 MAX_RESULT_DIGITS = 1000
 #: Time one evaluation may take, in seconds (checked at every node, so it holds in any thread).
 MAX_CALL_S = 2.0
+#: A calculator process whose one call has run this long is ended by whoever waits on it (the
+#: anchor's calculator process): the per-node check cannot stop a single step that runs long.
+CALL_KILL_S = MAX_CALL_S + 1.0
 #: Largest argument of factorial, comb and perm (their cost grows faster than their result).
 MAX_COMBINATORIC_ARG = 10_000
 #: The calculator process's address space and CPU time (rlimits; the kernel ends it past them).
@@ -67,8 +70,17 @@ def _too_large(what: str) -> CalculatorLimit:
                            "the calculator refuses results that large")
 
 
+def time_limit_message(max_call_s: float = MAX_CALL_S) -> str:
+    """What the model reads when an evaluation runs past its time."""
+    return f"the expression took longer than {max_call_s:g} s to evaluate"
+
+
 def _check_binop(op: type, left: Any, right: Any) -> None:
-    """Refuse a step whose result would be too large, before computing it."""
+    """Refuse a step whose result would be too large, or too slow to compute, before computing it."""
+    if op is ast.Mod and isinstance(left, (str, bytes)):
+        # printf-style formatting: '%2147483647d' % 1 builds a 2 GB string inside one step,
+        # before any size check could see it; arithmetic never needs it
+        raise CalculatorLimit("the calculator does not format strings: `%` takes numbers only")
     if op is ast.Pow and isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1:
         if right * (abs(left).bit_length() - 1) * _LOG10_2 > MAX_RESULT_DIGITS:
             raise _too_large(f"{left} ** {right}")
@@ -78,17 +90,17 @@ def _check_binop(op: type, left: Any, right: Any) -> None:
                 raise _too_large("repeating a string")
 
 
-def bounded_evaluate(expression: str) -> str:
+def bounded_evaluate(expression: str, max_call_s: float = MAX_CALL_S) -> str:
     """`mcp_server_calculator`'s evaluate with bounds: the same answers within them, a
-    CalculatorLimit past them."""
+    CalculatorLimit past them (``max_call_s``: the time bound, MAX_CALL_S unless a test asks)."""
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise CalculatorLimit(f"the expression is {len(expression)} characters; the calculator takes at most "
                               f"{MAX_EXPRESSION_CHARS}")
-    deadline = time.monotonic() + MAX_CALL_S
+    deadline = time.monotonic() + max_call_s
 
     def walk(node: ast.AST) -> Any:
-        if time.monotonic() > deadline:
-            raise CalculatorLimit(f"the expression took longer than {MAX_CALL_S:g} s to evaluate")
+        if time.monotonic() >= deadline:
+            raise CalculatorLimit(time_limit_message(max_call_s))
         value: Any
         if isinstance(node, ast.Constant):
             value = node.value

@@ -137,6 +137,8 @@ class Attempt(_Model):
     agent_seconds: float | None = None
     detail: str | None = None
     lease_expires_at: float | None = None
+    #: what the attempt's token is bound to (calcx.api.tokens), drawn at its claim; not a secret
+    token_nonce: str | None = None
 
 
 class Event(_Model):

@@ -96,6 +96,23 @@ def agent_base_env(env: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items() if agent_inherits(name)}
 
 
+# -- what the services `calcx train` starts inherit from the trainer ------------------------------
+#: Beyond a local agent's allowlist (the controller hands that on to its agents), the server and
+#: controller `calcx train` starts inherit calcx's own settings (CALCX_*; the run's key is set on
+#: top) and the proxy settings the server's model calls may need. Nothing else of the trainer's
+#: environment: its tracker, hub and cloud credentials (WANDB_API_KEY, HF_TOKEN, AWS_*) stay there.
+SERVICE_INHERITED_NAMES: frozenset[str] = frozenset(
+    {"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"}
+)
+SERVICE_INHERITED_PREFIXES: tuple[str, ...] = ("CALCX_",)
+
+
+def service_base_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of a trainer's environment ``env`` that the services it starts may inherit."""
+    return {name: value for name, value in env.items()
+            if agent_inherits(name) or name in SERVICE_INHERITED_NAMES or name.startswith(SERVICE_INHERITED_PREFIXES)}
+
+
 # -- what a rollout's env_map may not set --------------------------------------------------------
 #: Prefixes only calcx sets: the attempt's gateway, event URL and token (AGL_*), its ids and the
 #: agent's settings, the calculator command among them (CALCX_*).

@@ -10,8 +10,7 @@ import signal
 import sys
 from typing import Any
 
-from calcx.api.tokens import key_problem
-from calcx.contract.env import CALCX_KEY
+from calcx.api.tokens import KEY_FLAG_REFUSED, KEY_SOURCES, key_problem, read_server_key
 from calcx.contract.ready import controller_ready_line
 from calcx.controller.base import Runner
 from calcx.controller.concurrency import SLOTS_PER_CORE, default_concurrency
@@ -32,7 +31,9 @@ def build_parser(runner: str = "local") -> argparse.ArgumentParser:
     p.add_argument("--runner", choices=RUNNERS, default="local", help="where rollouts run (default local)")
     p.add_argument("--server", default=os.environ.get("CALCX_SERVER", DEFAULT_SERVER),
                    help=f"calcx server base URL (default $CALCX_SERVER or {DEFAULT_SERVER})")
-    p.add_argument("--key", default=None, help="server key (default: $CALCX_KEY); required")
+    p.add_argument("--key-file", default=None, metavar="FILE",
+                   help="file holding the server key (default: $CALCX_KEY); required, from one or the other")
+    p.add_argument("--key", default=None, help=argparse.SUPPRESS)  # refused: see KEY_FLAG_REFUSED
     p.add_argument("--concurrency", type=int, default=default_concurrency(),
                    help=f"rollouts run at once (default {SLOTS_PER_CORE} per CPU core, here {default_concurrency()}: "
                         "the sweep in benchmarks/RESULTS.md; size it to the inference servers for a real policy)")
@@ -138,10 +139,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    key = args.key or os.environ.get(CALCX_KEY, "")
+    if args.key is not None:
+        print(f"calcx controller: {KEY_FLAG_REFUSED}", file=sys.stderr)
+        return 2
+    try:
+        key = read_server_key(os.environ, args.key_file)
+    except ValueError as exc:
+        print(f"calcx controller: {exc}", file=sys.stderr)
+        return 2
     if not key:
-        print(f"calcx controller: no server key. Pass --key KEY or set {CALCX_KEY} (the key the server was started "
-              "with).", file=sys.stderr)
+        print(f"calcx controller: no server key. {KEY_SOURCES} (the key the server was "
+              "started with).", file=sys.stderr)
         return 2
     problem = key_problem(key)
     if problem is not None:

@@ -105,7 +105,6 @@ class K8sRunner:
         self._bucket = TokenBucket(self.config.max_jobs_per_s, self.config.burst)
         self._tracked: dict[str, _Tracked] = {}
         self._created_jobs: set[str] = set()
-        self._created_secrets: set[str] = set()
         self._stopping = threading.Event()
         self._watches: JobPodWatches | None = None
         self._runs: set[asyncio.Task[Any]] = set()
@@ -180,8 +179,8 @@ class K8sRunner:
         if runs:  # let runs in the middle of creating finish, so their objects get deleted too
             await asyncio.wait(runs, timeout=self.config.request_timeout_s + 5)
         if self._batch is not None:
+            # each Secret is owned by its Job: the garbage collector deletes it with the Job
             await asyncio.gather(*(self._delete_job(name) for name in sorted(self._created_jobs)))
-            await asyncio.gather(*(self._delete_secret(name) for name in sorted(self._created_secrets)))
         if self._watches is not None:
             await self._watches.join()
         if self._pool is not None:
@@ -236,7 +235,6 @@ class K8sRunner:
                 return failure
             if self._stopping.is_set():
                 await self._delete_job(rendered.job_name)
-                await self._delete_secret(rendered.secret_name)
                 return RunResult.failed(FailureReason.CANCELLED, detail=f"job {rendered.job_name}: runner closed; deleted")
             limit = float(claim.deadline_s) + self.config.deadline_grace_s
             try:
@@ -261,34 +259,37 @@ class K8sRunner:
             self._runs.discard(task)
 
     async def _create(self, rendered: RenderedAttempt) -> RunResult | None:
+        """The Job, suspended; then its Secret, owned by the Job from the start (the runner needs no
+        patch or delete on Secrets: a patch answers with a Secret's data); then the Job resumed."""
         ns = self.config.job.namespace
         timeout = self.config.request_timeout_s
         try:
-            await self._call(self._core_v1.create_namespaced_secret, ns, rendered.secret, _request_timeout=timeout)
-        except ApiException as exc:
-            if exc.status != 409:  # 409: a previous try of this attempt made it; its token is the same
-                return RunResult.failed(FailureReason.CONFIG_ERROR, detail=clip_detail(f"cannot create Secret {rendered.secret_name}: {exc.status} {exc.reason}: {exc.body}"))
-        self._created_secrets.add(rendered.secret_name)
-        try:
             job = await self._call(self._batch_v1.create_namespaced_job, ns, rendered.job, _request_timeout=timeout)
         except ApiException as exc:
-            if exc.status == 409:  # the attempt is already running (controller restart): follow it
-                job = await self._call(self._batch_v1.read_namespaced_job, rendered.job_name, ns, _request_timeout=timeout)
-            else:
-                await self._delete_secret(rendered.secret_name)
+            if exc.status != 409:
                 reason = FailureReason.CONFIG_ERROR if exc.status in (400, 403, 422) else FailureReason.CRASH
                 return RunResult.failed(reason, detail=clip_detail(f"cannot create Job {rendered.job_name}: {exc.status} {exc.reason}: {exc.body}"))
+            # the attempt is already there (controller restart): follow it, resuming it if it never was
+            job = await self._call(self._batch_v1.read_namespaced_job, rendered.job_name, ns, _request_timeout=timeout)
         self._created_jobs.add(rendered.job_name)
         owner = {
             "apiVersion": "batch/v1", "kind": "Job", "name": job.metadata.name, "uid": job.metadata.uid,
             "blockOwnerDeletion": False, "controller": False,
         }
+        secret = {**rendered.secret, "metadata": {**rendered.secret["metadata"], "ownerReferences": [owner]}}
         try:
-            await self._call(self._core_v1.patch_namespaced_secret, rendered.secret_name, ns,
-                             {"metadata": {"ownerReferences": [owner]}}, _request_timeout=timeout)
-        except ApiException as exc:  # not fatal: close() deletes the Secret anyway
-            log.warning("k8s runner: cannot make Job %s own Secret %s: %s %s", rendered.job_name,
-                        rendered.secret_name, exc.status, exc.reason)
+            await self._call(self._core_v1.create_namespaced_secret, ns, secret, _request_timeout=timeout)
+        except ApiException as exc:
+            if exc.status != 409:  # 409: a previous try of this attempt made it; its token is the same
+                await self._delete_job(rendered.job_name)
+                return RunResult.failed(FailureReason.CONFIG_ERROR, detail=clip_detail(f"cannot create Secret {rendered.secret_name}: {exc.status} {exc.reason}: {exc.body}"))
+        if job.spec is not None and job.spec.suspend:
+            try:
+                job = await self._call(self._batch_v1.patch_namespaced_job, rendered.job_name, ns,
+                                       {"spec": {"suspend": False}}, _request_timeout=timeout)
+            except ApiException as exc:
+                await self._delete_job(rendered.job_name)
+                return RunResult.failed(FailureReason.CONFIG_ERROR, detail=clip_detail(f"cannot resume Job {rendered.job_name}: {exc.status} {exc.reason}: {exc.body}"))
         if job_is_finished(job):
             self._on_object("job", "ADDED", job)
         return None
@@ -337,19 +338,6 @@ class K8sRunner:
             log.warning("k8s runner: cannot delete Job %s: %s", name, exc)
             return
         self._created_jobs.discard(name)
-
-    async def _delete_secret(self, name: str) -> None:
-        try:
-            await self._call(self._core_v1.delete_namespaced_secret, name, self.config.job.namespace,
-                             _request_timeout=self.config.request_timeout_s)
-        except ApiException as exc:
-            if exc.status != 404:
-                log.warning("k8s runner: cannot delete Secret %s: %s %s", name, exc.status, exc.reason)
-                return
-        except Exception as exc:  # noqa: BLE001
-            log.warning("k8s runner: cannot delete Secret %s: %s", name, exc)
-            return
-        self._created_secrets.discard(name)
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()

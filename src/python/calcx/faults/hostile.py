@@ -99,6 +99,17 @@ class Outcome:
         return any(self.sent_at <= end and self.answered_at >= start for start, end in windows)
 
 
+#: An attempt the fault suite holds the server key of: (rollout id, attempt id, the nonce its
+#: token is bound to, from the attempt's `token_nonce`), so it can mint that attempt's token.
+AttemptRef = tuple[str, str, str]
+
+
+def ref_of(rollout: Any) -> AttemptRef | None:
+    """The latest attempt of a `calcx.api.models.Rollout` as an AttemptRef (None before its claim)."""
+    attempt = rollout.attempts[-1]
+    return None if not attempt.token_nonce else (rollout.rollout_id, attempt.attempt_id, attempt.token_nonce)
+
+
 def _auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", "content-type": "application/json"}
 
@@ -107,20 +118,22 @@ def _j(value: Any) -> bytes:
     return json.dumps(value).encode()
 
 
-def static_cases(key: str, decoy: tuple[str, str], finished: tuple[str, str]) -> list[Case]:
+def static_cases(key: str, decoy: AttemptRef, finished: AttemptRef) -> list[Case]:
     """Hostile requests that need no live rollout: every endpoint, wrong/missing keys, bad bodies.
 
-    ``decoy`` is a (rid, aid) RUNNING attempt the caller holds; ``finished`` a terminal one.
+    ``decoy`` is a RUNNING attempt the caller holds; ``finished`` a terminal one.
     Nothing here may change state: no valid claim, no valid reward on a real attempt.
     """
-    drid, daid = decoy
-    frid, faid = finished
+    drid, daid, dnonce = decoy
+    frid, faid, fnonce = finished
     server = _auth(key)
     wrong = _auth("not-the-key")
     none = {"content-type": "application/json"}
-    forged = _auth(f"calcx-at.{drid}.{daid}.{'0' * 64}")
-    decoy_token = _auth(attempt_token(key, drid, daid))
-    finished_token = _auth(attempt_token(key, frid, faid))
+    forged = _auth(f"calcx-at.{drid}.{daid}.{dnonce}.{'0' * 64}")
+    decoy_token = _auth(attempt_token(key, drid, daid, dnonce))
+    finished_token = _auth(attempt_token(key, frid, faid, fnonce))
+    # a token the key made for these ids under another claim (a rollout deleted and made again)
+    earlier_token = _auth(attempt_token(key, drid, daid, "0" * len(dnonce)))
     ev = f"/v1/rollouts/{drid}/attempts/{daid}/events"
     gw = f"/v1/rollouts/{drid}/attempts/{daid}/v1/chat/completions"
     chat = _j({"messages": [{"role": "user", "content": "hi"}]})
@@ -152,6 +165,8 @@ def static_cases(key: str, decoy: tuple[str, str], finished: tuple[str, str]) ->
         cases.append(Case(f"no key: {tag}", method, path, 401, none, body, "unauthorized"))
         cases.append(Case(f"wrong key: {tag}", method, path, 401, wrong, body, "unauthorized"))
         cases.append(Case(f"forged attempt token: {tag}", method, path, 401, forged, body, "unauthorized"))
+        cases.append(Case(f"attempt token of an earlier claim: {tag}", method, path, 401, earlier_token, body,
+                          "unauthorized"))
         cases.append(Case(f"other attempt's token: {tag}", method, path, 403, finished_token, body, "forbidden"))
     cases += [
         # malformed, oversized and unknown events on a RUNNING attempt
@@ -275,21 +290,21 @@ def static_cases(key: str, decoy: tuple[str, str], finished: tuple[str, str]) ->
     return cases
 
 
-def live_cases(key: str, running: list[tuple[str, str]], finished: list[tuple[str, str]]) -> list[Case]:
+def live_cases(key: str, running: list[AttemptRef], finished: list[AttemptRef]) -> list[Case]:
     """Hostile requests against real rollouts of the run: another rollout's token on a RUNNING
     attempt's gateway and events (403), and events/gateway calls on finished attempts (409)."""
     cases: list[Case] = []
     chat = _j({"messages": [{"role": "user", "content": "steal a turn"}]})
     if len(running) >= 2:
-        (arid, aaid), (brid, baid) = random.sample(running, 2)
-        stolen = _auth(attempt_token(key, arid, aaid))
+        (arid, aaid, anonce), (brid, baid, _) = random.sample(running, 2)
+        stolen = _auth(attempt_token(key, arid, aaid, anonce))
         cases.append(Case("cross-rollout gateway call", "POST",
                           f"/v1/rollouts/{brid}/attempts/{baid}/v1/chat/completions", 403, stolen, chat, "forbidden"))
         cases.append(Case("cross-rollout reward", "POST", f"/v1/rollouts/{brid}/attempts/{baid}/events", 403, stolen,
                           _j({"event_type": "reward", "data": {"value": 1.0}}), "forbidden"))
     if finished:
-        frid, faid = random.choice(finished)
-        own = _auth(attempt_token(key, frid, faid))
+        frid, faid, fnonce = random.choice(finished)
+        own = _auth(attempt_token(key, frid, faid, fnonce))
         cases.append(Case("reward for a finished rollout", "POST", f"/v1/rollouts/{frid}/attempts/{faid}/events", 409,
                           own, _j({"event_type": "reward", "data": {"value": 0.5}}), "conflict"))
         cases.append(Case("gateway call for a finished rollout", "POST",
@@ -321,8 +336,8 @@ class HostileClient(threading.Thread):
     unanswered (no answer, 503 ``starting``) while the server was restarting is not counted; one
     left unanswered at any other time is a wrong answer."""
 
-    def __init__(self, base_url: Callable[[], str], key: str, decoy: tuple[str, str], finished: tuple[str, str],
-                 live: Callable[[], tuple[list[tuple[str, str]], list[tuple[str, str]]]] | None = None,
+    def __init__(self, base_url: Callable[[], str], key: str, decoy: AttemptRef, finished: AttemptRef,
+                 live: Callable[[], tuple[list[AttemptRef], list[AttemptRef]]] | None = None,
                  pause_s: float = 0.02) -> None:
         super().__init__(name="hostile-client", daemon=True)
         self.base_url = base_url

@@ -14,11 +14,14 @@ once and SUCCEEDED.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from calcx.contract.env import CALCX_KEY
 
 RUN = "faults-killed-trainer"
 SLOW = "[stub:slow=3]"  # each model turn takes 3 s: the old run's work is still there when it dies
@@ -39,12 +42,12 @@ def trainer_main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m calcx.faults.killed_trainer")
     p.add_argument("--server", required=True)
-    p.add_argument("--key", required=True)
     p.add_argument("--rows", required=True)
     p.add_argument("--deadline-s", type=float, default=60.0)
     args = p.parse_args(argv)
     rows = list(read_jsonl(args.rows))
-    with CalcxClient(args.server, args.key, timeout=60) as client:
+    key = os.environ[CALCX_KEY]  # from its environment: a command line is readable by every process
+    with CalcxClient(args.server, key, timeout=60) as client:
         specs = _specs("kt-old", rows, args.deadline_s)
         client.create_rollouts(specs)
         print(f"created {len(specs)} rollouts", flush=True)
@@ -69,9 +72,9 @@ def run_killed_trainer(stack: Any, workdir: Path, rows: list[dict[str, Any]], lo
     write_jsonl(old_rows, workdir / "killed-trainer-rows.jsonl")
     trainer = ManagedProcess(
         "doomed-trainer",
-        [stack.config.python, "-m", "calcx.faults.killed_trainer", "--server", stack.server_url, "--key",
-         stack.config.key, "--rows", str(workdir / "killed-trainer-rows.jsonl"), "--deadline-s", str(deadline_s)],
-        workdir / "doomed-trainer.log", python_env())
+        [stack.config.python, "-m", "calcx.faults.killed_trainer", "--server", stack.server_url,
+         "--rows", str(workdir / "killed-trainer-rows.jsonl"), "--deadline-s", str(deadline_s)],
+        workdir / "doomed-trainer.log", python_env({CALCX_KEY: stack.config.key}))
     trainer.start(re.compile(r"created (\d+) rollouts"), 60)
     out: dict[str, Any] = {}
     with CalcxClient(stack.server_url, stack.config.key, timeout=30) as client:

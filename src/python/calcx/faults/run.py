@@ -26,9 +26,11 @@ from calcx.faults.hostile import (
     MAX_BODY_BYTES,
     MAX_EVENT_BODY_BYTES,
     MAX_EVENTS_PER_ATTEMPT,
+    AttemptRef,
     HostileClient,
     _auth,
     _j,
+    ref_of,
 )
 from calcx.faults.injector import Injector
 from calcx.faults.plan import DEFAULT_SCHEDULE, REFUSED_AT_CREATE, build_plan, should_retry
@@ -66,7 +68,7 @@ def start_proxy(stack: Any, canary: Path) -> Any:
 class DecoyKeeper(threading.Thread):
     """Heartbeats the hostile client's RUNNING decoy so that its lease never lapses."""
 
-    def __init__(self, base_url: Callable[[], str], key: str, decoy: tuple[str, str], period_s: float = 1.0) -> None:
+    def __init__(self, base_url: Callable[[], str], key: str, decoy: AttemptRef, period_s: float = 1.0) -> None:
         super().__init__(name="decoy-keeper", daemon=True)
         self.base_url, self.key, self.decoy, self.period_s = base_url, key, decoy, period_s
         self._halt = threading.Event()
@@ -77,7 +79,7 @@ class DecoyKeeper(threading.Thread):
         while not self._halt.wait(self.period_s):
             try:
                 with CalcxClient(self.base_url(), self.key, timeout=10) as c:
-                    c.heartbeat("hostile-client", [self.decoy])
+                    c.heartbeat("hostile-client", [self.decoy[:2]])
             except CalcxAPIError:
                 pass
 
@@ -86,7 +88,7 @@ class DecoyKeeper(threading.Thread):
         self.join(15)
 
 
-def decoy_attempts(client: Any, prefix: str) -> tuple[tuple[str, str], tuple[str, str]]:
+def decoy_attempts(client: Any, prefix: str) -> tuple[AttemptRef, AttemptRef]:
     """Two rollouts the hostile client owns (claimed before any controller runs): one kept
     RUNNING, one finished FAILED. One attempt each: should the decoy's lease ever lapse, no
     controller may claim it again and run an agent for it."""
@@ -94,10 +96,10 @@ def decoy_attempts(client: Any, prefix: str) -> tuple[tuple[str, str], tuple[str
     client.create_rollouts([{"rollout_id": f"{prefix}-decoy-{name}", "row": row, "deadline_s": 3600,
                              "max_attempts": 1} for name in ("running", "finished")])
     claims = client.claim("hostile-client", max=2, timeout_s=0).claims
-    ids = {c.rollout.rollout_id: c.attempt_id for c in claims}
-    running = (f"{prefix}-decoy-running", ids[f"{prefix}-decoy-running"])
-    finished = (f"{prefix}-decoy-finished", ids[f"{prefix}-decoy-finished"])
-    client.finish(*finished, "FAILED", reason=FailureReason.CANCELLED, detail="decoy of the hostile client")
+    refs = {c.rollout.rollout_id: ref_of(c.rollout) for c in claims}
+    running, finished = refs[f"{prefix}-decoy-running"], refs[f"{prefix}-decoy-finished"]
+    assert running is not None and finished is not None, "a claimed attempt has its token nonce"
+    client.finish(*finished[:2], "FAILED", reason=FailureReason.CANCELLED, detail="decoy of the hostile client")
     return running, finished
 
 
@@ -156,7 +158,7 @@ def run_faults(args: argparse.Namespace, workdir: Path, log: Callable[[str], Non
         def progress() -> float:
             return progress_state["terminal"] / len(plan.specs)
 
-        def live() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        def live() -> tuple[list[AttemptRef], list[AttemptRef]]:
             return progress_state["running"], progress_state["finished"]
 
         hostile = HostileClient(lambda: stack.server_url, KEY, decoy, finished, live)
@@ -183,9 +185,8 @@ def run_faults(args: argparse.Namespace, workdir: Path, log: Callable[[str], Non
                     mine = [r for r in rollouts if r.rollout_id in plan.kind]
                     terminal = [r for r in mine if r.is_terminal]
                     progress_state["terminal"] = len(terminal)
-                    progress_state["running"] = [(r.rollout_id, r.attempts[-1].attempt_id) for r in mine
-                                                 if r.state == "RUNNING"]
-                    progress_state["finished"] = [(r.rollout_id, r.attempts[-1].attempt_id) for r in terminal]
+                    progress_state["running"] = [ref for r in mine if r.state == "RUNNING" and (ref := ref_of(r))]
+                    progress_state["finished"] = [ref for r in terminal if (ref := ref_of(r))]
                     for r in terminal:
                         if should_retry(plan.kind[r.rollout_id], r):
                             c.retry(r.rollout_id)

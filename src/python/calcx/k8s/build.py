@@ -8,6 +8,7 @@ reading (the controller renders the real ones per rollout).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,10 @@ from calcx.contract.env import (
 )
 from calcx.k8s.render import JobSettings, RenderError, StaticSettings, render_attempt, render_static
 from calcx.k8s.validate import DEFAULT_K8S_VERSION, ManifestInvalid, validate_all
+
+#: Files that hold a secret (the server key's Secret): written owner-only (0600).
+SECRET_FILES = frozenset({"server-key-secret.yaml"})
+SECRET_FILE_MODE = 0o600
 
 EXAMPLE_ROW = {"question": 'What is 2 + 3? Answer as "### ANSWER: x ###".', "result": "5"}
 
@@ -41,7 +46,7 @@ def build(out: Path, static: StaticSettings, server_key: str | None, version: st
             CALCX_ROLLOUT_ID: "example-rollout",
             CALCX_ATTEMPT_ID: "1",
         },
-        token="calcx-at.example-rollout.1.<hmac-sha256 of the server key>",
+        token="calcx-at.example-rollout.1.<nonce>.<hmac-sha256 of the server key>",
         deadline_s=300,
         settings=JobSettings(namespace=static.namespace, image=static.agent_image, ttl_seconds_after_finished=static.job_ttl_s),
     )
@@ -56,7 +61,13 @@ def build(out: Path, static: StaticSettings, server_key: str | None, version: st
     for name, text in sorted(files.items()):
         path = out / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        if name in SECRET_FILES:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, SECRET_FILE_MODE)
+            os.fchmod(fd, SECRET_FILE_MODE)  # one an earlier build left keeps no wider mode
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+        else:
+            path.write_text(text, encoding="utf-8")
         written.append(path)
     return written
 

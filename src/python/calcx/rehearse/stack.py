@@ -15,8 +15,16 @@ from pathlib import Path
 from typing import Sequence
 
 from calcx.api.tokens import new_key
+from calcx.contract.env import CALCX_KEY, service_base_env
 from calcx.contract.ready import CONTROLLER_READY, SERVER_READY, STUB_LLM_READY
 from calcx.procs.managed import ManagedProcess, ProcessStartError, live_pids, stop_all
+
+
+def services_env(extra: dict[str, str]) -> dict[str, str]:
+    """The server's and controller's environment: the allowlisted part of ours
+    (calcx.contract.env.service_base_env: no tracker, hub or cloud credentials), calcx's source
+    root on PYTHONPATH, plus `extra` (the key among it)."""
+    return {**service_base_env(python_env()), **extra}
 
 
 def python_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -66,8 +74,9 @@ class Stack:
     def start_server(self, timeout_s: float = 60.0) -> str:
         c = self.config
         cmd = [c.python, "-m", "calcx.server", "--host", "127.0.0.1", "--port", str(self._server_port),
-               "--db", str(self.db_path), "--key", c.key, "--log-level", "warning", *c.server_args]
-        self.server = ManagedProcess("server", cmd, self.workdir / "server.log", python_env()).start(SERVER_READY, timeout_s)
+               "--db", str(self.db_path), "--log-level", "warning", *c.server_args]
+        env = services_env({CALCX_KEY: c.key})  # in its environment, never on its command line
+        self.server = ManagedProcess("server", cmd, self.workdir / "server.log", env).start(SERVER_READY, timeout_s)
         assert self.server.match is not None
         self.server_url = self.server.match.group(1)
         self._server_port = int(self.server_url.rsplit(":", 1)[1].split("/")[0])
@@ -114,7 +123,7 @@ class Stack:
             cmd.append("--no-prefork")
         if c.agent_logs:
             cmd += ["--log-dir", str(self.workdir / f"agents-{n}")]
-        env = python_env({"CALCX_KEY": c.key, **c.controller_env})
+        env = services_env({CALCX_KEY: c.key, **c.controller_env})
         proc = ManagedProcess(f"controller-{n}", cmd, self.workdir / f"controller-{n}.log", env)
         self.controllers.append(proc)
         return proc.start(CONTROLLER_READY, timeout_s)

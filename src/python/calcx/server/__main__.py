@@ -8,7 +8,15 @@ import math
 import os
 import sys
 
-from calcx.api.tokens import HOW_TO_MAKE_A_KEY, MIN_KEY_CHARS, key_problem, new_key
+from calcx.api.tokens import (
+    HOW_TO_MAKE_A_KEY,
+    KEY_FLAG_REFUSED,
+    KEY_SOURCES,
+    MIN_KEY_CHARS,
+    key_problem,
+    new_key,
+    read_server_key,
+)
 from calcx.common.serving import bind_socket
 from calcx.contract.env import CALCX_KEY
 from calcx.contract.ready import server_ready_line
@@ -72,8 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"port to listen on (default {d.port}; 0 picks a free one)")
     p.add_argument("--db", default=d.store_path,
                    help=f"SQLite file of the rollout store (default {os.path.join('.', d.store_path)})")
-    p.add_argument("--key", default=None,
-                   help=f"server key, at least {MIN_KEY_CHARS} characters (default: ${CALCX_KEY}); required")
+    p.add_argument("--key-file", default=None, metavar="FILE",
+                   help=f"file holding the server key, at least {MIN_KEY_CHARS} characters (default: ${CALCX_KEY}); "
+                   "required, from one or the other")
+    p.add_argument("--key", default=None, help=argparse.SUPPRESS)  # refused: see KEY_FLAG_REFUSED
     p.add_argument("--new-key", action="store_true",
                    help="print a new random server key and exit (for a local run: "
                    "`export CALCX_KEY=$(calcx server --new-key)`)")
@@ -103,10 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.new_key:
         print(new_key())
         return 0
-    key = args.key or os.environ.get(CALCX_KEY, "")
+    if args.key is not None:
+        print(f"calcx server: {KEY_FLAG_REFUSED}", file=sys.stderr)
+        return 2
+    try:
+        key = read_server_key(os.environ, args.key_file)
+    except ValueError as exc:
+        print(f"calcx server: {exc}", file=sys.stderr)
+        return 2
     if not key:
         print(
-            f"calcx server: no server key. Pass --key KEY or set {CALCX_KEY}; controllers, trainers and the "
+            f"calcx server: no server key. {KEY_SOURCES}; controllers, trainers and the "
             f"rehearsal use the same key, and agents get per-attempt tokens derived from it; {HOW_TO_MAKE_A_KEY}",
             file=sys.stderr,
         )

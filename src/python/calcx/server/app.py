@@ -44,7 +44,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
     settings = replace(settings, public_url=settings.public_url.rstrip("/"))
     metrics = ServerMetrics()
     service = RolloutService(settings, metrics)
-    state = ServerState(settings=settings, auth=Authenticator(settings.key), metrics=metrics, service=service,
+    auth = Authenticator(settings.key, nonce_of=lambda rid, aid: service.db.attempts.token_nonce(rid, aid))
+    state = ServerState(settings=settings, auth=auth, metrics=metrics, service=service,
                         budgets=AttemptBudgets(settings))
 
     @contextlib.asynccontextmanager

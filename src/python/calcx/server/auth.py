@@ -29,13 +29,18 @@ def request_token(request: Request) -> str | None:
     return api_key.strip() if api_key else None
 
 
+#: The nonce an attempt's token is bound to, from the store (None: no such attempt, or unclaimed).
+NonceOf = Callable[[str, str], "str | None"]
+
+
 class Authenticator:
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, nonce_of: NonceOf) -> None:
         problem = key_problem(key)
         if problem is not None:
             raise ValueError(problem)
         self._key = key
         self._key_bytes = key.encode()
+        self._nonce_of = nonce_of
 
     def _identify(self, request: Request) -> AttemptScope | None:
         """None for the server key, the scope for an attempt token; 401 otherwise."""
@@ -52,6 +57,16 @@ class Authenticator:
         scope = verify_attempt_token(self._key, token)
         if scope is None:
             raise APIError(401, "unauthorized", "unknown credentials: the key or attempt token is not valid", _CHALLENGE)
+        current = self._nonce_of(scope.rollout_id, scope.attempt_id)
+        if current is None or not hmac.compare_digest(scope.nonce.encode(), current.encode()):
+            raise APIError(
+                401,
+                "unauthorized",
+                f"this attempt token is not that of the current attempt {scope.attempt_id} of rollout "
+                f"{scope.rollout_id!r}: it was minted for an earlier one under those ids (a rollout deleted by "
+                "retention and created again, or a claim given back)",
+                _CHALLENGE,
+            )
         return scope
 
     def require_server_key(self, request: Request) -> None:

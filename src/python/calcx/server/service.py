@@ -237,7 +237,9 @@ class RolloutService:
         """A claim: the rollout, its attempt token and the agent's whole environment."""
         settings = self.settings
         rid = rollout["rollout_id"]
-        token = attempt_token(settings.key, rid, attempt_id)
+        nonce = self.db.attempts.token_nonce(rid, attempt_id)
+        assert nonce is not None, "a claimed attempt has its token nonce"
+        token = attempt_token(settings.key, rid, attempt_id, nonce)
         row = rollout["row"]
         env_map = rollout.get("env_map") or DEFAULT_ENV_MAP
         env = {var: env_value(row.get(column)) for var, column in env_map.items()}

@@ -43,8 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--agl-base-url", default=None,
                         help="a running calcx server the rollouts go to (default: calcx train starts a server "
                              "and a local-runner controller itself, with a key made for the run)")
-    parser.add_argument("--agl-key", default=None,
-                        help="calcx server key (default: $CALCX_KEY); never printed")
+    parser.add_argument("--agl-key-file", default=None, metavar="FILE",
+                        help="file holding that server's key (default: $CALCX_KEY); never printed")
+    parser.add_argument("--agl-key", default=None, help=argparse.SUPPRESS)  # refused: a key on a command line
     parser.add_argument("--run-name", default=None, help="experiment name: checkpoint and report directory name")
     parser.add_argument("--async", dest="async_mode", action="store_true",
                         help="asynchronous rollouts: a second train batch in flight, staleness bounded "
@@ -148,7 +149,7 @@ def _train(args: argparse.Namespace) -> int:
         return 2
     if not ready_to_train(NO_GPU_MESSAGE, needs_gpu=args.model_endpoint is None):
         return 3
-    from calcx.contract.env import CALCX_KEY
+    from calcx.api.tokens import read_server_key
     from calcx.trainer import data as data_mod
     from calcx.trainer.launch import LaunchError, run_training
     from calcx.trainer.services import ServicesError
@@ -158,7 +159,7 @@ def _train(args: argparse.Namespace) -> int:
         for path in (val_src if args.eval_only else train_src + val_src):
             data_mod.ensure_generated(path)
         cfg = compose_from_args(args)
-        key = args.agl_key or os.environ.get(CALCX_KEY, "")  # kept out of cfg: verl prints and uploads it
+        key = read_server_key(os.environ, args.agl_key_file, "--agl-key-file")  # kept out of cfg: verl prints it
         return run_training(cfg, train_src=train_src if not args.eval_only else val_src, val_src=val_src,
                             eval_only=args.eval_only, model_endpoint=args.model_endpoint, key=key)
 
@@ -207,6 +208,11 @@ def run_command(prog: str, args: argparse.Namespace, compose: Callable[[argparse
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.agl_key is not None:
+        from calcx.api.tokens import key_flag_refused
+
+        print(f"calcx train: {key_flag_refused('--agl-key', '--agl-key-file')}", file=sys.stderr)
+        return 2
     return run_command("calcx train", args, compose_from_args, _train)
 
 

@@ -25,7 +25,7 @@ from calcx.trainer.progress import ProgressWatch, total_training_steps
 from calcx.trainer.report import count_incomplete, write_report
 from calcx.trainer.resume import ResumePlan, plan_resume, settle_previous_run
 from calcx.trainer.run_settings import prepare_run
-from calcx.trainer.server_key import remove_key_file, server_key, write_key_file
+from calcx.trainer.server_key import key_dir, remove_key_file, server_key, write_key_file
 from calcx.trainer.services import LocalServices, ServicesConfig
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def preflight(server_url: str, key: str) -> None:
     try:
         asyncio.run(probe())
     except CalcxAPIError as exc:
-        hint = ("check --agl-key / $CALCX_KEY (the key the server was started with)" if exc.status in (401, 403)
+        hint = ("check --agl-key-file / $CALCX_KEY (the key the server was started with)" if exc.status in (401, 403)
                 else "check --agl-base-url, or leave it out to let calcx train start a server")
         raise LaunchError(f"calcx server at {server_url} is not usable: {exc}; {hint}") from exc
 
@@ -129,7 +129,7 @@ def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
     if cfg.calcx.get("server_url"):
         preflight(str(cfg.calcx.server_url), key)
         _cancel_leftovers(cfg, str(cfg.calcx.server_url), key, plan)
-        key_file = write_key_file(key)
+        key_file = write_key_file(key, key_dir(report_dir))
         try:
             yield RolloutServer(key_file=key_file)
         finally:
@@ -141,7 +141,7 @@ def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
         raise LaunchError(str(exc)) from exc
     config.server_args = server_args(cfg, config.server_args)
     services = LocalServices(config)
-    key_file = write_key_file(services.key)
+    key_file = write_key_file(services.key, key_dir(report_dir))
     try:
         services.start()
         log.info("calcx train: server %s and controller started (logs in %s)", services.server_url,

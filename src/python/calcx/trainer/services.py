@@ -15,9 +15,15 @@ import secrets
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from calcx.contract.env import CALCX_AGENT_TOOL_ROUNDS, CALCX_KEY, TOOL_ROUNDS_DEFAULT, parse_tool_rounds
+from calcx.contract.env import (
+    CALCX_AGENT_TOOL_ROUNDS,
+    CALCX_KEY,
+    TOOL_ROUNDS_DEFAULT,
+    parse_tool_rounds,
+    service_base_env,
+)
 from calcx.contract.ready import CONTROLLER_READY, SERVER_READY
 from calcx.procs.managed import ManagedProcess, ProcessStartError, live_pids, stop_all
 from calcx.worker.protocol import WORKER_MODULE
@@ -144,8 +150,11 @@ class ServicesConfig:
                 "--worker-cmd", json.dumps(prefix + [WORKER_MODULE])]
 
 
-def _env(pythonpath: Sequence[str], extra: dict[str, str]) -> dict[str, str]:
-    env = dict(os.environ)
+def services_env(pythonpath: Sequence[str], extra: dict[str, str],
+                 base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The started server's and controller's environment: the allowlisted part of ours
+    (calcx.contract.env.service_base_env; no tracker or hub credentials), their import path, `extra`."""
+    env = service_base_env(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(pythonpath)
     env.pop("PYTHONHOME", None)
     env.update(extra)
@@ -170,7 +179,7 @@ class LocalServices:
     def start(self) -> "LocalServices":
         c = self.config
         self.workdir.mkdir(parents=True, exist_ok=True)
-        env = _env(c.services_pythonpath, {CALCX_KEY: c.key})
+        env = services_env(c.services_pythonpath, {CALCX_KEY: c.key})
         server_cmd = [c.services_python, "-m", "calcx.server", "--host", "127.0.0.1", "--port", "0",
                       "--db", str(self.db_path), "--log-level", "warning", *c.server_args]
         controller_tail = ["--concurrency", str(c.concurrency), "--controller-id", "calcx-train",

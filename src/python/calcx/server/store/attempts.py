@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from calcx.api.tokens import new_nonce
 from calcx.contract.labels import RUN_LABEL
 from calcx.contract.failures import FailureReason
 from calcx.server.store.database import Conflict, Database, NotFound, parse_attempt_id
@@ -51,6 +52,17 @@ class Attempts:
             raise Conflict(f"attempt {attempt_id} of rollout {rollout_id!r} is {current}{refusal}")
         return int(attempt_id)
 
+    def token_nonce(self, rollout_id: str, attempt_id: str) -> str | None:
+        """The nonce the attempt's token is bound to (drawn at its claim); None for an attempt that
+        does not exist or was never claimed."""
+        attempt_no = parse_attempt_id(attempt_id)
+        if attempt_no is None:
+            return None
+        row = self._db.execute(
+            "SELECT token_nonce FROM attempts WHERE rollout_id = ? AND attempt_no = ?", (rollout_id, attempt_no)
+        ).fetchone()
+        return None if row is None else row[0]
+
     def claim(self, controller_id: str, max_count: int, lease_s: float) -> list[tuple[str, str]]:
         """Move up to `max_count` QUEUED rollouts (oldest first) to RUNNING for `controller_id`."""
         now = self._db.clock()
@@ -63,9 +75,9 @@ class Attempts:
             if not picked:
                 return []
             db.executemany(
-                "UPDATE attempts SET state = 'RUNNING', started_at = ?, controller_id = ?, lease_expires_at = ? "
-                "WHERE rollout_id = ? AND attempt_no = ?",
-                [(now, controller_id, lease_until, rid, no) for rid, no in picked],
+                "UPDATE attempts SET state = 'RUNNING', started_at = ?, controller_id = ?, lease_expires_at = ?, "
+                "token_nonce = ? WHERE rollout_id = ? AND attempt_no = ?",
+                [(now, controller_id, lease_until, new_nonce(), rid, no) for rid, no in picked],
             )
             db.executemany(
                 "UPDATE rollouts SET state = 'RUNNING' WHERE rollout_id = ?", [(rid,) for rid, _ in picked]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from calcx.server.store.schema import SCHEMA
+from calcx.server.store.schema import ADDED_COLUMNS, SCHEMA
 
 
 #: How long a statement waits for another connection's write lock (ms).
@@ -60,6 +62,7 @@ class Database:
         self.path = path
         self.clock = clock
         self.monotonic = monotonic
+        _owner_only(path)
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
         mode = str(self.conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
         if mode != "wal":
@@ -74,6 +77,9 @@ class Database:
         self.conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         self.conn.execute("PRAGMA cache_size=-32000")
         self.conn.executescript(SCHEMA)
+        for table, column, declaration in ADDED_COLUMNS:
+            if column not in {row[1] for row in self.conn.execute(f"PRAGMA table_info({table})")}:
+                self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
 
     def close(self) -> None:
         self.conn.close()
@@ -127,6 +133,22 @@ class Database:
     def require_rollout(self, rollout_id: str) -> None:
         if self.execute("SELECT 1 FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone() is None:
             raise NotFound(f"no rollout {rollout_id!r}")
+
+
+#: The mode of the store's files: they hold every request, answer and reward of every rollout.
+STORE_FILE_MODE = 0o600
+
+
+def _owner_only(path: str) -> None:
+    """Create the database file owner-only before SQLite opens it (its journal and WAL files take
+    the database file's mode), and take group and other access from one made earlier."""
+    if path == ":memory:" or path.startswith("file:") or not path:
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, STORE_FILE_MODE)
+    os.close(fd)
+    for name in (path, f"{path}-wal", f"{path}-shm", f"{path}-journal"):
+        if os.path.exists(name):
+            os.chmod(name, stat.S_IMODE(os.stat(name).st_mode) & STORE_FILE_MODE)
 
 
 def parse_attempt_id(attempt_id: str) -> int | None:

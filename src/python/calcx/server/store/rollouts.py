@@ -11,7 +11,7 @@ from calcx.server.store.database import Conflict, Database
 
 _ATTEMPT_COLUMNS = (
     "attempt_no, state, created_at, started_at, finished_at, controller_id, reason, "
-    "exit_code, agent_seconds, detail, lease_expires_at"
+    "exit_code, agent_seconds, detail, lease_expires_at, token_nonce"
 )
 _CHUNK = 500  # ids per `IN (...)`, well under SQLite's limit on bound variables
 
@@ -42,6 +42,7 @@ def _attempt_dict(row: Sequence[Any], wall_time: Callable[[float], float]) -> di
         "agent_seconds": row[8],
         "detail": row[9],
         "lease_expires_at": None if row[10] is None else wall_time(row[10]),
+        "token_nonce": row[11],
     }
 
 

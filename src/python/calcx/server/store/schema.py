@@ -29,6 +29,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     agent_seconds REAL,
     detail TEXT,
     lease_expires_at REAL,
+    token_nonce TEXT,
     PRIMARY KEY (rollout_id, attempt_no)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS attempts_by_lease ON attempts(state, lease_expires_at);
@@ -80,3 +81,10 @@ CREATE TABLE IF NOT EXISTS kv (
     value TEXT NOT NULL
 );
 """
+
+#: Columns added after a table's first version: (table, column, declaration). A file made before
+#: gets them at open (`ALTER TABLE ... ADD COLUMN`), empty in the rows it has.
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    # the nonce its attempt token is bound to, drawn at claim (calcx.api.tokens)
+    ("attempts", "token_nonce", "TEXT"),
+)
