@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from calcx.api.client import CalcxAPIError, CalcxClient
+from calcx.contract.failures import FailureReason
 from calcx.contract.labels import RUN_LABEL
 from calcx.server.serve import ServerThread, start_server_thread
 
@@ -54,12 +55,28 @@ def test_a_rollout_is_trained_at_most_once_until_its_step_is_rolled_back(client:
         assert db.execute("SELECT COUNT(*) FROM trained WHERE rolled_back_at IS NOT NULL").fetchone() == (2,)
 
 
+def test_a_rewind_rolls_back_its_own_run_only(client: CalcxClient, db_path: str) -> None:
+    _succeed(client, "a", ["a1", "a2"])
+    _succeed(client, "b", ["b1", "b2"])
+    for run in ("a", "b"):
+        client.record_trained(run, 1, [f"{run}1"])
+        client.record_trained(run, 2, [f"{run}2"])
+    assert client.rewind("a", 1) == [2]
+    assert _live(db_path) == [("a", 1, "a1"), ("b", 1, "b1"), ("b", 2, "b2")]  # run b keeps its step 2
+
+
 def test_only_a_succeeded_rollout_of_the_run_is_trained(client: CalcxClient, db_path: str) -> None:
     _succeed(client, "mine", ["ok"])
     _succeed(client, "theirs", ["other"])
+    client.create_rollouts([{"rollout_id": rid, "row": {"question": "q", "result": "1"}, "max_attempts": 1,
+                             "labels": {RUN_LABEL: "mine"}} for rid in ("running", "failed")])
+    claims = {c.rollout.rollout_id: c for c in client.claim("ctl", 2, timeout_s=2).claims}
+    client.finish("failed", claims["failed"].attempt_id, "FAILED", reason=FailureReason.CRASH)
     client.create_rollouts([{"rollout_id": "queued", "row": {"question": "q", "result": "1"},
                              "labels": {RUN_LABEL: "mine"}}])
     _refused(lambda: client.record_trained("mine", 1, ["ok", "queued"]), 409, "'queued' is QUEUED")
+    _refused(lambda: client.record_trained("mine", 1, ["ok", "running"]), 409, "'running' is RUNNING")
+    _refused(lambda: client.record_trained("mine", 1, ["ok", "failed"]), 409, "'failed' is FAILED")
     _refused(lambda: client.record_trained("mine", 1, ["ok", "other"]), 409, "belongs to run 'theirs'")
     _refused(lambda: client.record_trained("mine", 1, ["ok", "missing"]), 404, "no rollout 'missing'")
     assert _live(db_path) == []  # a refused step records nothing, not even its good rollouts
