@@ -38,6 +38,7 @@ SYSTEM_TEST_FILES = frozenset({
     "k8s/test_k8s_kind.py",
     "k8s/test_k8s_manifests_schema.py",
     "pants_plugins/test_pants_plugins_import_layers.py",
+    "procs/test_procs_dumpable.py",
     "procs/test_procs_managed.py",
     "rehearse/test_rehearse_cli.py",
     "server/test_server_restart.py",

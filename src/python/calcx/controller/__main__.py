@@ -14,6 +14,7 @@ from calcx.api.tokens import KEY_FLAG_REFUSED, KEY_SOURCES, key_problem, read_se
 from calcx.contract.ready import controller_ready_line
 from calcx.controller.base import Runner
 from calcx.controller.concurrency import SLOTS_PER_CORE, default_concurrency
+from calcx.procs.procutil import forbid_dumps
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(f"calcx controller: {problem}", file=sys.stderr)
         return 2
+    forbid_dumps()  # it holds the server key beside the agents it starts: none may read it out of /proc
     if args.concurrency < 1:
         print("calcx controller: --concurrency must be at least 1", file=sys.stderr)
         return 2

@@ -9,7 +9,23 @@ import time
 from typing import Any, Callable, Iterable
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 _libc = None
+
+
+def forbid_dumps() -> bool:
+    """Make this process non-dumpable (PR_SET_DUMPABLE 0): other processes of the same user can no
+    longer read its /proc/<pid>/environ, mem or maps, nor attach a debugger to it, and it writes no
+    core file. The server, the controller and the trainer call it at start, so that
+    an agent (a process of the same user, running code calcx did not write) cannot read the server
+    key out of them. An exec'd child starts dumpable again. False where Linux's prctl is missing."""
+    libc = _load_libc()
+    if libc is None:
+        return False
+    try:
+        return bool(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL, expected_parent: int | None = None) -> bool:

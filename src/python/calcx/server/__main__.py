@@ -20,6 +20,7 @@ from calcx.api.tokens import (
 from calcx.common.serving import bind_socket
 from calcx.contract.env import CALCX_KEY
 from calcx.contract.ready import server_ready_line
+from calcx.procs.procutil import forbid_dumps
 from calcx.server.assistant_turns import HERMES
 from calcx.server.serve import CalcxUvicornServer, uvicorn_config
 from calcx.server.settings import DEFAULTS, ServerSettings
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(f"calcx server: {problem}", file=sys.stderr)
         return 2
+    forbid_dumps()  # it holds the server key: no agent of the same user may read it out of /proc
     if args.max_tokens_ceiling < 1 or args.max_body_bytes < 1024 or args.lease_s <= 0:
         print(
             "calcx server: --max-tokens-ceiling must be >= 1, --max-body-bytes >= 1024 and --lease-s > 0",
