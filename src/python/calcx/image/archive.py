@@ -96,3 +96,13 @@ def write_archive(out: IO[bytes], config: ImageConfig, layers: Mapping[str, Path
         _add_bytes(tar, f"{config_hex}.json", config_bytes, config.created)
         _add_bytes(tar, "manifest.json", json.dumps(manifest, separators=(",", ":")).encode(), config.created)
     return image_id(config_bytes)
+
+
+def archive_image_id(path: Path) -> str:
+    """The image ID of a docker-archive file: the sha256 its manifest gives the config's name."""
+    with tarfile.open(path, mode="r:") as tar:
+        member = tar.extractfile("manifest.json")
+        if member is None:
+            raise ValueError(f"{path}: no manifest.json, not a docker-archive")
+        (entry,) = json.loads(member.read())
+    return "sha256:" + entry["Config"].removesuffix(".json")
