@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import tarfile
 import subprocess
 import time
 from pathlib import Path
@@ -72,3 +74,19 @@ def test_a_base_made_from_another_package_set_is_refused(base_image: str, tmp_pa
     other.write_text("".join(lines))
     with pytest.raises(BuildError, match="not made from the package set"):
         check_base_lock(base_image, other)
+
+
+def test_the_archive_carries_every_layer_its_config_names(agent_archive: Path) -> None:
+    """`docker load -i` of the archive needs no base image in the daemon: each diff ID of the
+    config, the base's included, is a layer of the archive with exactly those bytes."""
+    with tarfile.open(agent_archive, mode="r:") as tar:
+        (entry,) = json.loads(_read(tar, "manifest.json"))
+        diff_ids = json.loads(_read(tar, entry["Config"]))["rootfs"]["diff_ids"]
+        assert len(diff_ids) == 2, "the base's layer and the image's own"
+        assert [f"sha256:{hashlib.sha256(_read(tar, layer)).hexdigest()}" for layer in entry["Layers"]] == diff_ids
+
+
+def _read(tar: tarfile.TarFile, name: str) -> bytes:
+    member = tar.extractfile(name)
+    assert member is not None, f"{name} missing from the archive"
+    return member.read()

@@ -2,8 +2,9 @@
 
 The image ID Docker shows is the sha256 of the config JSON, so the config is written with sorted
 keys, no whitespace and `created` set from SOURCE_DATE_EPOCH: the same layers and settings give
-the same ID. Layers the daemon already holds (the base's) are named in the manifest but left out
-of the archive; `docker load` finds them by their chain of diff IDs.
+the same ID. A layer the daemon already holds may be named in the manifest but left out of the
+archive (the build's self-test load leaves out the base's); `docker load` finds it by the chain of
+diff IDs. The archive file the build keeps carries every layer.
 """
 
 from __future__ import annotations

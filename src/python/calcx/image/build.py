@@ -19,13 +19,14 @@ import json
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from calcx.image.archive import ImageConfig, archive_image_id, image_id, write_archive
-from calcx.image.layer import write_layer
+from calcx.image.layer import file_diff_id, write_layer
 from calcx.image.recipes import DOCKER_DIR, Recipe
 
 # the labels build-base.sh gives the base image: the sha256 of its package list (packages.lock
@@ -97,6 +98,33 @@ def base_diff_ids(base: str) -> tuple[str, ...]:
     except BuildError as exc:
         raise BuildError(f"base image {base} not found: build it with src/docker/base/build-base.sh") from exc
     return tuple(line for line in out.split() if line)
+
+
+def save_base_layers(base: str, base_ids: Sequence[str], into: Path) -> dict[str, Path]:
+    """The base's layer tars, from `docker save`, as files under `into`: diff ID -> file. Docker
+    gives back each layer's original bytes; a layer whose sha256 is not its diff ID fails."""
+    saved = into / "base.tar"
+    docker("save", "-o", str(saved), base)
+    layers: dict[str, Path] = {}
+    with tarfile.open(saved, mode="r:") as tar:
+        manifest = tar.extractfile("manifest.json")
+        if manifest is None:
+            raise BuildError(f"docker save {base} wrote no manifest.json")
+        (entry,) = json.loads(manifest.read())
+        if len(entry["Layers"]) != len(base_ids):
+            raise BuildError(f"docker save {base}: {len(entry['Layers'])} layers, the image has {len(base_ids)}")
+        for index, (member, diff_id) in enumerate(zip(entry["Layers"], base_ids)):
+            source = tar.extractfile(member)
+            if source is None:
+                raise BuildError(f"docker save {base}: no {member}")
+            path = into / f"base-layer-{index}.tar"
+            with path.open("wb") as out:
+                shutil.copyfileobj(source, out, 1 << 20)
+            if file_diff_id(path) != diff_id:
+                raise BuildError(f"docker save {base}: layer {index} is not the bytes of its diff ID {diff_id}")
+            layers[diff_id] = path
+    saved.unlink()
+    return layers
 
 
 def base_labels(base: str) -> dict[str, str]:
@@ -193,8 +221,8 @@ def selftest(recipe: Recipe, image: str) -> str:
 def build(recipe: Recipe, pex: Path, base: str, epoch: int, tags: Sequence[str] = (),
           archive: Path | None = None, docker_dir: Path = DOCKER_DIR) -> Built:
     """Build, load and self-test the image of `recipe` from `pex` over `base`; then tag it `tags`
-    and, given `archive`, write it there as a docker-archive named by the recipe's tags (the
-    base's layers are named by diff ID, not carried: `docker load` needs the base image)."""
+    and, given `archive`, write it there as a docker-archive named by the recipe's tags, which
+    carries the base's layers too (`docker load -i` needs nothing else)."""
     if not pex.is_file():
         raise BuildError(f"PEX {pex} not found (build it with ./pants package)")
     base_ids = base_diff_ids(base)
@@ -213,8 +241,9 @@ def build(recipe: Recipe, pex: Path, base: str, epoch: int, tags: Sequence[str] 
             subprocess.run(["docker", "image", "rm", loaded], capture_output=True, timeout=120)
             raise
         if archive is not None:
+            layers = {**save_base_layers(base, base_ids, Path(tmp)), layer_id: layer_path}
             with archive.open("wb") as out:
-                write_archive(out, config, {layer_id: layer_path}, repo_tags=recipe.tags())
+                write_archive(out, config, layers, repo_tags=recipe.tags())
     for tag in tags:
         docker("tag", loaded, tag)
     return Built(image_id=loaded, layer_diff_id=layer_id, tags=tuple(tags))
