@@ -1,4 +1,5 @@
-"""calcx's Pants plugin: `slim_pex_binary`, a PEX that leaves named requirements out, and the
+"""calcx's Pants plugin: `slim_pex_binary`, a PEX that leaves named requirements out,
+`image_archive` (image_archive.py: a container image's docker-archive as a package), and the
 `import-layers` linter (`./pants lint`, import_layers_lint.py), which holds calcx's imports to
 docs/architecture.md.
 
@@ -37,7 +38,7 @@ from pants.engine.rules import Get, collect_rules, rule
 from pants.engine.target import StringField, StringSequenceField, Target
 from pants.engine.unions import UnionRule
 
-from calcx_pants import import_layers_lint
+from calcx_pants import image_archive, import_layers_lint
 from calcx_pants.pex_args import slim_pex_args
 
 
@@ -118,8 +119,9 @@ async def package_slim_pex_binary(field_set: SlimPexBinaryFieldSet) -> BuiltPack
 
 
 def target_types():
-    return [SlimPexBinary]
+    return [SlimPexBinary, *image_archive.target_types()]
 
 
 def rules():
-    return [*collect_rules(), UnionRule(PackageFieldSet, SlimPexBinaryFieldSet), *import_layers_lint.rules()]
+    return [*collect_rules(), UnionRule(PackageFieldSet, SlimPexBinaryFieldSet), *import_layers_lint.rules(),
+            *image_archive.rules()]

@@ -1,6 +1,7 @@
-"""The image tests build the agent image themselves, with calcx.image, from the agent PEX that
-Pants packages for them (runtime_package_dependencies), over the base image that
-src/docker/base/build-base.sh made ($CALCX_BASE_IMAGE, default calcx/base:bookworm-py311)."""
+"""The image tests get the agent image as Pants builds it (src/docker:agent, a docker-archive) and
+the agent PEX it holds, both packaged for them (runtime_package_dependencies), and build the image
+again with calcx.image over the base image that src/docker/base/build-base.sh made
+($CALCX_BASE_IMAGE, default calcx/base:bookworm-py311)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from calcx.image.build import base_epoch
 from calcx.image.recipes import DEFAULT_BASE
 
-# where runtime_package_dependencies puts src/python/calcx/agent:agent
+# where runtime_package_dependencies puts src/python/calcx/agent:agent and src/docker:agent
 AGENT_PEX = Path("src.python.calcx.agent/agent.pex")
+AGENT_ARCHIVE = Path("src.docker/agent-image.tar")
 
 
 def _docker_reachable() -> bool:
@@ -49,6 +52,13 @@ def agent_pex() -> Path:
 
 
 @pytest.fixture(scope="session")
-def epoch() -> int:
-    """A fixed SOURCE_DATE_EPOCH (2024-01-01): the tests compare builds with each other, not with a commit."""
-    return 1_704_067_200
+def agent_archive() -> Path:
+    if not AGENT_ARCHIVE.is_file():
+        pytest.fail(f"{AGENT_ARCHIVE} missing: run these tests through Pants, which packages src/docker:agent first")
+    return AGENT_ARCHIVE
+
+
+@pytest.fixture(scope="session")
+def epoch(base_image: str) -> int:
+    """The base image's SOURCE_DATE_EPOCH, which the Pants image targets date their images at."""
+    return base_epoch(base_image)

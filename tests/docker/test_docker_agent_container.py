@@ -3,8 +3,8 @@ as a container of the real image by Docker (host network; image, env, user, read
 the Secret-held key all taken from the rendered manifests) against a real calcx server and the
 stub LLM on loopback. Proves image + template + env + key + reward path together.
 
-Image under test: $CALCX_AGENT_IMAGE when set; otherwise the image calcx.image builds from the agent
-PEX (tagged calcx/agent:latest, as src/docker/build-images.sh tags it).
+Image under test: $CALCX_AGENT_IMAGE when set; otherwise the one Pants builds (src/docker:agent),
+loaded from its docker-archive with the tags it names.
 """
 
 from __future__ import annotations
@@ -22,28 +22,25 @@ from calcx.api.client import CalcxClient
 from calcx.api.models import Claim
 from calcx.contract.failures import EXIT_CODES, FAILURE_PREFIX, FailureReason
 from calcx.controller.k8s_runner import K8sRunner, K8sRunnerConfig
-from calcx.image.build import build
-from calcx.image.recipes import AGENT
+from calcx.image.build import load_archive
 from calcx.k8s.render import JobSettings, RenderedAttempt
 from calcx.k8s.validate import validate_manifest
 from calcx.server.serve import ServerThread, start_server_thread
 from calcx.stub_llm.app import create_app as create_stub_app
 from calcx.common.serving import ThreadedServer
 
-IMAGE = "calcx/agent:latest"
 KEY = "docker-e2e-server-key-0123456789"
 RUN_TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
-def image(agent_pex: Path, base_image: str, epoch: int) -> str:
+def image(agent_archive: Path, base_image: str) -> str:
     given = os.environ.get("CALCX_AGENT_IMAGE")
     if given:
         if subprocess.run(["docker", "image", "inspect", given], capture_output=True, timeout=30).returncode != 0:
             pytest.fail(f"CALCX_AGENT_IMAGE={given} is not in the local Docker daemon")
         return given
-    build(AGENT, agent_pex, base_image, epoch, tags=(IMAGE,))
-    return IMAGE
+    return load_archive(agent_archive)
 
 
 @pytest.fixture()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from calcx.image.recipes import AGENT, CONTROLLER
 from calcx.k8s.render import JobSettings, RenderError, StaticSettings, render_attempt, render_static, templates_dir
 from calcx.k8s.validate import ManifestInvalid, validate_all, validate_manifest
 
@@ -204,3 +205,13 @@ def test_agent_pods_may_reach_only_the_server_and_dns(server_url: str, peer: dic
     assert dns["to"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]
     with pytest.raises(RenderError, match="must be http"):
         render_static(StaticSettings(server_url="calcx-server:8000"))
+
+
+def test_pods_run_as_the_user_their_image_is_built_for() -> None:
+    """The Deployment runs the controller image and each Job the agent image as the numeric user
+    that image's recipe writes into its passwd (calcx.image.recipes), user and group alike."""
+    static = render_static(StaticSettings())
+    controller = static["controller-deployment.yaml"][1]["spec"]["template"]["spec"]["securityContext"]
+    assert (controller["runAsUser"], controller["runAsGroup"]) == (CONTROLLER.uid, CONTROLLER.uid)
+    job = _attempt().job["spec"]["template"]["spec"]["securityContext"]
+    assert (job["runAsUser"], job["runAsGroup"]) == (AGENT.uid, AGENT.uid)

@@ -3,9 +3,12 @@ image from its root filesystem tarball; prints the image ID.
 
   python -m calcx.image agent --pex dist/src.python.calcx.agent/agent.pex --tag calcx/agent:latest
   python -m calcx.image controller --pex dist/src.python.calcx/calcx.pex --tag calcx/controller:latest
+  python -m calcx.image load dist/src.docker/agent-image.tar    # what ./pants package src/docker:agent wrote
   python -m calcx.image base --rootfs-tar rootfs.tar --tag calcx/base:bookworm-py311 --label k=v
 
-Timestamps come from --epoch, else SOURCE_DATE_EPOCH, else the commit time of the checkout's HEAD.
+Timestamps come from --epoch, else SOURCE_DATE_EPOCH, else the commit time of the checkout's HEAD;
+--epoch-from-base takes the base image's own (what the Pants targets src/docker:agent and
+:controller do, with --archive, --base-lock and --no-tag: the image as a docker-archive file).
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import sys
 from pathlib import Path
 
 from calcx.image.base import load_base
-from calcx.image.build import BuildError, build
-from calcx.image.recipes import DEFAULT_BASE, RECIPES
+from calcx.image.build import BuildError, base_epoch, build, check_base_lock, load_archive
+from calcx.image.recipes import DEFAULT_BASE, DOCKER_DIR, RECIPES
 
 
 def source_date_epoch(given: int | None) -> int:
@@ -58,6 +61,15 @@ def parser() -> argparse.ArgumentParser:
                            help=f"default calcx/{name}:<version> and calcx/{name}:latest")
         image.add_argument("--no-tag", action="store_true", help="leave the image untagged (a check build)")
         image.add_argument("--epoch", type=int)
+        image.add_argument("--epoch-from-base", action="store_true",
+                           help="date the image at the base image's SOURCE_DATE_EPOCH (its label)")
+        image.add_argument("--archive", type=Path, help="also write the image here as a docker-archive")
+        image.add_argument("--base-lock", type=Path,
+                           help="fail unless the base was made from this packages.lock")
+        image.add_argument("--docker-dir", type=Path, default=DOCKER_DIR,
+                           help="where the recipes' files lie (src/docker)")
+    loader = sub.add_parser("load", help="docker load a docker-archive file, tagged as it names")
+    loader.add_argument("archive", type=Path)
     base = sub.add_parser("base", help="the base image from a root filesystem tarball")
     base.add_argument("--rootfs-tar", type=Path, required=True)
     base.add_argument("--tag", action="append", default=[])
@@ -70,13 +82,18 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        epoch = source_date_epoch(args.epoch)
-        if args.what == "base":
+        if args.what == "load":
+            image_id = load_archive(args.archive)
+        elif args.what == "base":
+            epoch = source_date_epoch(args.epoch)
             image_id = load_base(args.rootfs_tar, epoch, dict(args.label), args.history, args.tag)
         else:
+            if args.base_lock is not None:
+                check_base_lock(args.base, args.base_lock)
+            epoch = base_epoch(args.base) if args.epoch_from_base else source_date_epoch(args.epoch)
             recipe = RECIPES[args.what]
             tags = () if args.no_tag else (args.tag or recipe.tags())
-            image_id = build(recipe, args.pex, args.base, epoch, tags).image_id
+            image_id = build(recipe, args.pex, args.base, epoch, tags, args.archive, args.docker_dir).image_id
     except BuildError as exc:
         print(f"calcx.image: {exc}", file=sys.stderr)
         return 1

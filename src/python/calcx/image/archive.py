@@ -2,8 +2,9 @@
 
 The image ID Docker shows is the sha256 of the config JSON, so the config is written with sorted
 keys, no whitespace and `created` set from SOURCE_DATE_EPOCH: the same layers and settings give
-the same ID. Layers the daemon already holds (the base's) are named in the manifest but left out
-of the archive; `docker load` finds them by their chain of diff IDs.
+the same ID. A layer the daemon already holds may be named in the manifest but left out of the
+archive (the build's self-test load leaves out the base's); `docker load` finds it by the chain of
+diff IDs. The archive file the build keeps carries every layer.
 """
 
 from __future__ import annotations
@@ -96,3 +97,13 @@ def write_archive(out: IO[bytes], config: ImageConfig, layers: Mapping[str, Path
         _add_bytes(tar, f"{config_hex}.json", config_bytes, config.created)
         _add_bytes(tar, "manifest.json", json.dumps(manifest, separators=(",", ":")).encode(), config.created)
     return image_id(config_bytes)
+
+
+def archive_image_id(path: Path) -> str:
+    """The image ID of a docker-archive file: the sha256 its manifest gives the config's name."""
+    with tarfile.open(path, mode="r:") as tar:
+        member = tar.extractfile("manifest.json")
+        if member is None:
+            raise ValueError(f"{path}: no manifest.json, not a docker-archive")
+        (entry,) = json.loads(member.read())
+    return "sha256:" + entry["Config"].removesuffix(".json")

@@ -8,22 +8,31 @@
    become one layer (`layer.write_layer`: sorted, owner 0:0, mtimes at SOURCE_DATE_EPOCH).
 3. The config (no build time in it) and the layer go to `docker load` as a docker-archive.
 4. The recipe's self-test runs in the loaded image (no network, read-only root). Only when it
-   passes is the image tagged; otherwise it is removed and the build fails.
+   passes is the image tagged, or written as a docker-archive file (what `./pants package` of
+   src/docker:<name> keeps); otherwise it is removed and the build fails.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from calcx.image.archive import ImageConfig, image_id, write_archive
-from calcx.image.layer import write_layer
+from calcx.image.archive import ImageConfig, archive_image_id, image_id, write_archive
+from calcx.image.layer import file_diff_id, write_layer
 from calcx.image.recipes import DOCKER_DIR, Recipe
+
+# the labels build-base.sh gives the base image: the sha256 of its package list (packages.lock
+# without comments) and the SOURCE_DATE_EPOCH it was made at
+BASE_PACKAGES_LABEL = "calcx.packages.sha256"
+BASE_EPOCH_LABEL = "calcx.source-date-epoch"
 
 DOCKER_TIMEOUT_S = 900
 SELFTEST_TIMEOUT_S = 180
@@ -77,12 +86,77 @@ def load(config: ImageConfig, layers: Mapping[str, Path], tags: Sequence[str] = 
     return image_id(config.to_json())
 
 
+def load_archive(path: Path) -> str:
+    """`docker load -i` a docker-archive file (its tags come with it); return its image ID."""
+    docker("load", "-q", "-i", str(path))
+    return archive_image_id(path)
+
+
 def base_diff_ids(base: str) -> tuple[str, ...]:
     try:
         out = docker("image", "inspect", "--format", "{{range .RootFS.Layers}}{{println .}}{{end}}", base)
     except BuildError as exc:
         raise BuildError(f"base image {base} not found: build it with src/docker/base/build-base.sh") from exc
     return tuple(line for line in out.split() if line)
+
+
+def save_base_layers(base: str, base_ids: Sequence[str], into: Path) -> dict[str, Path]:
+    """The base's layer tars, from `docker save`, as files under `into`: diff ID -> file. Docker
+    gives back each layer's original bytes; a layer whose sha256 is not its diff ID fails."""
+    saved = into / "base.tar"
+    docker("save", "-o", str(saved), base)
+    layers: dict[str, Path] = {}
+    with tarfile.open(saved, mode="r:") as tar:
+        manifest = tar.extractfile("manifest.json")
+        if manifest is None:
+            raise BuildError(f"docker save {base} wrote no manifest.json")
+        (entry,) = json.loads(manifest.read())
+        if len(entry["Layers"]) != len(base_ids):
+            raise BuildError(f"docker save {base}: {len(entry['Layers'])} layers, the image has {len(base_ids)}")
+        for index, (member, diff_id) in enumerate(zip(entry["Layers"], base_ids)):
+            source = tar.extractfile(member)
+            if source is None:
+                raise BuildError(f"docker save {base}: no {member}")
+            path = into / f"base-layer-{index}.tar"
+            with path.open("wb") as out:
+                shutil.copyfileobj(source, out, 1 << 20)
+            if file_diff_id(path) != diff_id:
+                raise BuildError(f"docker save {base}: layer {index} is not the bytes of its diff ID {diff_id}")
+            layers[diff_id] = path
+    saved.unlink()
+    return layers
+
+
+def base_labels(base: str) -> dict[str, str]:
+    try:
+        out = docker("image", "inspect", "--format", "{{json .Config.Labels}}", base)
+    except BuildError as exc:
+        raise BuildError(f"base image {base} not found: build it with src/docker/base/build-base.sh") from exc
+    return json.loads(out) or {}
+
+
+def lock_digest(lock: Path) -> str:
+    """The sha256 build-base.sh labels the base with: packages.lock's lines less its comments."""
+    kept = [line for line in lock.read_bytes().splitlines(keepends=True) if not line.startswith(b"#")]
+    return hashlib.sha256(b"".join(kept)).hexdigest()
+
+
+def check_base_lock(base: str, lock: Path) -> None:
+    """Fail unless `base` was made from the package set `lock` records."""
+    made_from = base_labels(base).get(BASE_PACKAGES_LABEL)
+    if made_from != lock_digest(lock):
+        raise BuildError(f"base image {base} was not made from the package set of {lock} (its label "
+                         f"{BASE_PACKAGES_LABEL} is {made_from}, the file's is {lock_digest(lock)}): "
+                         "rebuild it with src/docker/base/build-base.sh --force")
+
+
+def base_epoch(base: str) -> int:
+    """The SOURCE_DATE_EPOCH the base was made at (its label)."""
+    value = base_labels(base).get(BASE_EPOCH_LABEL, "")
+    if not value.isdigit():
+        raise BuildError(f"base image {base} has no {BASE_EPOCH_LABEL} label: rebuild it with "
+                         "src/docker/base/build-base.sh --force")
+    return int(value)
 
 
 def _venv_script(recipe: Recipe, host_uid: int, host_gid: int) -> str:
@@ -100,14 +174,15 @@ def _venv_script(recipe: Recipe, host_uid: int, host_gid: int) -> str:
     ])
 
 
-def populate(recipe: Recipe, pex: Path, base: str, root: Path, epoch: int) -> None:
-    """Fill `root` (the layer's `/`) with the venv, the recipe's files, passwd and group."""
+def populate(recipe: Recipe, pex: Path, base: str, root: Path, epoch: int, docker_dir: Path = DOCKER_DIR) -> None:
+    """Fill `root` (the layer's `/`) with the venv, the recipe's files (under `docker_dir`),
+    passwd and group."""
     (root / "opt").mkdir(parents=True)
     (root / "etc").mkdir()
     for image_path, source in recipe.files.items():
         target = root / image_path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(DOCKER_DIR / source, target)
+        shutil.copyfile(docker_dir / source, target)
     pex_dir = root.parent / "pex"
     pex_dir.mkdir()
     shutil.copyfile(pex, pex_dir / "app.pex")
@@ -143,24 +218,32 @@ def selftest(recipe: Recipe, image: str) -> str:
     return out
 
 
-def build(recipe: Recipe, pex: Path, base: str, epoch: int, tags: Sequence[str] = ()) -> Built:
-    """Build, load, self-test and tag the image of `recipe` from `pex` over `base`."""
+def build(recipe: Recipe, pex: Path, base: str, epoch: int, tags: Sequence[str] = (),
+          archive: Path | None = None, docker_dir: Path = DOCKER_DIR) -> Built:
+    """Build, load and self-test the image of `recipe` from `pex` over `base`; then tag it `tags`
+    and, given `archive`, write it there as a docker-archive named by the recipe's tags, which
+    carries the base's layers too (`docker load -i` needs nothing else)."""
     if not pex.is_file():
         raise BuildError(f"PEX {pex} not found (build it with ./pants package)")
     base_ids = base_diff_ids(base)
     with tempfile.TemporaryDirectory(prefix=f"calcx-image-{recipe.name}.") as tmp:
         root = Path(tmp) / "root"
-        populate(recipe, pex, base, root, epoch)
+        populate(recipe, pex, base, root, epoch, docker_dir)
         layer_path = Path(tmp) / "layer.tar"
         with layer_path.open("wb") as out:
             layer_id = write_layer(root, out, epoch)
+        shutil.rmtree(root)
         config = image_config(recipe, base_ids, layer_id, epoch, base)
         loaded = load(config, {layer_id: layer_path})
-    try:
-        selftest(recipe, loaded)
-    except BuildError:
-        subprocess.run(["docker", "image", "rm", loaded], capture_output=True, timeout=120)
-        raise
+        try:
+            selftest(recipe, loaded)
+        except BuildError:
+            subprocess.run(["docker", "image", "rm", loaded], capture_output=True, timeout=120)
+            raise
+        if archive is not None:
+            layers = {**save_base_layers(base, base_ids, Path(tmp)), layer_id: layer_path}
+            with archive.open("wb") as out:
+                write_archive(out, config, layers, repo_tags=recipe.tags())
     for tag in tags:
         docker("tag", loaded, tag)
     return Built(image_id=loaded, layer_diff_id=layer_id, tags=tuple(tags))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from calcx import __version__
+from calcx.contract.images import AGENT_UID, CONTROLLER_UID
 
 # src/docker/<name>/ holds each image's extra files (the agent's MCP self-test).
 DOCKER_DIR = Path(__file__).resolve().parents[3] / "docker"
@@ -43,7 +44,7 @@ class Recipe:
 AGENT = Recipe(
     name="agent",
     venv="/opt/agent",
-    uid=10001,
+    uid=AGENT_UID,
     title="calcx-agent",
     description="calcx Calc-X agent (AutoGen + MCP calculator), one rollout per run",
     entrypoint=("/opt/agent/bin/python", "-m", "calcx.agent"),
@@ -58,7 +59,7 @@ AGENT = Recipe(
 CONTROLLER = Recipe(
     name="controller",
     venv="/opt/calcx",
-    uid=10002,
+    uid=CONTROLLER_UID,
     title="calcx-controller",
     description="calcx controller: runs each rollout as a Kubernetes Job",
     entrypoint=("/opt/calcx/bin/python", "-m", "calcx.cli"),

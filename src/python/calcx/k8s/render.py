@@ -22,6 +22,7 @@ import yaml
 
 from calcx.api.tokens import key_problem
 from calcx.contract.env import AGL_KEY, env_problem
+from calcx.contract.images import AGENT_UID, CONTROLLER_UID
 from calcx.k8s.escaping import UnsafeValueError, dns_label, label_value, yaml_int, yaml_quote
 
 TEMPLATES_ENV = "CALCX_K8S_TEMPLATES"
@@ -114,7 +115,7 @@ class JobSettings:
     cpu_limit: str = "1"
     memory_limit: str = "1Gi"
     tmp_size_limit: str = "64Mi"
-    run_as_user: int = 10001
+    run_as_user: int = AGENT_UID
     termination_grace_seconds: int = 5
 
 
@@ -246,6 +247,7 @@ class StaticSettings:
     service_account: str = "calcx-controller"
     server_key_secret: str = "calcx-server-key"
     controller_image: str = "calcx/controller:latest"
+    controller_run_as_user: int = CONTROLLER_UID
     agent_image: str = _JOB_DEFAULTS.image
     image_pull_policy: str = _JOB_DEFAULTS.image_pull_policy
     server_url: str = "http://calcx-server:8000"
@@ -292,6 +294,7 @@ def render_static(
         "service_account": settings.service_account,
         "server_key_secret": settings.server_key_secret,
         "controller_image": settings.controller_image,
+        "controller_run_as_user": settings.controller_run_as_user,
         "agent_image": settings.agent_image,
         "image_pull_policy": settings.image_pull_policy,
         "server_url": settings.server_url,
