@@ -70,9 +70,17 @@ class ZygoteServer(Forking):
         }
         self._stopping = False
         self.learn_rounds = LEARN_ROUNDS
+        # what a `learn` request may import: submodules of the packages loaded by the time the worker
+        # serves (its preload), never a new top-level module an agent placed on the import path
+        self.learnable = frozenset(name.partition(".")[0] for name in sys.modules)
         self.spares: dict[int, socket.socket] = {}
         self.spare_target = spares
         self.child_nice = child_nice
+
+    def _may_learn(self, name: str) -> bool:
+        """A dotted module name below a package the worker had loaded before it served."""
+        parts = name.split(".")
+        return all(part.isidentifier() for part in parts) and parts[0] in self.learnable
 
     def _learn(self, modules: list[Any]) -> None:
         """Import what a child had to import lazily, so that later children find it loaded."""
@@ -80,7 +88,7 @@ class ZygoteServer(Forking):
             return
         added = 0
         for name in sorted(m for m in modules if isinstance(m, str))[:MAX_LEARN]:
-            if name in sys.modules or name.startswith("__"):
+            if name in sys.modules or name.startswith("__") or not self._may_learn(name):
                 continue
             try:
                 __import__(name)
