@@ -54,6 +54,22 @@ def new_key() -> str:
     return secrets.token_hex(32)
 
 
+def process_server_key(env: Mapping[str, str], key_flag: str | None, key_file: str | None, *,
+                       missing: str) -> str:
+    """The key a server or controller process runs with: `--key` refused (a key on a command line
+    is readable in /proc), then `read_server_key`, then `key_problem`. ValueError says what is
+    wrong; `missing` is the sentence for no key at all (after "no server key. ")."""
+    if key_flag is not None:
+        raise ValueError(KEY_FLAG_REFUSED)
+    key = read_server_key(env, key_file)
+    if not key:
+        raise ValueError(f"no server key. {missing}")
+    problem = key_problem(key)
+    if problem is not None:
+        raise ValueError(problem)
+    return key
+
+
 def key_problem(key: str) -> str | None:
     """Why ``key`` cannot be a server key (None when it can): empty, or shorter than MIN_KEY_CHARS."""
     if not key or not key.strip():

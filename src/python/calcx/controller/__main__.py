@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Any
 
-from calcx.api.tokens import KEY_FLAG_REFUSED, KEY_SOURCES, key_problem, read_server_key
+from calcx.api.tokens import KEY_SOURCES, process_server_key
 from calcx.contract.ready import controller_ready_line
 from calcx.controller.base import Runner
 from calcx.controller.concurrency import SLOTS_PER_CORE, default_concurrency
@@ -140,21 +140,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.key is not None:
-        print(f"calcx controller: {KEY_FLAG_REFUSED}", file=sys.stderr)
-        return 2
     try:
-        key = read_server_key(os.environ, args.key_file)
+        key = process_server_key(os.environ, args.key, args.key_file,
+                                 missing=f"{KEY_SOURCES} (the key the server was started with).")
     except ValueError as exc:
         print(f"calcx controller: {exc}", file=sys.stderr)
-        return 2
-    if not key:
-        print(f"calcx controller: no server key. {KEY_SOURCES} (the key the server was "
-              "started with).", file=sys.stderr)
-        return 2
-    problem = key_problem(key)
-    if problem is not None:
-        print(f"calcx controller: {problem}", file=sys.stderr)
         return 2
     forbid_dumps()  # it holds the server key beside the agents it starts: none may read it out of /proc
     if args.concurrency < 1:

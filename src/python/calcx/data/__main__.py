@@ -110,6 +110,27 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _out_problem(out: Path, suffixes: tuple[str, ...], force: bool) -> str | None:
+    """Why `out` cannot be written (a suffix other than `suffixes`, or a file there without --force)."""
+    if out.suffix not in suffixes:
+        return f"--out {out} must end in {' or '.join(suffixes)}"
+    if out.exists() and not force:
+        return f"{out} already exists; pass --force to overwrite"
+    return None
+
+
+def _report_skipped(skipped: list, note: str = ":") -> None:
+    """`skipped N rows (reason count, ...)<note>` and the first of them, on stderr."""
+    if not skipped:
+        return
+    reasons: dict[str, int] = {}
+    for item in skipped:
+        reasons[item.reason] = reasons.get(item.reason, 0) + 1
+    shown = ", ".join(f"{reason} {count}" for reason, count in sorted(reasons.items()))
+    print(f"calcx data: skipped {len(skipped)} row{'s' if len(skipped) != 1 else ''} ({shown}){note}", file=sys.stderr)
+    _list_problems(skipped)
+
+
 def _list_problems(problems: list) -> None:
     for problem in problems[:SHOWN_PROBLEMS]:
         print(f"  {problem}", file=sys.stderr)
@@ -209,11 +230,9 @@ def _traces(args: argparse.Namespace) -> int:
         print(f"calcx data: error: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    if out.suffix not in TRACE_SUFFIXES:
-        print(f"calcx data: error: --out {out} must end in {' or '.join(TRACE_SUFFIXES)}", file=sys.stderr)
-        return 2
-    if out.exists() and not args.force:
-        print(f"calcx data: error: {out} already exists; pass --force to overwrite", file=sys.stderr)
+    problem = _out_problem(out, TRACE_SUFFIXES, args.force)
+    if problem is not None:
+        print(f"calcx data: error: {problem}", file=sys.stderr)
         return 2
     try:
         imported = import_files(args.files, "gsm8k")
@@ -229,13 +248,7 @@ def _traces(args: argparse.Namespace) -> int:
     result = build_traces(rows, origins, tool_rounds)
     skipped = [Skipped(f"{p.file}: {p.unit} {p.line}", "bad_row", f"field '{p.field}' {p.reason}" if p.field else p.reason)
                for p in imported.problems] + held_out + result.skipped
-    if skipped:
-        reasons: dict[str, int] = {}
-        for item in skipped:
-            reasons[item.reason] = reasons.get(item.reason, 0) + 1
-        shown = ", ".join(f"{reason} {count}" for reason, count in sorted(reasons.items()))
-        print(f"calcx data: skipped {len(skipped)} row{'s' if len(skipped) != 1 else ''} ({shown}):", file=sys.stderr)
-        _list_problems(skipped)
+    _report_skipped(skipped)
     if not result.traces:
         print(f"calcx data: error: no row of {', '.join(args.files)} made a trace; nothing written", file=sys.stderr)
         return 1
@@ -253,11 +266,9 @@ def _harden(args: argparse.Namespace) -> int:
     from calcx.data.schema import DataError
 
     out = Path(args.out)
-    if out.suffix not in SUFFIXES:
-        print(f"calcx data: error: --out {out} must end in {' or '.join(SUFFIXES)}", file=sys.stderr)
-        return 2
-    if out.exists() and not args.force:
-        print(f"calcx data: error: {out} already exists; pass --force to overwrite", file=sys.stderr)
+    problem = _out_problem(out, SUFFIXES, args.force)
+    if problem is not None:
+        print(f"calcx data: error: {problem}", file=sys.stderr)
         return 2
     if args.limit is not None and args.limit < 1:
         print("calcx data: error: --limit must be at least 1", file=sys.stderr)
@@ -273,14 +284,7 @@ def _harden(args: argparse.Namespace) -> int:
         return 2
     result = harden_rows(rows, origins, seed=args.seed, limit=args.limit)
     skipped_path = out.with_name(f"{out.stem}.skipped.jsonl")
-    if result.skipped:
-        reasons: dict[str, int] = {}
-        for item in result.skipped:
-            reasons[item.reason] = reasons.get(item.reason, 0) + 1
-        shown = ", ".join(f"{reason} {count}" for reason, count in sorted(reasons.items()))
-        print(f"calcx data: skipped {len(result.skipped)} row{'s' if len(result.skipped) != 1 else ''} ({shown}); "
-              f"all named in {skipped_path}:", file=sys.stderr)
-        _list_problems(result.skipped)
+    _report_skipped(result.skipped, f"; all named in {skipped_path}:")
     if not result.rows:
         print(f"calcx data: error: no row of {', '.join(args.files)} could be made hard; nothing written",
               file=sys.stderr)

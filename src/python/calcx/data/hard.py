@@ -57,7 +57,6 @@ YEARS = range(1900, 2101)
 # the factors tried, in order, until one gives a consistent problem: any, a multiple of 4 (a whole
 # half or quarter), a multiple of 100 (a whole percentage)
 FACTOR_RANGE = (101, 999)
-TRIES = 3
 MAX_ANSWER = 10**15
 _QUESTION_NUMBER_RE = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d])|(?<![\d.,])\d+(?:\.\d+)?(?![\d])")
 _EXPRESSION_NUMBER_RE = re.compile(r"\d*\.\d+|\d+")
@@ -224,7 +223,7 @@ def factors(problem_id: str, seed: int) -> list[int]:
     """The factors tried for one problem (module docstring), the same for the same id and seed."""
     rng = random.Random(hashlib.sha256(f"{seed}\0{problem_id}".encode()).digest())
     low, high = FACTOR_RANGE
-    return [rng.randint(low, high), 4 * rng.randint(low // 4 + 1, high // 4), 100 * rng.randint(2, 9)][:TRIES]
+    return [rng.randint(low, high), 4 * rng.randint(low // 4 + 1, high // 4), 100 * rng.randint(2, 9)]
 
 
 async def harden(row: dict[str, Any], seed: int = 0) -> HardProblem:
@@ -254,13 +253,12 @@ async def harden(row: dict[str, Any], seed: int = 0) -> HardProblem:
     failure: TraceError | None = None
     for factor in factors(str(row["id"]), seed):
         mapping = {value: int(value) * factor for value in enlarged}
+        calls += len(pairs)
         try:
             expressions, values = await _rewrite(plans, originals, factor, mapping)
         except _Inconsistent as exc:
-            calls += len(pairs)
             failure = exc
             continue
-        calls += len(pairs)
         new_answer = values[final]
         if _whole(_value(answer)) and not _whole(new_answer):
             failure = TraceError("not_whole", f"factor {factor}: the answer would be {_text(new_answer)}")

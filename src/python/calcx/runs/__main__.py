@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -19,8 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     index.add_argument("--check", action="store_true", help="exit 1 when the index is not what the records make")
     args = parser.parse_args(argv)
     try:
-        text = render_index(args.root, link_base=str(Path("runs") if args.root.parent == args.out.parent
-                                                     else args.root))
+        text = render_index(args.root, link_base=os.path.relpath(args.root, args.out.parent))
     except RecordError as exc:
         print(f"calcx runs: error: {exc}", file=sys.stderr)
         return 2

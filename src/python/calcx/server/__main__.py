@@ -10,12 +10,10 @@ import sys
 
 from calcx.api.tokens import (
     HOW_TO_MAKE_A_KEY,
-    KEY_FLAG_REFUSED,
     KEY_SOURCES,
     MIN_KEY_CHARS,
-    key_problem,
     new_key,
-    read_server_key,
+    process_server_key,
 )
 from calcx.common.serving import bind_socket
 from calcx.contract.env import CALCX_KEY
@@ -114,24 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.new_key:
         print(new_key())
         return 0
-    if args.key is not None:
-        print(f"calcx server: {KEY_FLAG_REFUSED}", file=sys.stderr)
-        return 2
     try:
-        key = read_server_key(os.environ, args.key_file)
+        key = process_server_key(
+            os.environ, args.key, args.key_file,
+            missing=f"{KEY_SOURCES}; controllers, trainers and the rehearsal use the same key, and agents get "
+                    f"per-attempt tokens derived from it; {HOW_TO_MAKE_A_KEY}")
     except ValueError as exc:
         print(f"calcx server: {exc}", file=sys.stderr)
-        return 2
-    if not key:
-        print(
-            f"calcx server: no server key. {KEY_SOURCES}; controllers, trainers and the "
-            f"rehearsal use the same key, and agents get per-attempt tokens derived from it; {HOW_TO_MAKE_A_KEY}",
-            file=sys.stderr,
-        )
-        return 2
-    problem = key_problem(key)
-    if problem is not None:
-        print(f"calcx server: {problem}", file=sys.stderr)
         return 2
     forbid_dumps()  # it holds the server key: no agent of the same user may read it out of /proc
     if args.max_tokens_ceiling < 1 or args.max_body_bytes < 1024 or args.lease_s <= 0:

@@ -256,12 +256,17 @@ def tool_use_lines(metrics: Sequence[Mapping[str, Any]]) -> list[str]:
     return ["; ".join(parts) + ".", ""] if parts else []
 
 
+def _validation_value(key: str, value: Any) -> bool:
+    """Whether a metrics entry is a validation accuracy verl logged (`val-core/<source>/.../mean@1`)."""
+    return (key.startswith(VAL_KEY_PREFIX) and key.endswith("/mean@1") and isinstance(value, (int, float))
+            and not isinstance(value, bool) and math.isfinite(float(value)))
+
+
 def validation_by_source(metrics: Mapping[str, Any]) -> dict[str, float]:
     """One metrics line's validation accuracy by data source (`val-core/<source>/.../mean@1`)."""
     found: dict[str, float] = {}
     for k, v in metrics.items():
-        if (k.startswith(VAL_KEY_PREFIX) and k.endswith("/mean@1") and isinstance(v, (int, float))
-                and not isinstance(v, bool) and math.isfinite(float(v))):
+        if _validation_value(k, v):
             found.setdefault(k[len(VAL_KEY_PREFIX):].split("/", 1)[0], float(v))
     return dict(sorted(found.items()))
 
@@ -271,8 +276,7 @@ def validation_series(metrics: Sequence[Mapping[str, Any]]) -> list[tuple[int, f
     by_step: dict[int, list[float]] = defaultdict(list)
     for m in metrics:
         for k, v in m.items():
-            if (k.startswith(VAL_KEY_PREFIX) and k.endswith("/mean@1") and isinstance(v, (int, float))
-                    and not isinstance(v, bool) and math.isfinite(float(v))):
+            if _validation_value(k, v):
                 by_step[int(m["step"])].append(float(v))
     return sorted((step, sum(vs) / len(vs)) for step, vs in by_step.items())
 
