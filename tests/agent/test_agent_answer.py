@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 
@@ -72,6 +73,8 @@ def test_missing_variable_is_named(missing):
         ({"CALCX_AGENT_TOOL_ROUNDS": "17"}, "CALCX_AGENT_TOOL_ROUNDS=17 is out of range: 1 .* to 16"),
         ({"CALCX_AGENT_TOOL_ROUNDS": "2.5"}, "CALCX_AGENT_TOOL_ROUNDS must be a whole number"),
         ({"CALCX_AGENT_TOOL_ROUNDS": "-1"}, "CALCX_AGENT_TOOL_ROUNDS must be a whole number"),
+        ({"CALCX_AGENT_PROMPT": "Plain"}, "CALCX_AGENT_PROMPT must name one of the agent's system messages "
+                                          r"\(plain, calculator-first\), got 'Plain'"),
     ],
 )
 def test_bad_settings_are_named(extra, fragment):
@@ -86,6 +89,27 @@ def test_config_defaults_and_bounds():
     assert AgentConfig.from_env({**GOOD_ENV, "CALCX_AGENT_TIMEOUT_S": "5"}).run_timeout_s == 5
     assert config.tool_rounds == 1  # one round of calls, then the answer: AutoGen's own default
     assert AgentConfig.from_env({**GOOD_ENV, "CALCX_AGENT_TOOL_ROUNDS": " 16 "}).tool_rounds == 16
+    assert config.prompt == "plain"
+    assert AgentConfig.from_env({**GOOD_ENV, "CALCX_AGENT_PROMPT": " calculator-first "}).prompt == "calculator-first"
+
+
+def test_each_system_message_ends_with_the_answer_format_and_the_calculator_first_one_shows_a_parsable_call():
+    """Every system message asks for the format extract_answer reads; the calculator-first one
+    shows a call the hermes parser reads (one JSON object, single braces, inside the tags) with
+    the calculator's real tool name and argument."""
+    from calcx.agent.answer import SYSTEM_MESSAGES, prompt_messages
+    from calcx.agent.workbench import CALCULATOR_TOOLS
+
+    for text in SYSTEM_MESSAGES.values():
+        assert text.endswith("### ANSWER: <answer> ###")
+    shown = re.search(r"<tool_call>\n(.*)\n</tool_call>", SYSTEM_MESSAGES["calculator-first"])
+    assert shown is not None
+    call = json.loads(shown.group(1))
+    tool = CALCULATOR_TOOLS[0]
+    assert call["name"] == tool["name"] and set(call["arguments"]) == set(tool["parameters"]["required"])
+    system, user = prompt_messages("What is 2 + 2?", "calculator-first")
+    assert system == {"role": "system", "content": SYSTEM_MESSAGES["calculator-first"]}
+    assert user == prompt_messages("What is 2 + 2?")[1]  # the task is the same whichever the system message
 
 
 def test_calculator_command_default_and_override():

@@ -82,6 +82,7 @@ def _scenarios(stub_url: str, event_url: str) -> dict[str, tuple[dict[str, str],
             "calc_dead_rounds", "[stub:steps=3] What is 7 * 7?", "51", CALCX_AGENT_TOOL_ROUNDS="3",
             CALCX_CALCULATOR_CMD=json.dumps([py, "-c", "import sys; sys.exit(3)"]),
         ),
+        "calculator_first": env("calculator_first", "What is 9 * 9?", "81", CALCX_AGENT_PROMPT="calculator-first"),
         "rejected": {**env("rejected", "What is 5 * 5?", "25"), "AGL_EVENT_URL": f"{event_url}/reject/rejected"},
         "forked": env("forked", WORD_PROBLEM, SCRIPTED[WORD_PROBLEM][1]),
     }
@@ -166,6 +167,21 @@ def _model_turns(stub_server, question: str) -> list[str]:
 def test_one_tool_round_by_default_then_the_answer(runs, event_log, stub_server):
     assert_finished(runs["one_round"], event_log, 1.0)  # 48: the first result, no second round
     assert _model_turns(stub_server, "What is 6 * 8?") == ["tool_call", "answer"]
+
+
+def test_the_agent_opens_with_the_system_message_its_setting_names(runs, event_log, stub_server):
+    """CALCX_AGENT_PROMPT picks the system message of every model call; without it, `plain`."""
+    from calcx.agent.answer import SYSTEM_MESSAGES
+    from calcx.stub_llm.app import LOGGED_SYSTEM_CHARS
+
+    assert_finished(runs["calculator_first"], event_log, 1.0)
+    assert_finished(runs["one_round"], event_log, 1.0)
+
+    def systems(question: str) -> set[str]:
+        return {e["system"] for e in list(stub_server.app.state.log) if e["question"].startswith(question)}
+
+    assert systems("What is 9 * 9?") == {SYSTEM_MESSAGES["calculator-first"][:LOGGED_SYSTEM_CHARS]}
+    assert systems("What is 6 * 8?") == {SYSTEM_MESSAGES["plain"][:LOGGED_SYSTEM_CHARS]}
 
 
 def test_tool_rounds_see_each_result_before_the_next_call(runs, event_log, stub_server):

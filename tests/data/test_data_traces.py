@@ -17,7 +17,7 @@ import pytest
 from calculator_client import calculator_answers
 
 import calcx.data.__main__  # noqa: F401  (calcx.cli loads it by name; importing it here makes Pants ship it)
-from calcx.agent.answer import SYSTEM_MESSAGE, build_task, extract_answer
+from calcx.agent.answer import SYSTEM_MESSAGES, build_task, extract_answer
 from calcx.agent.reward import reward
 from calcx.anchor.calculator import calculator_tool_entry
 from calcx.cli import main
@@ -67,7 +67,7 @@ def test_traces_in_the_agents_format_with_the_calculators_answers(tmp_path: Path
     for row, good in zip(rows, GOOD):
         messages = row["messages"]
         assert row["tools"] == [calculator_tool_entry()]
-        assert (messages[0]["role"], messages[0]["content"]) == ("system", SYSTEM_MESSAGE)
+        assert (messages[0]["role"], messages[0]["content"]) == ("system", SYSTEM_MESSAGES["plain"])
         assert (messages[1]["role"], messages[1]["content"]) == ("user", build_task(good["question"]))
         calling, *tool_messages, closing = messages[2:]
         assert calling["role"] == "assistant" and calling["content"] is None

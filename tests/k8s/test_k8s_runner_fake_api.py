@@ -298,9 +298,9 @@ def test_hostile_question_reaches_the_job_env_verbatim(api: FakeApiServer, tmp_p
     assert env["QUESTION"] == question
 
 
-def test_a_job_gets_the_controllers_tool_rounds(tmp_path: Path) -> None:
-    """The trainer's calcx.agent_tool_rounds reaches a Job's agent through the controller's
-    environment, as it reaches a local agent; a Job inherits nothing else of it."""
+def test_a_job_gets_the_controllers_tool_rounds_and_prompt(tmp_path: Path) -> None:
+    """The trainer's calcx.agent_tool_rounds and agent_prompt reach a Job's agent through the
+    controller's environment, as they reach a local agent; a Job inherits nothing else of it."""
     def job_env(runner: K8sRunner) -> dict[str, Any]:
         job = runner.render(make_claim("r-rounds")).job
         return {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
@@ -315,6 +315,13 @@ def test_a_job_gets_the_controllers_tool_rounds(tmp_path: Path) -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CALCX_AGENT_TOOL_ROUNDS", "3")
         assert job_env(build_runner(args))["CALCX_AGENT_TOOL_ROUNDS"] == "3"
+        assert "CALCX_AGENT_PROMPT" not in job_env(build_runner(args))
+        patch.setenv("CALCX_AGENT_PROMPT", "calculator-first")
+        assert job_env(build_runner(args))["CALCX_AGENT_PROMPT"] == "calculator-first"
+        patch.setenv("CALCX_AGENT_PROMPT", "shout")
+        with pytest.raises(SystemExit, match="CALCX_AGENT_PROMPT must name one of .*plain, calculator-first.*'shout'"):
+            build_runner(args)
+        patch.setenv("CALCX_AGENT_PROMPT", "plain")
         patch.setenv("CALCX_AGENT_TOOL_ROUNDS", "99")
         with pytest.raises(SystemExit, match="CALCX_AGENT_TOOL_ROUNDS=99 is out of range"):
             build_runner(args)

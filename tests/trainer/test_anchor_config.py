@@ -154,6 +154,15 @@ def test_the_anchors_turns_follow_the_agents_tool_rounds() -> None:
         compose_anchor(ComposeRequest(dotlist=["calcx.agent_tool_rounds=17"]))
 
 
+def test_the_anchors_prompts_open_with_the_system_message_calcx_agent_prompt_names() -> None:
+    from calcx.agent.answer import SYSTEM_MESSAGES
+    from calcx.anchor.data import anchor_records
+
+    rows = [{"id": "a", "question": "What is 2 + 2?", "chain": "", "result": "4", "source": "t"}]
+    assert anchor_records(rows)[0]["prompt"][0]["content"] == SYSTEM_MESSAGES["plain"]
+    assert anchor_records(rows, "calculator-first")[0]["prompt"][0]["content"] == SYSTEM_MESSAGES["calculator-first"]
+
+
 def _calcx(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120,
                           env=env or ENV, cwd=REPO)

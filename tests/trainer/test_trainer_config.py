@@ -133,6 +133,15 @@ def test_agent_tool_rounds_default_to_one_and_are_bounded_at_composition() -> No
             compose(ComposeRequest(dotlist=[f"calcx.agent_tool_rounds={bad}"]))
 
 
+def test_agent_prompt_defaults_to_plain_and_is_checked_at_composition() -> None:
+    assert compose(ComposeRequest()).calcx.agent_prompt == "plain"
+    cfg = compose(ComposeRequest(dotlist=["calcx.agent_prompt=calculator-first"]))
+    assert cfg.calcx.agent_prompt == "calculator-first"
+    with pytest.raises(ConfigError, match="calcx.agent_prompt must name one of the agent's system messages "
+                                          r"\(plain, calculator-first\), got 'loud'"):
+        compose(ComposeRequest(dotlist=["calcx.agent_prompt=loud"]))
+
+
 def test_async_sets_verl_v1_colocate_async_knobs() -> None:
     cfg = compose(ComposeRequest(async_mode=True))
     v1 = cfg.trainer.v1
@@ -270,6 +279,8 @@ def _without_profile_name(cfg) -> dict:
                                         "calcx.reward.mask_void_turns": True, "algorithm.filter_groups.enable": True,
                                         "algorithm.filter_groups.metric": "reward",
                                         "algorithm.filter_groups.max_inflight_gen_batches": 2}),
+    ("gsm8k-h200-calculator-first", {"calcx.reward.tool_bonus": 0.5, "calcx.agent_tool_rounds": 8,
+                                     "calcx.reward.mask_void_turns": True, "calcx.agent_prompt": "calculator-first"}),
 ])
 def test_a_run_profile_composes_to_what_the_gpu_script_passed(profile, extra) -> None:
     settings = {**H200_RUN_ARGS, **extra}
@@ -303,11 +314,14 @@ def test_a_run_profile_wins_over_calcx_yaml_and_loses_to_the_command_line() -> N
 
 
 def test_an_unknown_run_profile_is_refused_with_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match="'gsm8k-h100'.*known: gsm8k-h200, gsm8k-h200-anchor, gsm8k-h200-calculator, "
-                                          "gsm8k-h200-calculator-filtered, gsm8k-h200-tooluse, "
-                                          "gsm8k-h200-tooluse-lr5e-6, gsm8k-h200-tooluse-lr5e-6-joined, "
-                                          "gsm8k-h200-tooluse-one-round"):
+    import yaml
+
+    from calcx.trainer.config import CALCX_OVERRIDES
+
+    profiles = yaml.safe_load(CALCX_OVERRIDES.read_text())["run_profiles"]
+    with pytest.raises(ConfigError, match="'gsm8k-h100'") as refused:
         compose(ComposeRequest(gpu_memory_gib=0, run_profile="gsm8k-h100"))
+    assert str(refused.value).endswith("; known: " + ", ".join(sorted(profiles)))
 
 
 def test_run_profiles_extend_base_first_and_refuse_a_loop() -> None:

@@ -87,14 +87,18 @@ def test_interpreter_paths_and_agent_path_settings() -> None:
         ServicesConfig.from_calcx_section(cfg, Path("/tmp/x"))
 
 
-def test_the_controller_hands_its_agents_the_configured_tool_rounds() -> None:
+def test_the_controller_hands_its_agents_the_configured_tool_rounds_and_prompt() -> None:
     assert ServicesConfig.from_calcx_section(OmegaConf.create({}), Path("/tmp/x")).agent_settings() == {
-        "CALCX_AGENT_TOOL_ROUNDS": "1"}
-    three = ServicesConfig.from_calcx_section(OmegaConf.create({"agent_tool_rounds": 3}), Path("/tmp/x"))
-    assert three.tool_rounds == 3 and three.agent_settings() == {"CALCX_AGENT_TOOL_ROUNDS": "3"}
+        "CALCX_AGENT_TOOL_ROUNDS": "1", "CALCX_AGENT_PROMPT": "plain"}
+    three = ServicesConfig.from_calcx_section(OmegaConf.create({"agent_tool_rounds": 3,
+                                                                "agent_prompt": "calculator-first"}), Path("/tmp/x"))
+    assert three.tool_rounds == 3 and three.agent_settings() == {"CALCX_AGENT_TOOL_ROUNDS": "3",
+                                                                 "CALCX_AGENT_PROMPT": "calculator-first"}
     for bad in (0, 17, "many", 2.5):
         with pytest.raises(ValueError, match="calcx.agent_tool_rounds"):
             ServicesConfig.from_calcx_section(OmegaConf.create({"agent_tool_rounds": bad}), Path("/tmp/x"))
+    with pytest.raises(ValueError, match="calcx.agent_prompt must name one of"):
+        ServicesConfig.from_calcx_section(OmegaConf.create({"agent_prompt": "terse"}), Path("/tmp/x"))
 
 
 def test_the_started_server_gets_the_runs_ceiling_and_tool_call_parser() -> None:

@@ -22,7 +22,8 @@ from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
 python = sys.argv[2]
 services = LocalServices(ServicesConfig(workdir=Path(sys.argv[1]), services_python=python,
                                         services_pythonpath=[str(CALCX_SRC)], agent_python=python,
-                                        agent_pythonpath=[str(CALCX_SRC)], concurrency=2, tool_rounds=3)).start()
+                                        agent_pythonpath=[str(CALCX_SRC)], concurrency=2, tool_rounds=3,
+                                        prompt="calculator-first")).start()
 print(services.server.pid, services.controller.pid, flush=True)
 time.sleep(600)
 """
@@ -38,9 +39,9 @@ def test_a_sigkilled_trainer_leaves_no_server_or_controller(tmp_path: Path) -> N
         assert trainer.stdout is not None
         pids = [int(p) for p in trainer.stdout.readline().split()]
         assert len(pids) == 2 and all(alive(p) for p in pids)
-        # what its agents inherit (calcx.contract.env.AGENT_INHERITED_NAMES): calcx.agent_tool_rounds
+        # what its agents inherit (calcx.contract.env.AGENT_INHERITED_NAMES): calcx.agent_tool_rounds, agent_prompt
         controller_env = Path(f"/proc/{pids[1]}/environ").read_bytes().split(b"\0")
-        assert b"CALCX_AGENT_TOOL_ROUNDS=3" in controller_env
+        assert b"CALCX_AGENT_TOOL_ROUNDS=3" in controller_env and b"CALCX_AGENT_PROMPT=calculator-first" in controller_env
         # their environment is the allowlist of calcx.contract.env.service_base_env, plus the key
         for pid in pids:
             names = {item.split(b"=", 1)[0].decode() for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")

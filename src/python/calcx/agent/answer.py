@@ -10,15 +10,31 @@ from __future__ import annotations
 
 import re
 
+from calcx.contract.env import AGENT_PROMPT_DEFAULT, AGENT_PROMPTS
+
 ANSWER_RE = re.compile(r"###\s*ANSWER:\s*(.+?)(\s*###|$)")
 INSTRUCTION = (
     "Solve the problem. Use the calculator tool for any arithmetic. "
     "When you are done, give the final answer in the form ### ANSWER: <answer> ###"
 )
-SYSTEM_MESSAGE = (
-    "You are a careful math assistant. You can call a calculator tool that evaluates "
-    "arithmetic expressions. Always finish with the final answer as ### ANSWER: <answer> ###"
-)
+#: The system messages the agent can open its chat with, by the names the contract lists
+#: (CALCX_AGENT_PROMPT). `calculator-first` shows a call with single braces: the Qwen2.5 chat
+#: template's own example doubles them, and a model copying it writes calls its parser cannot read.
+SYSTEM_MESSAGES = {
+    "plain": (
+        "You are a careful math assistant. You can call a calculator tool that evaluates "
+        "arithmetic expressions. Always finish with the final answer as ### ANSWER: <answer> ###"
+    ),
+    "calculator-first": (
+        "You are a careful math assistant with a calculator tool. Do not compute numbers in your head: "
+        "work out the steps of the solution, then call the calculator with the arithmetic they need "
+        "(one expression, or one call per step) and use the results it returns. A call is written as\n"
+        '<tool_call>\n{"name": "calculate", "arguments": {"expression": "3 * 40 + 5 * 40"}}\n</tool_call>\n'
+        "Always finish with the final answer as ### ANSWER: <answer> ###"
+    ),
+}
+if tuple(SYSTEM_MESSAGES) != AGENT_PROMPTS:  # the contract names them; a text for each, no more
+    raise ImportError(f"calcx.agent.answer.SYSTEM_MESSAGES names {tuple(SYSTEM_MESSAGES)}, the contract {AGENT_PROMPTS}")
 MAX_MESSAGE_CHARS = 100_000
 _MAX_WHITESPACE_RUN = 64
 _LONG_WHITESPACE_RE = re.compile(r"\s{%d,}" % (_MAX_WHITESPACE_RUN + 1))
@@ -29,10 +45,10 @@ def build_task(question: str) -> str:
     return f"{question.strip()}\n\n{INSTRUCTION}"
 
 
-def prompt_messages(question: str) -> list[dict[str, str]]:
+def prompt_messages(question: str, prompt: str = AGENT_PROMPT_DEFAULT) -> list[dict[str, str]]:
     """The system and user messages the agent's first model call starts with (AutoGen sends the
-    system message, then the task as the user turn)."""
-    return [{"role": "system", "content": SYSTEM_MESSAGE}, {"role": "user", "content": build_task(question)}]
+    system message named `prompt`, then the task as the user turn)."""
+    return [{"role": "system", "content": SYSTEM_MESSAGES[prompt]}, {"role": "user", "content": build_task(question)}]
 
 
 def format_answer(answer: str) -> str:

@@ -11,6 +11,8 @@ from calcx.contract.env import (
     AGL_EVENT_URL,
     AGL_KEY,
     AGL_OPENAI_BASE_URL,
+    AGENT_PROMPT_DEFAULT,
+    CALCX_AGENT_PROMPT,
     CALCX_AGENT_TIMEOUT_S,
     CALCX_AGENT_TOOL_ROUNDS,
     CALCX_CALCULATOR_TIMEOUT_S,
@@ -19,6 +21,7 @@ from calcx.contract.env import (
     REQUIRED_VARIABLES,
     RESULT,
     TOOL_ROUNDS_DEFAULT,
+    parse_agent_prompt,
     parse_tool_rounds,
 )
 
@@ -39,6 +42,7 @@ class AgentConfig:
     calculator_timeout_s: float = DEFAULT_CALCULATOR_TIMEOUT_S
     calculator_command: tuple[str, ...] = ()
     tool_rounds: int = TOOL_ROUNDS_DEFAULT
+    prompt: str = AGENT_PROMPT_DEFAULT
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "AgentConfig":
@@ -57,6 +61,8 @@ class AgentConfig:
             command = tuple(calculator_command(env))
             raw_rounds = (env.get(CALCX_AGENT_TOOL_ROUNDS) or "").strip()
             tool_rounds = parse_tool_rounds(raw_rounds) if raw_rounds else TOOL_ROUNDS_DEFAULT
+            raw_prompt = (env.get(CALCX_AGENT_PROMPT) or "").strip()
+            prompt = parse_agent_prompt(raw_prompt) if raw_prompt else AGENT_PROMPT_DEFAULT
         except ValueError as exc:
             raise BadEnvironment(str(exc)) from None
         return cls(
@@ -70,6 +76,7 @@ class AgentConfig:
             calculator_timeout_s=_positive_float(env, CALCX_CALCULATOR_TIMEOUT_S, DEFAULT_CALCULATOR_TIMEOUT_S),
             calculator_command=command,
             tool_rounds=tool_rounds,
+            prompt=prompt,
         )
 
 

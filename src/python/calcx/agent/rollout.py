@@ -17,7 +17,7 @@ from autogen_agentchat.messages import TextMessage
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 from autogen_ext.tools.mcp import StdioServerParams
 
-from calcx.agent.answer import SYSTEM_MESSAGE, build_task
+from calcx.agent.answer import SYSTEM_MESSAGES, build_task
 from calcx.agent.calculator import calculator_environment
 from calcx.agent.config import AgentConfig
 from calcx.agent.failures import AgentFailure, BadEnvironment, ModelUnreachable
@@ -135,7 +135,7 @@ async def solve(config: AgentConfig, report: Callable[[str], Awaitable[T]]) -> T
             # up to this many rounds of calls, each seeing the results of the last; after the
             # last round one more call, without tools, must answer (1: one round, then answer)
             max_tool_iterations=config.tool_rounds,
-            system_message=SYSTEM_MESSAGE,
+            system_message=SYSTEM_MESSAGES[config.prompt],
         )
         try:
             # The guard ends the run as soon as the calculator fails, even while a model call or

@@ -7,6 +7,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from calcx.anchor.data import anchor_records
+from calcx.trainer.config import agent_prompt
 from calcx.trainer.data import Sources
 from calcx.trainer.launch import run_then_report, run_verl
 from calcx.trainer.report import write_report
@@ -15,7 +16,9 @@ from calcx.trainer.run_settings import prepare_run
 
 def run_anchor(cfg: DictConfig, *, train_src: Sources, val_src: Sources) -> int:
     """Train and write the report (metrics, reward curve); 0 when both succeeded."""
-    settings = prepare_run(cfg, train_src=train_src, val_src=val_src, records=anchor_records)
+    prompt = agent_prompt(cfg)
+    settings = prepare_run(cfg, train_src=train_src, val_src=val_src,
+                           records=lambda rows: anchor_records(rows, prompt))
     settings.apply(cfg)
     report_dir, metrics_path = settings.report_dir, settings.metrics_path
 

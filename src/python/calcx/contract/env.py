@@ -43,6 +43,7 @@ CALCX_MODEL_MAX_RETRIES = "CALCX_MODEL_MAX_RETRIES"
 CALCX_CALCULATOR_TIMEOUT_S = "CALCX_CALCULATOR_TIMEOUT_S"
 CALCX_CALCULATOR_CMD = "CALCX_CALCULATOR_CMD"  # a JSON list: the command that starts the calculator
 CALCX_AGENT_TOOL_ROUNDS = "CALCX_AGENT_TOOL_ROUNDS"  # rounds of calculator calls before the agent must answer
+CALCX_AGENT_PROMPT = "CALCX_AGENT_PROMPT"  # which system message the agent opens its chat with
 
 #: One round: the agent's calls go out together, their results come back, then it must answer.
 TOOL_ROUNDS_DEFAULT = 1
@@ -62,6 +63,22 @@ def parse_tool_rounds(value: object, *, what: str = CALCX_AGENT_TOOL_ROUNDS) -> 
                          f"to {TOOL_ROUNDS_MAX}")
     return rounds
 
+#: The agent's system messages, by name (their texts: calcx.agent.answer.SYSTEM_MESSAGES): `plain`
+#: says a calculator is there; `calculator-first` tells the model to leave every computation to it
+#: and shows a call written the way the hermes parser reads it.
+AGENT_PROMPTS = ("plain", "calculator-first")
+AGENT_PROMPT_DEFAULT = "plain"
+
+
+def parse_agent_prompt(value: object, *, what: str = CALCX_AGENT_PROMPT) -> str:
+    """A system message's name from AGENT_PROMPTS; ValueError naming ``what`` otherwise."""
+    text = str(value).strip()[:100] if isinstance(value, str) else repr(value)[:100]
+    if text not in AGENT_PROMPTS:
+        raise ValueError(f"{what} must name one of the agent's system messages ({', '.join(AGENT_PROMPTS)}), "
+                         f"got {text!r}")
+    return text
+
+
 # -- the controller's own (never an agent's) ----------------------------------------------------
 CALCX_KEY = "CALCX_KEY"  # the server key: server, controller and trainer only
 CALCX_ZYGOTE_PROFILE_DIR = "CALCX_ZYGOTE_PROFILE_DIR"  # tuning aid: where the agent worker dumps profiles
@@ -75,7 +92,7 @@ CALCX_ZYGOTE_PROFILE_DIR = "CALCX_ZYGOTE_PROFILE_DIR"  # tuning aid: where the a
 AGENT_INHERITED_NAMES: frozenset[str] = frozenset(
     {
         CALCX_AGENT_TIMEOUT_S, CALCX_MODEL_MAX_RETRIES, CALCX_CALCULATOR_TIMEOUT_S, CALCX_CALCULATOR_CMD,
-        CALCX_AGENT_TOOL_ROUNDS, CALCX_ZYGOTE_PROFILE_DIR,
+        CALCX_AGENT_TOOL_ROUNDS, CALCX_AGENT_PROMPT, CALCX_ZYGOTE_PROFILE_DIR,
         "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP",
         "SSL_CERT_FILE", "SSL_CERT_DIR", "VIRTUAL_ENV",
     }

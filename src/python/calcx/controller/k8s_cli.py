@@ -7,9 +7,12 @@ import os
 import socket
 from dataclasses import replace
 
-from calcx.contract.env import CALCX_AGENT_TOOL_ROUNDS, parse_tool_rounds
+from calcx.contract.env import CALCX_AGENT_PROMPT, CALCX_AGENT_TOOL_ROUNDS, parse_agent_prompt, parse_tool_rounds
 from calcx.controller.k8s_runner import K8sRunner, K8sRunnerConfig
 from calcx.k8s.render import JobSettings
+
+# the agent settings a Job gets from the controller's environment, each checked by its rule
+AGENT_SETTINGS = ((CALCX_AGENT_TOOL_ROUNDS, parse_tool_rounds), (CALCX_AGENT_PROMPT, parse_agent_prompt))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,12 +41,14 @@ def build_runner(args: argparse.Namespace) -> K8sRunner:
         ttl_seconds_after_finished=args.job_ttl_s, controller_id=controller_id,
     )
     try:
-        rounds = os.environ.get(CALCX_AGENT_TOOL_ROUNDS, "").strip()
-        if rounds:
-            parse_tool_rounds(rounds)  # refused here, not once per Job by its agent
-        settings = ((CALCX_AGENT_TOOL_ROUNDS, rounds),) if rounds else ()
+        settings: list[tuple[str, str]] = []
+        for name, parse in AGENT_SETTINGS:
+            value = os.environ.get(name, "").strip()
+            if value:
+                parse(value)  # refused here, not once per Job by its agent
+                settings.append((name, value))
         config = K8sRunnerConfig(job=job, kubeconfig=args.kubeconfig, max_jobs_per_s=args.max_jobs_per_s,
-                                 agent_settings=settings)
+                                 agent_settings=tuple(settings))
     except ValueError as exc:
         raise SystemExit(f"calcx controller: {exc}") from exc
     return K8sRunner(config)

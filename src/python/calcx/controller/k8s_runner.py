@@ -70,7 +70,7 @@ class K8sRunnerConfig:
     request_timeout_s: float = 30.0
     api_threads: int = 16
     # (name, value) of agent settings every Job gets from the controller's own environment (a Job
-    # inherits nothing else of it): CALCX_AGENT_TOOL_ROUNDS, the rounds the trainer's run was composed with
+    # inherits nothing else of it): CALCX_AGENT_TOOL_ROUNDS and CALCX_AGENT_PROMPT, as the trainer's run was composed
     agent_settings: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:

@@ -20,13 +20,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from calcx.stub_llm.modes import Mode, ModeError, parse_mode, select_mode
-from calcx.stub_llm.player import Turn, conversation_text, first_user_text, play
+from calcx.stub_llm.player import Turn, conversation_text, first_text, play
 from calcx.stub_llm.script import Script, strip_markers
 from calcx.stub_llm.tokens import encode, logprobs_block, render_prompt, render_tool_calls
 
 DEFAULT_MODEL_NAME = "calcx-stub"
 DEFAULT_SLOW_S = 1.0
 DEFAULT_HANG_S = 3600.0
+# the log keeps each request's question and the start of its system message (which one the agent sent)
+LOGGED_SYSTEM_CHARS = 200
 
 
 def _error(status: int, message: str, code: str) -> JSONResponse:
@@ -132,23 +134,24 @@ def create_app(
             mode = select_mode(conversation_text(body["messages"]), request.headers.get("x-stub-mode"), server_mode)
         except ModeError as exc:
             return _error(400, str(exc), "invalid_request_error")
-        question = strip_markers(first_user_text(body["messages"]))[:200]
+        question = strip_markers(first_text(body["messages"]))[:200]
+        system = first_text(body["messages"], "system")[:LOGGED_SYSTEM_CHARS]
         if mode.name == "error500":
-            _record(app, mode, "error500", question)
+            _record(app, mode, "error500", question, system)
             return _error(500, "stub LLM: simulated server error (mode error500)", "server_error")
         if mode.name == "hang":
-            _record(app, mode, "hang", question)
+            _record(app, mode, "hang", question, system)
             await asyncio.sleep(mode.seconds if mode.seconds is not None else hang_s)
             return _error(504, "stub LLM: hang mode gave up waiting", "timeout")
         if mode.name == "slow":
             await asyncio.sleep(mode.seconds if mode.seconds is not None else slow_s)
         turn = play(body, mode, script)
-        _record(app, mode, turn.kind, question)
+        _record(app, mode, turn.kind, question, system)
         return JSONResponse(build_response(body, turn, model_name))
 
     return app
 
 
-def _record(app: FastAPI, mode: Mode, kind: str, question: str) -> None:
+def _record(app: FastAPI, mode: Mode, kind: str, question: str, system: str) -> None:
     app.state.counts[f"{mode.name}:{kind}"] += 1
-    app.state.log.append({"mode": mode.name, "kind": kind, "question": question})
+    app.state.log.append({"mode": mode.name, "kind": kind, "question": question, "system": system})

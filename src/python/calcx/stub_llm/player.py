@@ -51,9 +51,10 @@ def wrong_number(value: float) -> float:
     return abs(value) * 2 + 7
 
 
-def first_user_text(messages: list[dict]) -> str:
+def first_text(messages: list[dict], role: str = "user") -> str:
+    """The text of the conversation's first message of `role` ('' when there is none)."""
     for message in messages:
-        if message.get("role") == "user":
+        if message.get("role") == role:
             return content_text(message.get("content"))
     return ""
 
@@ -113,7 +114,7 @@ def _next_step(request: dict[str, Any], mode: Mode, script: Script) -> Turn | No
     wanted = int(mode.seconds) if mode.seconds is not None else STEPS_DEFAULT
     if tool_name is None or len(results) >= wanted:
         return None
-    question = first_user_text(messages)
+    question = first_text(messages)
     if results:
         last = try_evaluate(content_text(results[-1].get("content")).strip())
         expression = f"{format_number(last)} + 1" if last is not None else None
@@ -128,7 +129,7 @@ def play(request: dict[str, Any], mode: Mode, script: Script) -> Turn:
     """The assistant turn for ``request`` in ``mode`` (slow/hang/error500 are handled by the app)."""
     messages: list[dict] = request["messages"]
     tools = request.get("tools") or []
-    question = first_user_text(messages)
+    question = first_text(messages)
     if mode.name == "steps" and (step := _next_step(request, mode, script)) is not None:
         return step
     last = messages[-1]

@@ -311,6 +311,7 @@ def compose(request: ComposeRequest) -> DictConfig:
         apply_chat_template(cfg, str(template))
     check_reward_options(cfg)
     agent_tool_rounds(cfg)
+    agent_prompt(cfg)
     return cfg
 
 
@@ -325,6 +326,21 @@ def agent_tool_rounds(cfg: DictConfig) -> int:
         return TOOL_ROUNDS_DEFAULT
     try:
         return parse_tool_rounds(value, what="calcx.agent_tool_rounds")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def agent_prompt(cfg: DictConfig) -> str:
+    """`calcx.agent_prompt`: the name of the system message the agents open their chat with (the
+    controller's agents get it as CALCX_AGENT_PROMPT; the anchor's prompts follow it). A bad name
+    stops the run at composition."""
+    from calcx.contract.env import AGENT_PROMPT_DEFAULT, parse_agent_prompt
+
+    value = OmegaConf.select(cfg, "calcx.agent_prompt", default=None)
+    if value is None:
+        return AGENT_PROMPT_DEFAULT
+    try:
+        return parse_agent_prompt(value, what="calcx.agent_prompt")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

@@ -18,9 +18,12 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from calcx.contract.env import (
+    AGENT_PROMPT_DEFAULT,
+    CALCX_AGENT_PROMPT,
     CALCX_AGENT_TOOL_ROUNDS,
     CALCX_KEY,
     TOOL_ROUNDS_DEFAULT,
+    parse_agent_prompt,
     parse_tool_rounds,
     service_base_env,
 )
@@ -104,6 +107,7 @@ class ServicesConfig:
     prefork: bool = True
     agent_logs: bool = False
     tool_rounds: int = TOOL_ROUNDS_DEFAULT
+    prompt: str = AGENT_PROMPT_DEFAULT
     server_args: Sequence[str] = ()
     controller_args: Sequence[str] = ()
     start_timeout_s: float = 180.0
@@ -111,13 +115,14 @@ class ServicesConfig:
     @classmethod
     def from_calcx_section(cls, calcx: Any, workdir: Path) -> "ServicesConfig":
         """Read `calcx.services_python`, `services_pythonpath`, `agent_python`, `agent_pythonpath`,
-        `controller_concurrency`, `prefork`, `agent_logs`, `agent_tool_rounds`, `server_args` and
-        `controller_args` (null = default)."""
+        `controller_concurrency`, `prefork`, `agent_logs`, `agent_tool_rounds`, `agent_prompt`,
+        `server_args` and `controller_args` (null = default)."""
         get = calcx.get
         services_path = as_path_list(get("services_pythonpath"), what="calcx.services_pythonpath")
         agent_path = as_path_list(get("agent_pythonpath"), what="calcx.agent_pythonpath")
         concurrency = int(get("controller_concurrency") or 32)
         rounds = get("agent_tool_rounds")
+        prompt = get("agent_prompt")
         if concurrency < 1:
             raise ValueError(f"calcx.controller_concurrency={concurrency} must be at least 1")
         return cls(
@@ -131,13 +136,14 @@ class ServicesConfig:
             agent_logs=bool(get("agent_logs", False)),
             tool_rounds=parse_tool_rounds(TOOL_ROUNDS_DEFAULT if rounds is None else rounds,
                                           what="calcx.agent_tool_rounds"),
+            prompt=parse_agent_prompt(AGENT_PROMPT_DEFAULT if prompt is None else prompt, what="calcx.agent_prompt"),
             server_args=[str(a) for a in (get("server_args") or [])],
             controller_args=[str(a) for a in (get("controller_args") or [])],
         )
 
     def agent_settings(self) -> dict[str, str]:
         """The agents' settings, in the controller's environment (its agents inherit them)."""
-        return {CALCX_AGENT_TOOL_ROUNDS: str(self.tool_rounds)}
+        return {CALCX_AGENT_TOOL_ROUNDS: str(self.tool_rounds), CALCX_AGENT_PROMPT: self.prompt}
 
     def agent_commands(self) -> list[str]:
         """Controller flags that run the agent (and its pre-forked worker) under the agent's Python."""
