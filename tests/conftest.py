@@ -19,6 +19,7 @@ SYSTEM = "system"
 #: Test files (from tests/) that start other processes.
 SYSTEM_TEST_FILES = frozenset({
     "agent/test_agent_calculator_death.py",
+    "agent/test_agent_calculator_inprocess.py",
     "agent/test_agent_calculator_limits.py",
     "agent/test_agent_rollouts.py",
     "agent/test_agent_run_end.py",
@@ -43,9 +44,9 @@ SYSTEM_TEST_FILES = frozenset({
     "rehearse/test_rehearse_cli.py",
     "server/test_server_restart.py",
     "stub_llm/test_stub_llm_cli.py",
-    "trainer/test_anchor_calculator.py",
     "trainer/test_anchor_config.py",
     "trainer/test_anchor_parity.py",
+    "trainer/test_anchor_tool.py",
     "trainer/test_gpu_run_results.py",
     "trainer/test_trainer_checkpoints.py",
     "trainer/test_trainer_calcx_agent_loop.py",

@@ -18,8 +18,8 @@ from calculator_client import calculator_answers
 
 import calcx.data.__main__  # noqa: F401  (calcx.cli loads it by name; importing it here makes Pants ship it)
 from calcx.agent.answer import SYSTEM_MESSAGES, build_task, extract_answer
+from calcx.agent.calculator_inprocess import calculator_tool_entry
 from calcx.agent.reward import reward
-from calcx.anchor.calculator import calculator_tool_entry
 from calcx.cli import main
 from calcx.data.traces import annotation_pairs, same_result
 

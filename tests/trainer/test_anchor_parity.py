@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from calcx.anchor.calculator import calculator_tool_entry
+from calcx.agent.calculator_inprocess import calculator_tool_entry
 from calcx.anchor.config import compose_anchor
 from calcx.anchor.data import TOOL_AGENT, anchor_records
 from calcx.data.__main__ import main as data_main

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from benchmarks.trace_lengths import measure
-from calcx.anchor.calculator import calculator_tool_entry
+from calcx.agent.calculator_inprocess import calculator_tool_entry
 from calcx.data.traces import build_trace, write_traces
 from calcx.trainer.warmup_dataset import tokenize_trace
 from byte_tokenizer import byte_tokenizer

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from calcx.agent.calculator_inprocess import calculator_tool_entry
 from calcx.data.schema import DataError
 from calcx.data.traces import build_trace, write_traces
-from calcx.anchor.calculator import calculator_tool_entry
 from calcx.trainer.warmup_dataset import AgentTraceDataset, as_rendered, model_turn_segments, tokenize_trace
 from byte_tokenizer import byte_tokenizer
 

@@ -53,9 +53,9 @@ def calculator_environment(base: Mapping[str, str] | None = None) -> dict[str, s
 
 
 def isolated_calculator_environment() -> dict[str, str]:
-    """Environment for a calculator a trainer-side process starts (the anchor's): only what a local
-    agent may inherit (calcx.contract.env's allowlist: no server key, tracker or hub credentials),
-    plus our import path."""
+    """Environment for a calculator a process other than the agent starts (the in-process
+    calculator's child: the anchor, the data commands): only what a local agent may inherit
+    (calcx.contract.env's allowlist: no server key, tracker or hub credentials), plus our import path."""
     return calculator_environment(agent_base_env(os.environ))
 
 

@@ -6,7 +6,8 @@ and ``10**10**10`` asks for gigabytes. `bounded_evaluate` walks the expression a
 does (the same nodes, operators, math names and result text) but checks each step's size before
 it computes it, and answers past a bound with an error the model reads as the tool's reply
 ("Error executing tool calculate: ..."). `install` puts it in the package's place, so the agent's
-MCP calculator and the anchor's in-process one keep the package's tool schema and error text.
+MCP calculator and the in-process one (calcx.agent.calculator_inprocess) keep the package's tool
+schema and error text.
 `limit_process` is the backstop for whatever the checks miss: rlimits on the calculator process.
 
 Standard library only (the package is imported by `install` alone).
@@ -27,7 +28,7 @@ MAX_RESULT_DIGITS = 1000
 #: Time one evaluation may take, in seconds (checked at every node, so it holds in any thread).
 MAX_CALL_S = 2.0
 #: A calculator process whose one call has run this long is ended by whoever waits on it (the
-#: anchor's calculator process): the per-node check cannot stop a single step that runs long.
+#: in-process calculator's child): the per-node check cannot stop a single step that runs long.
 CALL_KILL_S = MAX_CALL_S + 1.0
 #: Largest argument of factorial, comb and perm (their cost grows faster than their result).
 MAX_COMBINATORIC_ARG = 10_000

@@ -4,8 +4,8 @@ verl's ToolAgentLoop renders each tool's `tool_schema.model_dump(...)` into the 
 chat template. verl's schema models keep only the keys they declare, so the MCP schema's `title`
 and AutoGen's `additionalProperties` would be dropped and keys reordered: `ExactToolSchema` is
 verl's schema type whose dump is the agent's `tools` entry, unchanged. Every answer, the
-calculator's refusals included, is the MCP server's own text (calcx.anchor.calculator), returned
-as the tool's reply rather than raised (verl would put its own error text in its place).
+calculator's refusals included, is the MCP server's own text (calcx.agent.calculator_inprocess),
+returned as the tool's reply rather than raised (verl would put its own error text in its place).
 
 Imports verl: load it only where verl is installed.
 """
@@ -19,7 +19,7 @@ from pydantic import PrivateAttr
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from calcx.anchor.calculator import calculator_tool_entry, call
+from calcx.agent.calculator_inprocess import calculator_tool_entry, call
 
 
 class ExactToolSchema(OpenAIFunctionToolSchema):

@@ -11,7 +11,8 @@ drop its calculator. Here each problem keeps its story and its steps, but its nu
 2. the problem's own calculator annotations (`<<48/2=24>>`) are rewritten in order: a number that
    is an enlarged question number, or an earlier annotation's result, takes its new value;
 3. each rewritten expression is evaluated by the MCP calculator (its own server code, in-process:
-   `calcx.anchor.calculator`), and the annotation whose result was GSM8K's answer gives the new one.
+   `calcx.agent.calculator_inprocess`), and the annotation whose result was GSM8K's answer gives
+   the new one.
 
 A problem whose numbers cannot all be rewritten consistently is skipped and named, by reason:
 its annotations do not reproduce its answer (`result_mismatch`, `answer_not_annotated`), a step
@@ -33,7 +34,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Collection, Sequence
 
-from calcx.anchor.calculator import call
+from calcx.agent.calculator_inprocess import call
 from calcx.data.traces import Skipped, TraceError, annotation_pairs, check_bounded, same_result
 
 HARD_SOURCE = "gsm8k-hard"

@@ -7,7 +7,7 @@ A trace is the conversation calcx's agent has when it uses the calculator for al
 2. one assistant turn calling the `calculate` tool once per annotation, in order (an agent of one
    tool round, `calcx.agent_tool_rounds: 1`, makes all its calls at once, then answers);
 3. one `tool` message per call holding what the MCP calculator answers for the expression (its own
-   server code, in-process: `calcx.anchor.calculator`);
+   server code, in-process: `calcx.agent.calculator_inprocess`);
 4. the closing assistant turn: GSM8K's reasoning with the annotations removed, then the answer in
    the agent's format (`### ANSWER: 72 ###`).
 
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from calcx.agent.answer import format_answer, prompt_messages
-from calcx.anchor.calculator import calculator_tool_entry, call
+from calcx.agent.calculator_inprocess import calculator_tool_entry, call
 from calcx.contract.env import TOOL_ROUNDS_DEFAULT
 from calcx.data.schema import DataError
 

@@ -7,10 +7,12 @@ evaluation, result text and error text are the server's own ("Error executing to
 division by zero"). The tool entry is the one the agent's OpenAI request carries:
 AutoGen's McpWorkbench keeps the MCP schema's properties and required list and adds
 `additionalProperties` (false unless the schema sets it), and its OpenAI client wraps that with
-`strict: false`; key order included, since a chat template prints the entry as JSON.
+`strict: false`; key order included, since a chat template prints the entry as JSON. Used where
+the calculator's answers are needed without an agent: the anchor's verl tool (calcx.anchor.tool)
+and the data commands' traces and hard split (calcx.data.traces, calcx.data.hard).
 
-The calls themselves are evaluated in a child process (`python -m calcx.anchor.calculator`, one
-per process that calls, started on first use), under the agent's calculator's rlimits
+The calls themselves are evaluated in a child process (`python -m calcx.agent.calculator_inprocess`,
+one per process that calls, started on first use), under the agent's calculator's rlimits
 (`limit_process`), never on the caller's event loop: a step that runs long would otherwise stall
 every trajectory of verl's agent-loop worker. A call not answered within `CALL_KILL_S` ends that
 process (the next call starts another) and is answered with the calculator's time-limit error.
@@ -40,7 +42,7 @@ from calcx.agent.calculator_limits import CALL_KILL_S, install, limit_process, t
 install()  # the agent's bounds (expression length, result size, time per call) hold here too
 
 #: What the child prints once it serves (imports done, rlimits set).
-READY = b"calcx-anchor-calculator: ready\n"
+READY = b"calcx-calculator-inprocess: ready\n"
 #: How long a starting child may take to import the calculator before it is given up.
 START_TIMEOUT_S = 60.0
 
@@ -115,12 +117,12 @@ class CalculatorProcess:
     def _running(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
             self._end()
-            proc = subprocess.Popen([sys.executable, "-m", "calcx.anchor.calculator"], stdin=subprocess.PIPE,
+            proc = subprocess.Popen([sys.executable, "-m", "calcx.agent.calculator_inprocess"], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, env=isolated_calculator_environment())
             self._proc = proc
             if self._read_line(proc, START_TIMEOUT_S) != READY:
                 self._end()
-                raise RuntimeError(f"the anchor's calculator process did not start within {START_TIMEOUT_S:g} s")
+                raise RuntimeError(f"the calculator process did not start within {START_TIMEOUT_S:g} s")
         return self._proc
 
     def call(self, name: str, arguments: Mapping[str, Any] | None) -> tuple[str, bool]:
