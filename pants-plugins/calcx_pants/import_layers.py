@@ -3,12 +3,14 @@ column of docs/architecture.md's package table (the one copy of that rule).
 
 A package may import the calcx packages its row names in backticks (`everything above`: those of
 the earlier rows; `the parts`: all), its own modules and `calcx` itself. Imports inside functions
-and `TYPE_CHECKING` blocks count: they are dependencies all the same.
+and `TYPE_CHECKING` blocks count: they are dependencies all the same. The rows are the layers in
+order: a row that may import a later row (by name, or `the parts` before the last row) fails too,
+since the later row may import it back and the table would allow a package loop.
 
 `./pants lint ::` runs it (the `import-layers` linter of this plugin, register.py); standard
 library only and Python 3.9 (Pants' own interpreter), so it also runs on its own:
 
-    python3 pants-plugins/calcx_pants/import_layers.py [REPO_ROOT]   # exit 1, one line per wrong import
+    python3 pants-plugins/calcx_pants/import_layers.py [REPO_ROOT]   # exit 1, one line per problem
 """
 
 from __future__ import annotations
@@ -25,22 +27,50 @@ TABLE_HEADING = "## Python packages"
 _PACKAGE = re.compile(r"`(calcx(?:\.\w+)?)`")
 
 
+def read_rows(doc: str) -> list[tuple[int, str, str]]:
+    """(line number in the doc, package, its "may import" cell) of each row of the table under
+    TABLE_HEADING, in the table's order."""
+    start = doc.index(TABLE_HEADING)
+    first = doc.count("\n", 0, start) + 1
+    rows: list[tuple[int, str, str]] = []
+    for number, line in enumerate(doc[start:].splitlines(), first):
+        if line.startswith("| `calcx"):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            if _PACKAGE.fullmatch(cells[0]):
+                rows.append((number, cells[0].strip("`"), cells[-1]))
+    return rows
+
+
 def read_rules(doc: str) -> dict[str, frozenset[str]]:
     """package -> the calcx packages it may import, from the table under TABLE_HEADING."""
-    section = doc[doc.index(TABLE_HEADING):]
-    rows = [line for line in section.splitlines() if line.startswith("| `calcx")]
-    cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
-    cells = [row for row in cells if _PACKAGE.fullmatch(row[0])]
-    names = [row[0].strip("`") for row in cells]
+    rows = read_rows(doc)
+    names = [name for _, name, _ in rows]
     rules: dict[str, frozenset[str]] = {}
-    for index, (name, row) in enumerate(zip(names, cells)):
-        allowed = set(_PACKAGE.findall(row[-1]))
-        if "everything above" in row[-1]:
+    for index, (_, name, may_import) in enumerate(rows):
+        allowed = set(_PACKAGE.findall(may_import))
+        if "everything above" in may_import:
             allowed.update(names[:index])
-        if "the parts" in row[-1]:
+        if "the parts" in may_import:
             allowed.update(names)
         rules[name] = frozenset(allowed - {name})
     return rules
+
+
+def forward_references(doc: str) -> list[str]:
+    """One line per row that may import a later row: the table's order is its layering, and a
+    row that reaches down the table lets a package loop through (`everything above` never does)."""
+    rows = read_rows(doc)
+    found: list[str] = []
+    for index, (line, name, may_import) in enumerate(rows):
+        later = {later_name: later_line for later_line, later_name, _ in rows[index + 1:]}
+        for target in _PACKAGE.findall(may_import):
+            if target in later:
+                found.append(f"{DOC}:{line}: row {name} may import {target}, whose row (line {later[target]}) "
+                             f"is below it: a row may name only packages of the rows above it")
+        if "the parts" in may_import and later:
+            found.append(f"{DOC}:{line}: row {name} may import `the parts`, which reaches the rows below it "
+                         f"({', '.join(later)}): only the last row may")
+    return found
 
 
 def package_of(relative: PurePosixPath) -> str:
@@ -69,10 +99,11 @@ def imported_modules(relative: PurePosixPath, text: str) -> Iterator[tuple[int, 
 
 
 def check(doc: str, sources: Mapping[str, str]) -> list[str]:
-    """One line per import the table does not allow, and per package without a row.
-    `sources`: path from the repository root (src/python/calcx/...) -> the file's text."""
+    """One line per row that may import a later row, per import the table does not allow, and per
+    package without a row. `sources`: path from the repository root (src/python/calcx/...) -> the
+    file's text."""
     rules = read_rules(doc)
-    found: list[str] = []
+    found = forward_references(doc)
     for path in sorted(sources):
         relative = PurePosixPath(path).relative_to(SOURCES)
         source = package_of(relative)
@@ -100,7 +131,8 @@ def report(found: list[str]) -> str:
     if not found:
         return f"imports of {SOURCES} follow {DOC}'s layers\n"
     return "".join(f"{line}\n" for line in found) + (
-        f"{len(found)} import(s) against the layers of {DOC}: fix the import, or change the table first\n")
+        f"{len(found)} problem(s) with the layers of {DOC}: fix the import, or change the table first "
+        f"(its rows in layer order)\n")
 
 
 def main(argv: list[str]) -> int:

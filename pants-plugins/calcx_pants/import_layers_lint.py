@@ -2,7 +2,8 @@
 
 A files linter (as Pants' own regex-lint): whenever lint covers a file of src/python/calcx or the
 table, it reads the whole tree and the table (a layer rule needs both) and reports the wrong
-imports of the files linted. The check itself is import_layers.py (standard library).
+imports of the files linted, and the table's rows out of layer order when the table is linted.
+The check itself is import_layers.py (standard library).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The import layers of docs/architecture.md (the plugin's `import-layers` linter,
 pants-plugins/calcx_pants/import_layers.py): the tree follows them, and a wrong import, a relative
 one or one hidden in a function, fails the check with its file and line, run as `./pants lint`
-runs it (from file contents) and as a script."""
+runs it (from file contents) and as a script; the table's rows are in layer order, and a row that
+may import a later one fails with both rows named."""
 
 from __future__ import annotations
 
@@ -53,6 +54,40 @@ def test_the_table_is_read_with_its_words() -> None:
     assert rules["calcx.api"] == {"calcx.contract"}
     assert {"calcx.server", "calcx.controller", "calcx.stub_llm"} <= rules["calcx.rehearse"]  # everything above
     assert "calcx.trainer" not in rules["calcx.rehearse"] and "calcx.faults" in rules["calcx.cli"]  # the parts
+
+
+def test_the_rows_are_in_layer_order() -> None:
+    doc = (REPO / layers.DOC).read_text(encoding="utf-8")
+    names = [name for _, name, _ in layers.read_rows(doc)]
+    assert len(names) > 15 and names[-1] == "calcx.cli"  # the whole table, `the parts` last
+    assert layers.forward_references(doc) == []
+
+
+def test_a_row_that_may_import_a_later_row_fails(repo_copy: Path) -> None:
+    """The loop the table once allowed: calcx.data -> calcx.anchor -> calcx.trainer -> calcx.data."""
+    doc_path = repo_copy / layers.DOC
+    doc = doc_path.read_text(encoding="utf-8")
+    lines = {name: line for line, name, _ in layers.read_rows(doc)}
+    data_row = next(row for row in doc.splitlines() if row.startswith("| `calcx.data` |"))
+    doc_path.write_text(doc.replace(data_row, data_row[:-2] + ", `calcx.anchor` |"), encoding="utf-8")
+    assert layers.violations(repo_copy) == [
+        f"docs/architecture.md:{lines['calcx.data']}: row calcx.data may import calcx.anchor, whose row "
+        f"(line {lines['calcx.anchor']}) is below it: a row may name only packages of the rows above it"
+    ]
+    run = subprocess.run([sys.executable, str(SCRIPT), str(repo_copy)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "row calcx.data may import calcx.anchor" in run.stdout
+
+
+def test_the_parts_before_the_last_row_fails_and_everything_above_does_not() -> None:
+    doc = (
+        "## Python packages\n\n| package | what | may import |\n|---|---|---|\n"
+        "| `calcx.a` | the base | the parts |\n| `calcx.b` | above it | everything above |\n"
+        "| `calcx.c` | the command | the parts |\n"
+    )
+    assert layers.forward_references(doc) == [
+        "docs/architecture.md:5: row calcx.a may import `the parts`, which reaches the rows below it "
+        "(calcx.b, calcx.c): only the last row may"
+    ]
 
 
 def test_a_wrong_import_fails_with_its_file_and_line(repo_copy: Path) -> None:
