@@ -48,6 +48,28 @@ class LimitReached(StoreError):
     code = "attempt_limit"
 
 
+class LeaseHeld(StoreError):
+    """Another trainer holds the run's lease and renews it: a second start is refused unless it
+    takes the run over."""
+
+    status = 409
+    code = "run_leased"
+
+
+class LeaseLost(StoreError):
+    """A write for a run whose lease another trainer now holds (the writer was taken over)."""
+
+    status = 409
+    code = "lease_lost"
+
+
+class LeaseLimit(StoreError):
+    """The store holds as many live run leases as it may."""
+
+    status = 409
+    code = "lease_limit"
+
+
 class Database:
     """WAL journal, `synchronous=NORMAL`: a committed transaction survives a crash of the server
     process (only an OS crash or power loss can undo the last commits).
