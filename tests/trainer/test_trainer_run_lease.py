@@ -110,3 +110,32 @@ def test_calcx_trains_services_step_takes_the_lease_before_it_cancels_anything(t
                 assert lost and "'trainer-b'" in lost[0]
     finally:
         server.stop()
+
+
+def test_with_its_own_server_a_second_start_is_refused_before_its_controller_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default: calcx train starts its server on the run's database, which a second start in
+    the same report directory shares. The second takes no lease, so it starts no controller that
+    would claim the live run's work."""
+    from calcx.trainer.config import ComposeRequest, compose
+    from calcx.trainer.launch import LaunchError, rollout_services
+    from calcx.trainer.services import CALCX_SRC, LocalServices
+    from live_stack import SERVICES_PYTHON
+
+    controllers: list[str] = []
+    start_controller = LocalServices.start_controller
+
+    def noted(self: LocalServices) -> LocalServices:
+        controllers.append(self.server_url)
+        return start_controller(self)
+
+    monkeypatch.setattr(LocalServices, "start_controller", noted)
+    cfg = compose(ComposeRequest(model="calcx-stub", run_name=RUN, gpu_memory_gib=0, dotlist=[
+        "calcx.run_lease_wait_s=0", f"calcx.services_python={SERVICES_PYTHON}", f"calcx.agent_python={SERVICES_PYTHON}",
+        f"calcx.services_pythonpath={CALCX_SRC}", f"calcx.agent_pythonpath={CALCX_SRC}",
+        "calcx.controller_concurrency=1", "calcx.prefork=false", f"trainer.default_local_dir={tmp_path / 'ckpt'}"]))
+    with rollout_services(cfg, tmp_path / "report", on_lost=lambda message: None) as first:
+        with pytest.raises(LaunchError, match=f"run {RUN!r} is held by trainer {first.owner!r}"):
+            with rollout_services(cfg, tmp_path / "report"):
+                pass
+    assert controllers == [first.url]
