@@ -65,7 +65,7 @@ def test_a_member_that_succeeded_without_a_reward_leaves_the_group_out(tmp_path:
     assert info.value.reason == "group_incomplete" and "without a reward" in info.value.detail
 
 
-def _settle_after(tmp_path: Path, end_first: Callable[[CalcxClient, str, str], None]) -> Rollout:
+def _settle_after(tmp_path: Path, end_first: Callable[[CalcxClient, str, str], object]) -> Rollout:
     """A group of two with two attempts each: the first attempt of member 0 ended by `end_first`
     (client, rollout id, attempt id), every other attempt run to SUCCEEDED with a reward by a
     controller stand-in while the group settles."""
