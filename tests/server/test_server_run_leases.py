@@ -146,3 +146,33 @@ def test_the_lease_table_is_bounded_and_ended_leases_make_room(tmp_path: Path) -
             assert c.acquire_lease("r2", "t2").live  # a holder taking its own run again needs no room
     finally:
         server.stop()
+
+
+def test_a_restart_renews_only_recent_leases_and_retention_prunes_ended_ones(tmp_path: Path) -> None:
+    """Clocks injected: a lease renewed more than one lease length before a restart stays ended
+    (a dead trainer's restart needs no take-over); ended leases older than retention go."""
+    from calcx.server.store import RolloutStore
+    from calcx.server.store.database import LeaseHeld
+
+    wall, mono = [1_000_000.0], [50.0]
+    path = str(tmp_path / "clocks.db")
+    store = RolloutStore(path, clock=lambda: wall[0], monotonic=lambda: mono[0])
+    store.leases.acquire("recent", "t1", False, 30.0, 10)
+    store.leases.acquire("stale", "t2", False, 30.0, 10)
+    wall[0] += 40
+    mono[0] += 40
+    store.leases.renew("recent", "t1", 30.0, 10)
+    store.close()
+    mono[0] = 5.0  # a reboot restarted the monotonic clock
+    wall[0] += 10
+    store = RolloutStore(path, clock=lambda: wall[0], monotonic=lambda: mono[0])
+    assert store.leases.renew_after_restart(30.0) == 1
+    assert store.leases.acquire("stale", "t3", False, 30.0, 10)["previous_owner"] == "t2"  # no take-over needed
+    with pytest.raises(LeaseHeld, match="held by trainer 't1'"):
+        store.leases.acquire("recent", "t4", False, 30.0, 10)
+    store.leases.release("stale", "t3", 30.0)
+    wall[0] += 8 * 24 * 3600
+    mono[0] += 8 * 24 * 3600  # "recent" lapsed too, long ago
+    store.retention.prune(7 * 24 * 3600)
+    assert [row[0] for row in store._db.execute("SELECT run FROM run_leases")] == []
+    store.close()
