@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from calcx.api.client import CalcxAPIError, CalcxClient
+from calcx.api.errors import LEASE_LOST, RUN_LEASED
 from calcx.api.models import RunLease
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def take_run_lease(client: CalcxClient, run: str, owner: str, *, take_over: bool
         try:
             lease = client.acquire_lease(run, owner, take_over)
         except CalcxAPIError as exc:
-            if exc.code != "run_leased":
+            if exc.code != RUN_LEASED:
                 raise
             left = deadline - time.monotonic()
             if left <= 0:
@@ -91,7 +92,7 @@ class LeaseKeeper:
             try:
                 self.lease = self.client.renew_lease(self.lease.run, self.lease.owner)
             except CalcxAPIError as exc:
-                if exc.code == "lease_lost":
+                if exc.code == LEASE_LOST:
                     self.lost = exc.message
                     log.error("calcx train: this trainer no longer holds run %r: %s", self.lease.run, exc.message)
                     self.on_lost(exc.message)

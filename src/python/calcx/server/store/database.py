@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from calcx.api.errors import LEASE_LIMIT, LEASE_LOST, RUN_LEASED
 from calcx.server.store.schema import ADDED_COLUMNS, SCHEMA
 
 
@@ -53,21 +54,21 @@ class LeaseHeld(StoreError):
     takes the run over."""
 
     status = 409
-    code = "run_leased"
+    code = RUN_LEASED
 
 
 class LeaseLost(StoreError):
     """A write for a run whose lease another trainer now holds (the writer was taken over)."""
 
     status = 409
-    code = "lease_lost"
+    code = LEASE_LOST
 
 
 class LeaseLimit(StoreError):
     """The store holds as many live run leases as it may."""
 
     status = 409
-    code = "lease_limit"
+    code = LEASE_LIMIT
 
 
 class Database:
