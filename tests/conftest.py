@@ -61,6 +61,7 @@ SYSTEM_TEST_FILES = frozenset({
     "trainer/test_trainer_replay_buffer.py",
     "trainer/test_trainer_resume.py",
     "trainer/test_trainer_resume_kill.py",
+    "trainer/test_trainer_run_lease.py",
     "trainer/test_trainer_services_die_with_trainer.py",
     "worker/test_worker_fork.py",
     "worker/test_worker_restart.py",

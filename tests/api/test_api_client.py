@@ -19,6 +19,7 @@ ROLLOUT = {"rollout_id": "r/1", "row": {"question": "q"}, "state": "SUCCEEDED", 
 CALL = {"call_id": 1, "rollout_id": "r/1", "attempt_id": "1", "seq": 0, "request": {}, "latency_s": 0.1,
         "status_code": 200, "created_at": 1.0, "prompt_token_ids": [1], "response_token_ids": [2],
         "response_logprobs": [-0.5]}
+LEASE = {"run": "run-1", "owner": "t-1", "lease_s": 30, "expires_at": 31.0, "acquired_at": 1.0, "renewed_at": 1.0}
 REGISTRY = {"model": "m", "endpoints": ["http://h:1/v1"], "policy_version": 2, "updated_at": 1.0}
 
 # Every client method with arguments, and the (method, path) it must reach.
@@ -34,6 +35,9 @@ CASES: list[tuple[str, tuple, dict, str, str]] = [
     ("cancel", (), {"run": "run-1"}, "POST", "/v1/cancel"),
     ("record_trained", ("run-1", 3, ["r/1"]), {}, "POST", "/v1/trained"),
     ("rewind", ("run-1", 2), {}, "POST", "/v1/trained/rewind"),
+    ("acquire_lease", ("run-1", "t-1"), {"take_over": True}, "POST", "/v1/leases"),
+    ("renew_lease", ("run-1", "t-1"), {}, "POST", "/v1/leases/renew"),
+    ("release_lease", ("run-1", "t-1"), {}, "POST", "/v1/leases/release"),
     ("calls", ("r/1",), {"attempt_id": "1"}, "GET", "/v1/rollouts/r%2F1/calls"),
     ("terminal", (), {"after": 4, "timeout_s": 2}, "GET", "/v1/terminal"),
     ("claim", ("c",), {"max": 2, "timeout_s": 1}, "POST", "/v1/claims"),
@@ -74,6 +78,8 @@ def answer(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"run": "run-1", "step": 3, "recorded": 1})
     if path == "/v1/trained/rewind":
         return httpx.Response(200, json={"run": "run-1", "after_step": 2, "rolled_back": [3, 4]})
+    if path.startswith("/v1/leases"):
+        return httpx.Response(200, json=LEASE)
     if path == "/v1/claims/heartbeat":
         return httpx.Response(200, json={"lease_s": 30, "held": [], "lost": []})
     if path == "/v1/rollouts":
@@ -135,8 +141,13 @@ def test_answers_are_typed_and_unwrapped() -> None:
     assert run_sync("metrics_text", (), {}, log) == "calcx_up 1\n"
     assert run_sync("put_models", ("m", ["http://h:1/v1"]), {}, log).policy_version == 2
     assert run_sync("record_trained", ("run-1", 3, ["r/1"]), {}, log) == 1
-    assert json.loads(log[-1].content) == {"run": "run-1", "step": 3, "rollout_ids": ["r/1"]}
-    assert run_sync("rewind", ("run-1", 2), {}, log) == [3, 4]
+    assert json.loads(log[-1].content) == {"run": "run-1", "step": 3, "rollout_ids": ["r/1"], "owner": None}
+    assert run_sync("rewind", ("run-1", 2), {"owner": "t-1"}, log) == [3, 4]
+    assert json.loads(log[-1].content) == {"run": "run-1", "after_step": 2, "owner": "t-1"}
+    assert run_sync("acquire_lease", ("run-1", "t-1"), {}, log).owner == "t-1"
+    assert json.loads(log[-1].content) == {"run": "run-1", "owner": "t-1", "take_over": False}
+    run_sync("retry", ("r/1",), {"force": True}, log)
+    assert json.loads(log[-1].content) == {"force": True}
 
 
 def test_timeouts_follow_the_table() -> None:

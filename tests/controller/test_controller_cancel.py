@@ -62,8 +62,8 @@ def test_a_cancelled_running_attempt_is_stopped_by_its_controller(tmp_path: Path
                 await asyncio.sleep(0.05)
             took = time.monotonic() - started
             assert runner.stopped == ["a"] and controller.running == 1  # b runs on
-            # counted as what it is: cancelled, not lost
-            assert (controller.stats.finished, controller.stats.lost) == ({"FAILED:cancelled": 1}, 0)
+            # counted as what it is: cancelled (by the API), not lost
+            assert (controller.stats.finished, controller.stats.lost) == ({"FAILED:cancelled_by_api": 1}, 0)
             controller.stop()
             await asyncio.wait_for(task, 30)
             return took
@@ -72,7 +72,7 @@ def test_a_cancelled_running_attempt_is_stopped_by_its_controller(tmp_path: Path
         assert took < 10  # a heartbeat (every lease_s/3 = 1 s) after the cancel, with a margin
         with CalcxClient(server.url, KEY) as client:
             a = client.get_rollout("a")
-            assert a.state == "FAILED" and a.attempts[-1].reason == "cancelled"
+            assert a.state == "FAILED" and a.attempts[-1].reason == "cancelled_by_api"
             assert "cancelled by rollout id" in (a.attempts[-1].detail or "")
     finally:
         server.stop()

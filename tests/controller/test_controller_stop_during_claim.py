@@ -218,11 +218,12 @@ def test_an_attempt_the_server_took_back_during_the_grace_is_not_reported_again(
 
     controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-run"], on_send=cancel_it_once_asked,
                                          lease_s=3.0, shutdown_grace_s=30.0)
-    assert ended_as(ended["r-run"]) == ("FAILED", "cancelled")
+    assert ended_as(ended["r-run"]) == ("FAILED", "cancelled_by_api")
     assert "cancelled by rollout id" in (ended["r-run"].latest_attempt.detail or "")
     assert ended_as(ended[LATE]) == ("FAILED", "cancelled")
     assert controller.stats.report_failures == 0 and controller.stats.lost == 0
-    assert controller.stats.finished == {"FAILED:cancelled": 2}  # r-run by the heartbeat, r-late by the release
+    # r-run by the heartbeat (the API's cancel), r-late by the release (the controller's own)
+    assert controller.stats.finished == {"FAILED:cancelled_by_api": 1, "FAILED:cancelled": 1}
 
 
 def test_a_stop_during_a_rollouts_own_report_keeps_its_result(

@@ -29,7 +29,7 @@ def test_its_leftovers_are_cancelled_and_never_run_again(outcome: dict[str, Any]
     for rid in left:  # cancelled, unless it finished between the kill and the cancel
         assert rid in outcome["cancelled"] or outcome["old_states"][rid] == ("SUCCEEDED", None)
     for rid in outcome["cancelled"]:
-        assert outcome["old_states"][rid] == ("FAILED", "cancelled")
+        assert outcome["old_states"][rid] == ("FAILED", "cancelled_by_api")
 
 
 def test_the_restarted_run_runs_each_of_its_rollouts_once(outcome: dict[str, Any]) -> None:

@@ -5,12 +5,17 @@ labels a group's rollouts carry: their partition and step, read back from the se
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from calcx.api.client import AsyncCalcxClient, CalcxClient
 from calcx.api.models import Rollout
+from calcx.contract.failures import FailureReason
 from calcx.contract.labels import RUN_LABEL
 from calcx.trainer.group import GroupSpec, RolloutOrigin, settle_group
 from calcx.trainer.rollout_samples import RolloutIncomplete
@@ -58,6 +63,63 @@ def test_a_member_that_succeeded_without_a_reward_leaves_the_group_out(tmp_path:
     with pytest.raises(RolloutIncomplete) as info:
         _settle(tmp_path, rewarded={0})
     assert info.value.reason == "group_incomplete" and "without a reward" in info.value.detail
+
+
+def _settle_after(tmp_path: Path, end_first: Callable[[CalcxClient, str, str], object]) -> Rollout:
+    """A group of two with two attempts each: the first attempt of member 0 ended by `end_first`
+    (client, rollout id, attempt id), every other attempt run to SUCCEEDED with a reward by a
+    controller stand-in while the group settles."""
+    spec = replace(_spec(), max_attempts=2, group_timeout_s=15.0)
+    server, url = start_server(tmp_path, KEY)
+    stop = threading.Event()
+
+    def controller() -> None:
+        with CalcxClient(url, KEY) as client:
+            while not stop.is_set():
+                for claim in client.claim("ctl", 2, timeout_s=0.5).claims:
+                    client.post_reward(claim.rollout.rollout_id, claim.attempt_id, 1.0)
+                    client.finish(claim.rollout.rollout_id, claim.attempt_id, "SUCCEEDED")
+
+    try:
+        with CalcxClient(url, KEY) as client:
+            client.create_rollouts(spec.bodies())
+            first = spec.rollout_ids()[0]
+            end_first(client, first, "1")
+        worker = threading.Thread(target=controller, daemon=True)
+        worker.start()
+
+        async def settle() -> Rollout:
+            async with AsyncCalcxClient(url, KEY) as client:
+                return await settle_group(client, spec)
+
+        try:
+            return asyncio.run(settle())
+        finally:
+            stop.set()
+            worker.join(timeout=10)
+    finally:
+        server.stop()
+
+
+def _stopping_controller_cancels(client: CalcxClient, rid: str, aid: str) -> None:
+    (claim,) = client.claim("stopping", 1, timeout_s=2).claims
+    assert claim.rollout.rollout_id == rid
+    client.finish(rid, aid, "FAILED", reason=FailureReason.CANCELLED, detail="controller stopped")
+
+
+@needs_services
+def test_an_attempt_a_stopping_controller_cancelled_is_retried(tmp_path: Path) -> None:
+    own = _settle_after(tmp_path, _stopping_controller_cancels)
+    assert own.reward == 1.0 and [a.reason for a in own.attempts] == ["cancelled", None]
+
+
+@needs_services
+def test_a_rollout_the_cancel_api_ended_is_not_retried_and_leaves_the_group_out(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(RolloutIncomplete) as info:
+        _settle_after(tmp_path, lambda client, rid, aid: client.cancel(rollout_ids=[rid]))
+    assert info.value.reason == "group_incomplete" and "cancelled_by_api" in info.value.detail
+    assert time.monotonic() - started < 12  # told at once, not by the group's timeout
 
 
 def _labelled(labels: dict[str, str]) -> Rollout:

@@ -49,8 +49,8 @@ def test_an_unreachable_or_failing_server_is_tried_again() -> None:
     answers = [httpx.Response(0), httpx.Response(503, json={"error": {"code": "x", "message": "busy"}}),
                httpx.Response(200, json={"run": "r", "step": 3, "recorded": 2})]
     slept: list[float] = []
-    assert record_step(_client(answers, sent), "r", 3, ["a", "b"], sleep=slept.append) == 2
-    assert sent == [{"run": "r", "step": 3, "rollout_ids": ["a", "b"]}] * 3 and len(slept) == 2
+    assert record_step(_client(answers, sent), "r", 3, ["a", "b"], sleep=slept.append, owner="t-1") == 2
+    assert sent == [{"run": "r", "step": 3, "rollout_ids": ["a", "b"], "owner": "t-1"}] * 3 and len(slept) == 2
 
 
 def test_a_refusal_is_raised_at_once_and_an_outage_after_its_tries() -> None:

@@ -33,7 +33,7 @@ def test_a_restarted_run_cancels_its_leftovers_only(tmp_path: Path) -> None:
 
             assert cancel_previous_run(url, KEY, "calcx-grpo") == 2
             states = {r.rollout_id: (r.state, r.attempts[-1].reason) for r in client.all_rollouts()}
-            assert [states[rid] for rid in killed.rollout_ids()] == [("FAILED", "cancelled")] * 2
+            assert [states[rid] for rid in killed.rollout_ids()] == [("FAILED", "cancelled_by_api")] * 2
             assert [states[rid] for rid in other.rollout_ids()] == [("QUEUED", None)] * 2
             assert cancel_previous_run(url, KEY, "calcx-grpo") == 0
     finally:

@@ -136,9 +136,9 @@ def test_calcx_train_settles_the_previous_run_on_the_server_and_says_so(
             client.record_trained("r1", 5, ["s5"])
             cfg = _cfg(tmp_path, f"calcx.server_url={url}")
             _save(tmp_path / "ckpt", 4, whole=True)
-            plan = plan_resume(cfg, tmp_path / "report")
-            with rollout_services(cfg, tmp_path / "report", KEY, plan):
-                pass
+            with rollout_services(cfg, tmp_path / "report", KEY, lambda: plan_resume(cfg, tmp_path / "report")) as run:
+                plan = run.plan
+                assert plan is not None
             assert (client.get_rollout("s6-queued").state, plan.cancelled, plan.rolled_back) == ("FAILED", 1, [5])
             assert client.record_trained("r1", 5, ["s5"]) == 1  # step 5 is trained again, once
     finally:

@@ -33,6 +33,7 @@ from calcx.api.models import (
     RecordedCall,
     Rollout,
     RolloutCreate,
+    RunLease,
     TerminalPage,
 )
 from calcx.contract.failures import FailureReason
@@ -245,30 +246,51 @@ class _Endpoints:
         return Call(api.WAIT, {"rid": rollout_id}, body={"timeout_s": timeout_s}, poll_s=timeout_s)
 
     @endpoint
-    def retry(self, rollout_id: str) -> Call[Rollout]:
-        return Call(api.RETRY, {"rid": rollout_id})
+    def retry(self, rollout_id: str, force: bool = False) -> Call[Rollout]:
+        """A new attempt after a FAILED one; one the cancel API ended only with `force`."""
+        return Call(api.RETRY, {"rid": rollout_id}, body={"force": force})
 
     @endpoint
     def cancel(self, run: str | None = None, rollout_ids: Iterable[str] | None = None,
-               detail: str | None = None) -> Call[list[AttemptRef]]:
-        """FAIL (reason cancelled) the QUEUED and RUNNING attempts of run `run` or of `rollout_ids`;
-        their controllers stop the running ones. Returns the attempts cancelled."""
+               detail: str | None = None, owner: str | None = None) -> Call[list[AttemptRef]]:
+        """FAIL (reason cancelled_by_api) the QUEUED and RUNNING attempts of run `run` or of
+        `rollout_ids`; their controllers stop the running ones. Returns the attempts cancelled.
+        `owner`: the sender's lease of the run (409 lease_lost when another trainer holds it)."""
         body: dict[str, Any] = {"run": run, "rollout_ids": None if rollout_ids is None else list(rollout_ids),
-                                "detail": detail}
+                                "detail": detail, "owner": owner}
         return Call(api.CANCEL, body=body, pick=lambda answer: answer.cancelled)
 
     @endpoint
-    def record_trained(self, run: str, step: int, rollout_ids: Iterable[str]) -> Call[int]:
+    def record_trained(self, run: str, step: int, rollout_ids: Iterable[str], owner: str | None = None) -> Call[int]:
         """Tell the server's training ledger that `step` of `run` trained these rollouts; returns
-        how many the step holds (409: one was trained before, or the step holds another batch)."""
-        body = {"run": run, "step": step, "rollout_ids": list(rollout_ids)}
+        how many the step holds (409: one was trained before, or the step holds another batch;
+        409 lease_lost: another trainer holds the run)."""
+        body = {"run": run, "step": step, "rollout_ids": list(rollout_ids), "owner": owner}
         return Call(api.RECORD_TRAINED, body=body, pick=lambda answer: answer.recorded)
 
     @endpoint
-    def rewind(self, run: str, after_step: int) -> Call[list[int]]:
+    def rewind(self, run: str, after_step: int, owner: str | None = None) -> Call[list[int]]:
         """Roll back the ledger of `run`'s steps after `after_step` (a resume from its
         checkpoint); returns those steps."""
-        return Call(api.REWIND, body={"run": run, "after_step": after_step}, pick=lambda answer: answer.rolled_back)
+        return Call(api.REWIND, body={"run": run, "after_step": after_step, "owner": owner},
+                    pick=lambda answer: answer.rolled_back)
+
+    # -- run leases (server key) -------------------------------------------------------------
+    @endpoint
+    def acquire_lease(self, run: str, owner: str, take_over: bool = False) -> Call[RunLease]:
+        """Take run `run` for trainer `owner` (409 run_leased while another trainer's lease is
+        live, unless `take_over`)."""
+        return Call(api.ACQUIRE_LEASE, body={"run": run, "owner": owner, "take_over": take_over})
+
+    @endpoint
+    def renew_lease(self, run: str, owner: str) -> Call[RunLease]:
+        """Extend `owner`'s lease of `run` (409 lease_lost once another trainer took it)."""
+        return Call(api.RENEW_LEASE, body={"run": run, "owner": owner})
+
+    @endpoint
+    def release_lease(self, run: str, owner: str) -> Call[RunLease]:
+        """End `owner`'s lease of `run` now: the next start of the run needs no take-over."""
+        return Call(api.RELEASE_LEASE, body={"run": run, "owner": owner})
 
     @endpoint
     def calls(self, rollout_id: str, attempt_id: str | None = None) -> Call[list[RecordedCall]]:

@@ -27,12 +27,16 @@ from calcx.api.models import (
     Health,
     HeartbeatRequest,
     HeartbeatResponse,
+    LeaseRenewal,
+    LeaseRequest,
     ModelRegistry,
     ModelRegistryUpdate,
     RewindRequest,
+    RetryRequest,
     RewindResponse,
     Rollout,
     RolloutList,
+    RunLease,
     TerminalPage,
     TrainedRequest,
     TrainedResponse,
@@ -93,7 +97,10 @@ WAIT = Endpoint(
     "wait", "POST", "/v1/rollouts/{rid}/wait", Auth.SERVER_KEY, "trainer", WaitRequest, Rollout, long_poll=True,
     body_optional=True,
 )
-RETRY = Endpoint("retry", "POST", "/v1/rollouts/{rid}/retry", Auth.SERVER_KEY, "trainer", None, Rollout)
+RETRY = Endpoint(
+    "retry", "POST", "/v1/rollouts/{rid}/retry", Auth.SERVER_KEY, "trainer, tools (force)", RetryRequest, Rollout,
+    body_optional=True,
+)
 CANCEL = Endpoint(
     "cancel", "POST", "/v1/cancel", Auth.SERVER_KEY, "trainer (what a previous run left), tools", CancelRequest,
     CancelResponse,
@@ -105,6 +112,17 @@ RECORD_TRAINED = Endpoint(
 REWIND = Endpoint(
     "rewind", "POST", "/v1/trained/rewind", Auth.SERVER_KEY, "trainer (resuming from a checkpoint)", RewindRequest,
     RewindResponse,
+)
+ACQUIRE_LEASE = Endpoint(
+    "acquire_lease", "POST", "/v1/leases", Auth.SERVER_KEY, "trainer (at start, before it cancels or rewinds)",
+    LeaseRequest, RunLease,
+)
+RENEW_LEASE = Endpoint(
+    "renew_lease", "POST", "/v1/leases/renew", Auth.SERVER_KEY, "trainer (while it runs)", LeaseRenewal, RunLease,
+)
+RELEASE_LEASE = Endpoint(
+    "release_lease", "POST", "/v1/leases/release", Auth.SERVER_KEY, "trainer (at a clean end)", LeaseRenewal,
+    RunLease,
 )
 CALLS = Endpoint("calls", "GET", "/v1/rollouts/{rid}/calls", Auth.SERVER_KEY, "trainer", None, CallList)
 TERMINAL = Endpoint(
@@ -138,7 +156,8 @@ PUT_MODELS = Endpoint(
 GET_MODELS = Endpoint("get_models", "GET", "/v1/models", Auth.SERVER_KEY, "tests, tools", None, ModelRegistry)
 
 ENDPOINTS: tuple[Endpoint, ...] = (
-    HEALTH, METRICS, CREATE_ROLLOUTS, LIST_ROLLOUTS, GET_ROLLOUT, WAIT, RETRY, CANCEL, RECORD_TRAINED, REWIND, CALLS,
-    TERMINAL, CLAIM, HEARTBEAT, FINISH, POST_EVENT, CHAT_COMPLETIONS, OPENAI_MODELS, PUT_MODELS, GET_MODELS,
+    HEALTH, METRICS, CREATE_ROLLOUTS, LIST_ROLLOUTS, GET_ROLLOUT, WAIT, RETRY, CANCEL, RECORD_TRAINED, REWIND,
+    ACQUIRE_LEASE, RENEW_LEASE, RELEASE_LEASE, CALLS, TERMINAL, CLAIM, HEARTBEAT, FINISH, POST_EVENT,
+    CHAT_COMPLETIONS, OPENAI_MODELS, PUT_MODELS, GET_MODELS,
 )
 

@@ -12,6 +12,10 @@ import httpx
 UNREACHABLE = "unreachable"
 #: a 2xx answer that is not the endpoint's model
 BAD_RESPONSE = "bad_response"
+#: run leases (409): another trainer holds the run; the writer does not hold it; the table is full
+RUN_LEASED = "run_leased"
+LEASE_LOST = "lease_lost"
+LEASE_LIMIT = "lease_limit"
 
 
 class CalcxAPIError(Exception):

@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from calcx.contract.env import DEFAULT_ENV_MAP, env_problem, env_value, reserved_problem
-from calcx.contract.failures import FAILURE_REASONS
+from calcx.contract.failures import FAILURE_REASONS, FailureReason
 
 RolloutState = Literal["QUEUED", "RUNNING", "SUCCEEDED", "FAILED"]
 TerminalState = Literal["SUCCEEDED", "FAILED"]
@@ -240,12 +240,25 @@ class HeartbeatResponse(_Model):
 MAX_CANCEL_IDS = 10_000
 
 
+def _run_name() -> Any:
+    """A run name, as labels, the ledger and run leases carry it."""
+    return Field(min_length=1, max_length=200)
+
+
+def _lease_owner() -> Any:
+    """The owner id of a run's lease (drawn by each trainer process), on the writes it fences."""
+    return Field(default=None, min_length=1, max_length=200)
+
+
 class CancelRequest(_StrictBody):
-    """Cancel the QUEUED and RUNNING attempts of one run (`run`) or of the rollouts named."""
+    """Cancel the QUEUED and RUNNING attempts of one run (`run`) or of the rollouts named. A
+    cancel by run names the lease `owner` of the trainer sending it (refused when another trainer
+    holds the run's lease)."""
 
     run: str | None = Field(default=None, min_length=1, max_length=200)
     rollout_ids: list[str] | None = Field(default=None, min_length=1, max_length=MAX_CANCEL_IDS)
     detail: str | None = Field(default=None, max_length=1000)
+    owner: str | None = _lease_owner()
 
     @model_validator(mode="after")
     def _one_target(self) -> "CancelRequest":
@@ -263,11 +276,13 @@ MAX_TRAINED_IDS = 10_000
 
 
 class TrainedRequest(_StrictBody):
-    """Step `step` of run `run` trained these rollouts (their latest, SUCCEEDED attempts)."""
+    """Step `step` of run `run` trained these rollouts (their latest, SUCCEEDED attempts); `owner`:
+    the sending trainer's lease owner id."""
 
-    run: str = Field(min_length=1, max_length=200)
+    run: str = _run_name()
     step: int = Field(ge=0, le=2**31)
     rollout_ids: list[str] = Field(min_length=1, max_length=MAX_TRAINED_IDS)
+    owner: str | None = _lease_owner()
 
 
 class TrainedResponse(_Model):
@@ -279,8 +294,9 @@ class TrainedResponse(_Model):
 class RewindRequest(_StrictBody):
     """A run resumed from the checkpoint of `after_step`: its later steps' weights are gone."""
 
-    run: str = Field(min_length=1, max_length=200)
+    run: str = _run_name()
     after_step: int = Field(ge=0, le=2**31)
+    owner: str | None = _lease_owner()
 
 
 class RewindResponse(_Model):
@@ -288,6 +304,44 @@ class RewindResponse(_Model):
     after_step: int
     #: the steps whose records became rolled back
     rolled_back: list[int]
+
+
+class RetryRequest(_StrictBody):
+    """`force`: retry a rollout the cancel API ended (its work was withdrawn) all the same."""
+
+    force: bool = False
+
+
+class LeaseRequest(_StrictBody):
+    """Take run `run`'s lease for trainer `owner`; `take_over` a live lease of another trainer."""
+
+    run: str = _run_name()
+    owner: str = Field(min_length=1, max_length=200)
+    take_over: bool = False
+
+
+class LeaseRenewal(_StrictBody):
+    """Renew (or release) `owner`'s lease of run `run`."""
+
+    run: str = _run_name()
+    owner: str = Field(min_length=1, max_length=200)
+
+
+class RunLease(_Model):
+    """A run's lease: its holder, and when it lapses unless renewed (wall time)."""
+
+    run: str
+    owner: str
+    lease_s: float
+    expires_at: float
+    acquired_at: float
+    renewed_at: float
+    released_at: float | None = None
+    #: the owner before this one (the trainer taken over, or the previous run)
+    previous_owner: str | None = None
+    live: bool = True
+    #: in a take's answer: it ended another trainer's live lease
+    took_over: bool = False
 
 
 class FinishRequest(_StrictBody):
@@ -302,6 +356,9 @@ class FinishRequest(_StrictBody):
     def _known_reason(cls, value: str | None) -> str | None:
         if value is not None and value not in FAILURE_REASONS:
             raise ValueError(f"unknown failure reason {value!r}; use one of {sorted(FAILURE_REASONS)}")
+        if value == FailureReason.CANCELLED_BY_API:
+            raise ValueError(f"{value!r} is set by the server's cancel API only (a controller that stops an "
+                             f"attempt reports {FailureReason.CANCELLED.value!r})")
         return value
 
 

@@ -37,8 +37,12 @@ class FailureReason(StrEnum):
     CONFIG_ERROR = "config_error"
     #: the controller holding the attempt stopped heartbeating past its lease (set by the server)
     CONTROLLER_LOST = "controller_lost"
-    #: ended by the cancel API, or by a controller or runner that shuts down
+    #: ended by a controller or runner that shuts down (or stops an attempt it never ran): the
+    #: work was not done and is retried
     CANCELLED = "cancelled"
+    #: ended by the cancel API (a trainer's start cancelling an earlier run's work, a tool), set by
+    #: the server: the work is withdrawn, and a retry is refused unless it is forced
+    CANCELLED_BY_API = "cancelled_by_api"
     #: a model call the model server kept aborting past the gateway's `abort_retry_s` (a weight
     #: update that outlasted it), set by the server: infrastructure, retried
     MODEL_ABORTED = "model_aborted"

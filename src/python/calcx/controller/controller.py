@@ -304,9 +304,9 @@ class Controller:
             if key in self._reporting:
                 log.debug("%s/%s finished while a heartbeat was in flight", *key)
                 continue
-            if ref.reason == FailureReason.CANCELLED:
+            if ref.reason in (FailureReason.CANCELLED, FailureReason.CANCELLED_BY_API):
                 log.warning("%s/%s was cancelled; stopping it", *key)
-                self.stats.count(RunResult.failed(FailureReason.CANCELLED))
+                self.stats.count(RunResult.failed(FailureReason(ref.reason)))
             else:
                 log.warning("server says %s/%s is no longer ours; stopping it", *key)
                 self.stats.lost += 1

@@ -4,8 +4,8 @@ Question texts that break YAML, JSON, shells and templates (they must reach the 
 for byte), texts no process environment can carry, final answers the reward must survive, and
 requests to every endpoint with wrong or missing keys, malformed, oversized, too deeply nested
 and unknown bodies, out-of-range rewards, gateway fields that would change what the policy
-samples, ids the server cannot read, and an event flood past the per-attempt cap, each with the
-status and error code the server must answer."""
+samples, ids the server cannot read, writes for a run another trainer holds the lease of, and an
+event flood past the per-attempt cap, each with the status and error code the server must answer."""
 
 from __future__ import annotations
 
@@ -32,6 +32,10 @@ MAX_EVENT_BODY_BYTES = 16 * 1024  # ... and this --max-event-body-bytes (an over
 #: decoy attempt reaches it within a run, and every event past it must get 413 attempt_limit.
 MAX_EVENTS_PER_ATTEMPT = 40
 FLOOD_EVENTS = 25  # flood events per pass of the hostile client
+#: A run whose lease the fault run's setup takes for another trainer (calcx.faults.run.decoy_attempts):
+#: the hostile client's writes for it, under its own owner id, must be refused (409 lease_lost).
+LEASED_RUN = "faults-leased-run"
+LEASE_HOLDER = "faults-lease-holder"
 
 
 #: Question texts built to break YAML, JSON, shells and templates. Each is appended (as its own
@@ -151,6 +155,9 @@ def static_cases(key: str, decoy: AttemptRef, finished: AttemptRef) -> list[Case
         ("POST", f"/v1/rollouts/{drid}/attempts/{daid}/finish", _j({"state": "FAILED", "reason": FailureReason.CRASH})),
         ("PUT", "/v1/models", _j({"model": "evil", "endpoints": ["http://127.0.0.1:9/v1"]})),
         ("GET", "/v1/models", None),
+        ("POST", "/v1/leases", _j({"run": LEASED_RUN, "owner": "hostile", "take_over": True})),
+        ("POST", "/v1/leases/renew", _j({"run": LEASED_RUN, "owner": "hostile"})),
+        ("POST", "/v1/leases/release", _j({"run": LEASED_RUN, "owner": LEASE_HOLDER})),
     ]
     for method, path, body in server_key_endpoints:
         tag = f"{method} {path.split('?')[0]}"
@@ -252,6 +259,26 @@ def static_cases(key: str, decoy: AttemptRef, finished: AttemptRef) -> list[Case
              _j({"state": "FAILED", "reason": FailureReason.CRASH}), "not_found"),
         Case("finish: finished attempt", "POST", f"/v1/rollouts/{frid}/attempts/{faid}/finish", 409, server,
              _j({"state": "SUCCEEDED"}), "conflict"),
+        Case("finish: reason only the cancel API sets", "POST", f"/v1/rollouts/{drid}/attempts/{daid}/finish", 422,
+             server, _j({"state": "FAILED", "reason": FailureReason.CANCELLED_BY_API}), "invalid_body"),
+        Case("retry: force not a boolean", "POST", f"/v1/rollouts/{drid}/retry", 422, server, _j({"force": [1]}),
+             "invalid_body"),
+        # a run another trainer holds the lease of: a second trainer's writes for it are fenced off
+        Case("trained: a run another trainer holds", "POST", "/v1/trained", 409, server,
+             _j({"run": LEASED_RUN, "step": 1, "rollout_ids": [frid], "owner": "hostile"}), "lease_lost"),
+        Case("rewind: a run another trainer holds", "POST", "/v1/trained/rewind", 409, server,
+             _j({"run": LEASED_RUN, "after_step": 0, "owner": "hostile"}), "lease_lost"),
+        Case("cancel: a run another trainer holds", "POST", "/v1/cancel", 409, server,
+             _j({"run": LEASED_RUN, "owner": "hostile"}), "lease_lost"),
+        Case("lease: renew another trainer's run", "POST", "/v1/leases/renew", 409, server,
+             _j({"run": LEASED_RUN, "owner": "hostile"}), "lease_lost"),
+        Case("lease: release another trainer's run", "POST", "/v1/leases/release", 409, server,
+             _j({"run": LEASED_RUN, "owner": "hostile"}), "lease_lost"),
+        Case("lease: release a run nobody leased", "POST", "/v1/leases/release", 404, server,
+             _j({"run": "hostile-never-leased", "owner": "hostile"}), "not_found"),
+        Case("lease: empty owner", "POST", "/v1/leases", 422, server, _j({"run": "hostile-run", "owner": ""}),
+             "invalid_body"),
+        Case("lease: no run", "POST", "/v1/leases", 422, server, _j({"owner": "hostile"}), "invalid_body"),
         Case("retry: unknown rollout", "POST", "/v1/rollouts/no-such-rollout/retry", 404, server, None, "not_found"),
         Case("retry: RUNNING rollout", "POST", f"/v1/rollouts/{drid}/retry", 409, server, None, "conflict"),
         Case("wait: unknown rollout", "POST", "/v1/rollouts/no-such-rollout/wait", 404, server, _j({"timeout_s": 0}),

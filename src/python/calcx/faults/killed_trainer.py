@@ -7,7 +7,7 @@ restarted run first cancels what its predecessor left (`POST /v1/cancel` with th
 `calcx.trainer.leftovers` does), then creates and drives its own rollouts. Checked: nothing lost
 (every rollout of both runs terminal), no leftover attempt started after the cancel (the old
 queue does not run first, nothing of the dead run is run or trained again), the controller
-stopped the leftover running attempts (FAILED `cancelled`), and the new run's rollouts each ran
+stopped the leftover running attempts (FAILED `cancelled_by_api`), and the new run's rollouts each ran
 once and SUCCEEDED.
 """
 

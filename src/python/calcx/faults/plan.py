@@ -44,6 +44,7 @@ DEFAULT_SCHEDULE = [(0.10, "second-controller-start"), (0.22, "server-sigterm"),
 MAX_ATTEMPTS = len(DEFAULT_SCHEDULE) + 1
 RETRIABLE_KINDS = {"clean"} | {f"question-{n}" for n in HOSTILE_QUESTION_SUFFIXES}
 #: Failures a process fault (controller killed or stopped) causes to whatever was running.
+#: (Not cancelled_by_api: the cancel API withdraws work, and a trainer does not retry it.)
 COLLATERAL_REASONS = {FailureReason.CONTROLLER_LOST, FailureReason.CANCELLED, FailureReason.REWARD_POST_FAILED}  # + a server restart under an agent
 
 

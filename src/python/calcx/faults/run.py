@@ -23,6 +23,8 @@ from calcx.faults.forensics import agent_rewards, started_lines
 from calcx.faults.hostile import (
     CANARY_NAME,
     KEY,
+    LEASE_HOLDER,
+    LEASED_RUN,
     MAX_BODY_BYTES,
     MAX_EVENT_BODY_BYTES,
     MAX_EVENTS_PER_ATTEMPT,
@@ -91,7 +93,8 @@ class DecoyKeeper(threading.Thread):
 def decoy_attempts(client: Any, prefix: str) -> tuple[AttemptRef, AttemptRef]:
     """Two rollouts the hostile client owns (claimed before any controller runs): one kept
     RUNNING, one finished FAILED. One attempt each: should the decoy's lease ever lapse, no
-    controller may claim it again and run an agent for it."""
+    controller may claim it again and run an agent for it. And a run lease held by another
+    trainer, whose run the hostile client writes for."""
     row = {"question": "decoy", "result": "0"}
     client.create_rollouts([{"rollout_id": f"{prefix}-decoy-{name}", "row": row, "deadline_s": 3600,
                              "max_attempts": 1} for name in ("running", "finished")])
@@ -100,6 +103,7 @@ def decoy_attempts(client: Any, prefix: str) -> tuple[AttemptRef, AttemptRef]:
     running, finished = refs[f"{prefix}-decoy-running"], refs[f"{prefix}-decoy-finished"]
     assert running is not None and finished is not None, "a claimed attempt has its token nonce"
     client.finish(*finished[:2], "FAILED", reason=FailureReason.CANCELLED, detail="decoy of the hostile client")
+    client.acquire_lease(LEASED_RUN, LEASE_HOLDER)  # another trainer's run (its writes are fenced by owner id)
     return running, finished
 
 

@@ -33,6 +33,9 @@ TUNED_SETTINGS: tuple[tuple[str, str], ...] = (
     ("max_in_flight_per_attempt", "requests in flight at once with one attempt's URLs (gateway, events); past it 429"),
     ("max_connections", "connections and requests the server holds at once; past it 503 at once"),
     ("lease_s", "claim lease; controllers heartbeat within it"),
+    ("run_lease_s", "a run's lease; its trainer renews it within it, and a second start of the run is refused "
+     "while it is live"),
+    ("max_run_leases", "runs the server holds leases for; past it ended leases make room, live ones are kept"),
     ("max_poll_s", "longest long poll the server holds"),
     ("upstream_timeout_s", "read timeout of one upstream call"),
     ("upstream_retries", "retries of a failed upstream call"),

@@ -97,6 +97,10 @@ class RolloutService:
                 renewed,
                 lease_s,
             )
+        leased = store.leases.renew_after_restart(self.settings.run_lease_s)
+        if leased:
+            log.warning("%d run lease(s) were live when the server stopped; their trainers have %.0f s to renew them",
+                        leased, self.settings.run_lease_s)
         self.store = store
         self.closing = False
 
@@ -170,8 +174,8 @@ class RolloutService:
             self.signals.queued.fire()
         return rollouts
 
-    def retry(self, rid: str) -> dict[str, Any]:
-        self.db.attempts.retry(rid)
+    def retry(self, rid: str, force: bool = False) -> dict[str, Any]:
+        self.db.attempts.retry(rid, force)
         self.metrics.retries.inc()
         self.signals.queued.fire()
         return self.rollout(rid)
@@ -282,14 +286,15 @@ class RolloutService:
         return self.rollout(rid)
 
     def cancel(self, request: CancelRequest) -> dict[str, Any]:
-        """FAIL (reason cancelled) the QUEUED and RUNNING attempts of a run or of given rollouts.
-        A cancelled RUNNING attempt is lost to its controller, whose next heartbeat stops it."""
+        """FAIL (reason cancelled_by_api) the QUEUED and RUNNING attempts of a run or of given
+        rollouts. A cancelled RUNNING attempt is lost to its controller, whose next heartbeat stops
+        it; the rollout is retried only when forced."""
         detail = request.detail or (
             f"cancelled with run {request.run!r}" if request.run is not None else "cancelled by rollout id"
         )
-        cancelled = self.db.attempts.cancel(request.run, request.rollout_ids, detail)
+        cancelled = self.db.attempts.cancel(request.run, request.rollout_ids, detail, request.owner)
         for rid, _ in cancelled:
-            self.metrics.finished.labels("FAILED", FailureReason.CANCELLED).inc()
+            self.metrics.finished.labels("FAILED", FailureReason.CANCELLED_BY_API).inc()
             self.signals.rollout_terminal.fire(rid)
         if cancelled:
             self.signals.terminal.fire()

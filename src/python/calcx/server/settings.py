@@ -47,6 +47,10 @@ class ServerSettings:
     retain_check_s: float = 60.0
     # claims and long polls
     lease_s: float = 30.0
+    # a run's lease (calcx.server.store.run_leases): how long it lasts without a renewal, and how
+    # many runs the store holds leases for (past it, ended leases make room; live ones are kept)
+    run_lease_s: float = 30.0
+    max_run_leases: int = 1000
     max_poll_s: float = 300.0  # every long poll is cut to this
     terminal_poll_s: float = 30.0  # GET /v1/terminal without ?timeout_s=
     # gateway

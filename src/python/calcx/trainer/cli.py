@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="file holding that server's key (default: $CALCX_KEY); never printed")
     parser.add_argument("--agl-key", default=None, help=argparse.SUPPRESS)  # refused: a key on a command line
     parser.add_argument("--run-name", default=None, help="experiment name: checkpoint and report directory name")
+    parser.add_argument("--take-over", action="store_true",
+                        help="take the run from another calcx train holding its lease on the server (a second "
+                             "start of a live run is refused without it); that trainer's ledger records and "
+                             "cancels are refused from then on, and it stops")
     parser.add_argument("--async", dest="async_mode", action="store_true",
                         help="asynchronous rollouts: a second train batch in flight, staleness bounded "
                              "to 2 policy versions (verl V1 colocate_async)")
@@ -161,7 +165,8 @@ def _train(args: argparse.Namespace) -> int:
         cfg = compose_from_args(args)
         key = read_server_key(os.environ, args.agl_key_file, "--agl-key-file")  # kept out of cfg: verl prints it
         return run_training(cfg, train_src=train_src if not args.eval_only else val_src, val_src=val_src,
-                            eval_only=args.eval_only, model_endpoint=args.model_endpoint, key=key)
+                            eval_only=args.eval_only, model_endpoint=args.model_endpoint, key=key,
+                            take_over=args.take_over)
 
     return run_interruptible("calcx train", train, (ConfigError, FileNotFoundError, ValueError, LaunchError, ServicesError),
                              interrupted="interrupted; every process it started was ended")

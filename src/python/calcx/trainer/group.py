@@ -3,8 +3,9 @@
 Every session of a group runs the same procedure and so reaches the same verdict without talking
 to its siblings: it creates all n rollouts of the group (creation is idempotent on rollout_id),
 then settles each one. A FAILED rollout with attempts left is retried as a new attempt (a 409
-means a sibling already did it); a FAILED rollout out of attempts, or a group that does not settle
-in time, makes the whole group incomplete, and every session raises `RolloutIncomplete`.
+means a sibling already did it); a FAILED rollout out of attempts or cancelled through the cancel
+API, or a group that does not settle in time, makes the whole group incomplete, and every session
+raises `RolloutIncomplete`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,14 @@ from typing import Any, Mapping
 
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.api.models import Rollout
+from calcx.contract.failures import FailureReason
 from calcx.contract.labels import PARTITION_LABEL, RUN_LABEL, STEP_LABEL, origin_of, scored_reward
 from calcx.trainer.rollout_request import rollout_create_body, rollout_id_for
 from calcx.trainer.rollout_samples import RolloutIncomplete
+
+#: a rollout the cancel API ended is withdrawn work: the server refuses its retry, and so the
+#: group is incomplete. An attempt a stopping controller cancelled (`cancelled`) is retried.
+CANCELLED_BY_API = FailureReason.CANCELLED_BY_API
 
 
 @dataclass(frozen=True)
@@ -91,8 +97,8 @@ async def settle_rollout(client: AsyncCalcxClient, rollout_id: str, *, wait_time
         if rollout.state == "SUCCEEDED":
             return rollout
         if rollout.state == "FAILED":
-            if len(rollout.attempts) >= rollout.max_attempts:
-                return rollout
+            if len(rollout.attempts) >= rollout.max_attempts or rollout.latest_attempt.reason == CANCELLED_BY_API:
+                return rollout  # out of attempts, or withdrawn (the cancel API: another start of the run)
             try:
                 await client.retry(rollout_id)
             except CalcxAPIError as exc:

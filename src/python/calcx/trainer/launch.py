@@ -84,18 +84,55 @@ def preflight(server_url: str, key: str) -> None:
         raise LaunchError(f"calcx server at {server_url} is not usable: {exc}; {hint}") from exc
 
 
-def _cancel_leftovers(cfg: DictConfig, server_url: str, key: str, plan: ResumePlan | None) -> None:
-    """Before any work of this run: cancel what an earlier run of the same name left (a killed
-    trainer's QUEUED and RUNNING rollouts), so that it neither runs first nor is trained; with a
-    resume plan, also roll back the training ledger after its checkpoint and say where it starts."""
+def _settle_run(cfg: DictConfig, server_url: str, key: str, resume: Callable[[], ResumePlan] | None,
+                owner: str) -> ResumePlan | None:
+    """Once this start holds its run's lease: plan the resume (checkpoint, report rows), then cancel
+    what an earlier run of the same name left (a killed trainer's QUEUED and RUNNING rollouts), so
+    that it neither runs first nor is trained; with a resume plan, also roll back the training
+    ledger after its checkpoint and say where it starts."""
     from calcx.trainer.leftovers import cancel_previous_run
 
+    plan = resume() if resume is not None else None
     if plan is not None:
-        settle_previous_run(server_url, key, plan)
-        return
+        settle_previous_run(server_url, key, plan, owner)
+        return plan
     run = str(cfg.calcx.get("run") or "")
     if run:
-        cancel_previous_run(server_url, key, run)
+        cancel_previous_run(server_url, key, run, owner)
+    return None
+
+
+def stop_taken_over(message: str) -> None:
+    """A run taken over by another trainer: this one stops (as on Ctrl-C), its services with it."""
+    import _thread
+
+    print(f"calcx train: stopping: another trainer took this run over ({message})", flush=True)
+    _thread.interrupt_main()
+
+
+@contextlib.contextmanager
+def held_run(cfg: DictConfig, server_url: str, key: str, owner: str, take_over: bool,
+             on_lost: Callable[[str], None]) -> Iterator[None]:
+    """The run's lease (calcx.trainer.run_lease) for the block, renewed while it runs and released
+    after; nothing without a run name (nothing of the run is touched then)."""
+    from calcx.api.client import CalcxClient
+    from calcx.trainer.run_lease import DEFAULT_WAIT_S, LeaseKeeper, RunLeaseRefused, take_run_lease
+
+    run = str(cfg.calcx.get("run") or "")
+    if not run:
+        yield
+        return
+    wait_s = float(cfg.calcx.get("run_lease_wait_s", DEFAULT_WAIT_S))
+    with CalcxClient(server_url, key, timeout=30.0) as client:
+        try:
+            lease = take_run_lease(client, run, owner, take_over=take_over, wait_s=wait_s)
+        except RunLeaseRefused as exc:
+            raise LaunchError(str(exc)) from None
+        keeper = LeaseKeeper(client, lease, on_lost).start()
+        try:
+            yield
+        finally:
+            keeper.stop()
 
 
 @dataclass(frozen=True)
@@ -105,6 +142,10 @@ class RolloutServer:
 
     key_file: Path
     url: str | None = None
+    #: this start's resume plan (None: --eval-only), made once it held the run's lease
+    plan: ResumePlan | None = None
+    #: the owner id of the run's lease this process holds (its ledger writes name it)
+    owner: str = ""
 
 
 def server_args(cfg: DictConfig, given: Sequence[str]) -> list[str]:
@@ -123,17 +164,25 @@ def server_args(cfg: DictConfig, given: Sequence[str]) -> list[str]:
 
 @contextlib.contextmanager
 def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
-                     plan: ResumePlan | None = None) -> Iterator[RolloutServer]:
+                     resume: Callable[[], ResumePlan] | None = None, *, owner: str = "", take_over: bool = False,
+                     on_lost: Callable[[str], None] = stop_taken_over) -> Iterator[RolloutServer]:
     """Start the server and controller unless `calcx.server_url` is set (then `key` is its key);
-    say where they are. The config is not changed here (RunSettings.with_server writes it)."""
+    take the run's lease (`owner`, `take_over`) before anything of the run is touched, then
+    `resume` (the resume plan) and the previous run's leftovers; say where they are. The config is
+    not changed here (RunSettings.with_server writes it)."""
+    from calcx.trainer.run_lease import new_owner
+
+    owner = owner or new_owner()
     if cfg.calcx.get("server_url"):
-        preflight(str(cfg.calcx.server_url), key)
-        _cancel_leftovers(cfg, str(cfg.calcx.server_url), key, plan)
-        key_file = write_key_file(key, key_dir(report_dir))
-        try:
-            yield RolloutServer(key_file=key_file)
-        finally:
-            remove_key_file(key_file)
+        url = str(cfg.calcx.server_url)
+        preflight(url, key)
+        with held_run(cfg, url, key, owner, take_over, on_lost):
+            plan = _settle_run(cfg, url, key, resume, owner)
+            key_file = write_key_file(key, key_dir(report_dir))
+            try:
+                yield RolloutServer(key_file=key_file, plan=plan, owner=owner)
+            finally:
+                remove_key_file(key_file)
         return
     try:
         config = ServicesConfig.from_calcx_section(cfg.calcx, report_dir / "services")
@@ -143,11 +192,14 @@ def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
     services = LocalServices(config)
     key_file = write_key_file(services.key, key_dir(report_dir))
     try:
-        services.start()
-        log.info("calcx train: server %s and controller started (logs in %s)", services.server_url,
-                 services.workdir)
-        _cancel_leftovers(cfg, services.server_url, services.key, plan)
-        yield RolloutServer(key_file=key_file, url=services.server_url)
+        services.start_server()
+        # the lease before the controller: a second start of a live run claims none of its work
+        with held_run(cfg, services.server_url, services.key, owner, take_over, on_lost):
+            services.start_controller()
+            log.info("calcx train: server %s and controller started (logs in %s)", services.server_url,
+                     services.workdir)
+            plan = _settle_run(cfg, services.server_url, services.key, resume, owner)
+            yield RolloutServer(key_file=key_file, url=services.server_url, plan=plan, owner=owner)
     finally:
         services.stop()
         remove_key_file(key_file)
@@ -193,15 +245,17 @@ def finish_report(cfg: DictConfig, report_dir: Path, metrics_path: Path) -> Path
 
 
 def run_training(cfg: DictConfig, *, train_src: Sources, val_src: Sources, eval_only: bool = False,
-                 model_endpoint: str | None = None, key: str = "") -> int:
-    """Train (or, with `eval_only`, only validate) and write the report; 0 when both succeeded."""
+                 model_endpoint: str | None = None, key: str = "", take_over: bool = False) -> int:
+    """Train (or, with `eval_only`, only validate) and write the report; 0 when both succeeded.
+    `take_over`: take the run from another trainer holding its lease (which is then fenced off)."""
     settings = prepare_run(cfg, train_src=train_src, val_src=val_src,
                            validate_only=eval_only and model_endpoint is None)
     report_dir, metrics_path = settings.report_dir, settings.metrics_path
-    # a training run continues from its newest whole checkpoint (docs/resume.md)
-    plan = None if eval_only else plan_resume(cfg, report_dir)
-    with rollout_services(cfg, report_dir, key, plan) as server:
-        settings.with_server(server.key_file, server.url).apply(cfg)
+    # a training run continues from its newest whole checkpoint (docs/resume.md), chosen once the
+    # run's lease is held: a second start of a live run must not move its files
+    resume = None if eval_only else (lambda: plan_resume(cfg, report_dir))
+    with rollout_services(cfg, report_dir, key, resume, take_over=take_over) as server:
+        settings.with_server(server.key_file, server.url, server.owner).apply(cfg)
 
         def run() -> None:
             if model_endpoint is not None:

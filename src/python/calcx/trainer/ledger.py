@@ -34,12 +34,13 @@ def batch_rollout_ids(extra_fields: Iterable[Any]) -> list[str]:
 
 
 def record_step(client: CalcxClient, run: str, step: int, rollout_ids: list[str],
-                sleep: Callable[[float], None] = time.sleep) -> int:
-    """Record the step's rollouts; an unreachable server or a 5xx is tried again (the request is
-    idempotent), a refusal (409: trained before) is raised."""
+                sleep: Callable[[float], None] = time.sleep, owner: str | None = None) -> int:
+    """Record the step's rollouts as trainer `owner` (its lease of the run); an unreachable server
+    or a 5xx is tried again (the request is idempotent), a refusal (409: trained before, or the run
+    taken over by another trainer) is raised."""
     for attempt in range(1, TRIES + 1):
         try:
-            return client.record_trained(run, step, rollout_ids)
+            return client.record_trained(run, step, rollout_ids, owner=owner)
         except CalcxAPIError as exc:
             if 0 < exc.status < 500 or attempt == TRIES:  # status 0: the server was not reached
                 raise

@@ -173,9 +173,10 @@ def _step_of(raw: bytes) -> int | None:
     return int(step) if isinstance(step, int) else None
 
 
-def settle_previous_run(server_url: str, key: str, plan: ResumePlan) -> None:
+def settle_previous_run(server_url: str, key: str, plan: ResumePlan, owner: str | None = None) -> None:
     """Cancel what the previous run left QUEUED or RUNNING, roll back the ledger of the steps after
-    the checkpoint, and say what this start continues from."""
+    the checkpoint, and say what this start continues from. `owner`: this start's lease of the run
+    (calcx.trainer.run_lease), which the server checks on both writes."""
     import asyncio
 
     from calcx.api.client import AsyncCalcxClient
@@ -183,8 +184,8 @@ def settle_previous_run(server_url: str, key: str, plan: ResumePlan) -> None:
 
     async def go() -> None:
         async with AsyncCalcxClient(server_url, key, timeout=30.0) as client:
-            plan.cancelled = len(await cancel_leftovers(client, plan.run))
-            plan.rolled_back = await client.rewind(plan.run, plan.step)
+            plan.cancelled = len(await cancel_leftovers(client, plan.run, owner))
+            plan.rolled_back = await client.rewind(plan.run, plan.step, owner=owner)
 
     if plan.run:  # a run without a name has no label to find its rollouts by
         asyncio.run(go())

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from calcx.trainer.config import resolve_model_path
 from calcx.trainer.data import Sources, to_verl_parquet, verl_records
+from calcx.trainer.run_lease import OWNER_KEY
 from calcx.trainer.services import CALCX_SRC
 
 WORKER_ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
@@ -37,11 +38,13 @@ class RunSettings:
     metrics_path: Path
     values: Mapping[str, Any]
 
-    def with_server(self, key_file: Path, url: str | None = None) -> "RunSettings":
-        """The owner-only file that holds the calcx server's key, and the URL of a server this run
-        started (None: the configured server)."""
+    def with_server(self, key_file: Path, url: str | None = None, owner: str = "") -> "RunSettings":
+        """The owner-only file that holds the calcx server's key, the URL of a server this run
+        started (None: the configured server), and the owner id of the run's lease (the ledger's
+        writers in Ray's workers name it)."""
         server = {"calcx.server_url": url} if url is not None else {}
-        return dataclasses.replace(self, values={**self.values, **server, "calcx.key_file": str(key_file)})
+        lease = {OWNER_KEY: owner} if owner else {}
+        return dataclasses.replace(self, values={**self.values, **server, **lease, "calcx.key_file": str(key_file)})
 
     def apply(self, cfg: DictConfig) -> None:
         """Write every value into `cfg` (one `open_dict`: some keys are new to verl's schema)."""

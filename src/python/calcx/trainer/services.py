@@ -15,7 +15,7 @@ import secrets
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from calcx.contract.env import (
     AGENT_PROMPT_DEFAULT,
@@ -183,35 +183,51 @@ class LocalServices:
         return self.config.key
 
     def start(self) -> "LocalServices":
+        self.start_server()
+        return self.start_controller()
+
+    def _env(self) -> dict[str, str]:
+        return services_env(self.config.services_pythonpath, {CALCX_KEY: self.config.key})
+
+    def start_server(self) -> "LocalServices":
+        """The server alone: `calcx train` takes its run's lease before a controller claims anything."""
         c = self.config
         self.workdir.mkdir(parents=True, exist_ok=True)
-        env = services_env(c.services_pythonpath, {CALCX_KEY: c.key})
         server_cmd = [c.services_python, "-m", "calcx.server", "--host", "127.0.0.1", "--port", "0",
                       "--db", str(self.db_path), "--log-level", "warning", *c.server_args]
-        controller_tail = ["--concurrency", str(c.concurrency), "--controller-id", "calcx-train",
-                           *(["--log-dir", str(self.workdir / "agents")] if c.agent_logs else []),
-                           *c.agent_commands(),
-                           *([] if c.prefork else ["--no-prefork"]), *c.controller_args]
+        # both die with calcx train, even a SIGKILLed one: a second start finds no old controller
+        # still claiming from the run's database (docs/resume.md)
+        server = self.server = ManagedProcess("calcx server", server_cmd, self.workdir / "server.log", self._env(),
+                                              die_with_parent=True)
+        self._starting(lambda: server.start(SERVER_READY, c.start_timeout_s))
+        assert server.match is not None
+        self.server_url = server.match.group(1).rstrip("/")
+        return self
+
+    def start_controller(self) -> "LocalServices":
+        c = self.config
+        controller_cmd = [c.services_python, "-m", "calcx.controller", "--runner", "local",
+                          "--server", self.server_url, "--concurrency", str(c.concurrency),
+                          "--controller-id", "calcx-train",
+                          *(["--log-dir", str(self.workdir / "agents")] if c.agent_logs else []),
+                          *c.agent_commands(),
+                          *([] if c.prefork else ["--no-prefork"]), *c.controller_args]
+        controller = self.controller = ManagedProcess(
+            "calcx controller", controller_cmd, self.workdir / "controller.log", {**self._env(), **c.agent_settings()},
+            die_with_parent=True)
+        self._starting(lambda: controller.start(CONTROLLER_READY, c.start_timeout_s))
+        return self
+
+    def _starting(self, start: Callable[[], object]) -> None:
+        """Run one start; a failure stops everything started here and names the interpreter."""
         try:
-            # both die with calcx train, even a SIGKILLed one: a second start finds no old controller
-            # still claiming from the run's database (docs/resume.md)
-            self.server = ManagedProcess("calcx server", server_cmd, self.workdir / "server.log", env,
-                                         die_with_parent=True)
-            self.server.start(SERVER_READY, c.start_timeout_s)
-            assert self.server.match is not None
-            self.server_url = self.server.match.group(1).rstrip("/")
-            controller_cmd = [c.services_python, "-m", "calcx.controller", "--runner", "local",
-                              "--server", self.server_url, *controller_tail]
-            self.controller = ManagedProcess("calcx controller", controller_cmd, self.workdir / "controller.log",
-                                             {**env, **c.agent_settings()}, die_with_parent=True)
-            self.controller.start(CONTROLLER_READY, c.start_timeout_s)
+            start()
         except ProcessStartError as exc:
             self.stop()
-            raise ServicesError(f"{exc} (interpreter {c.services_python})") from exc
+            raise ServicesError(f"{exc} (interpreter {self.config.services_python})") from exc
         except BaseException:
             self.stop()
             raise
-        return self
 
     def pids(self) -> set[int]:
         """Every live process started here, their children included."""

@@ -32,6 +32,7 @@ from calcx.api.client import CalcxClient
 from calcx.trainer.checkpoints import mark_after_save
 from calcx.trainer.ledger import batch_rollout_ids, record_after_step, record_step
 from calcx.trainer.metrics_file import install_appending_file_logger
+from calcx.trainer.run_lease import OWNER_KEY
 from calcx.trainer.server_key import server_key
 from calcx.trainer.tool_use import LEDGER_FILE, ToolUseLedger, add_tool_use_metrics
 
@@ -83,8 +84,10 @@ def record_trained_steps(trainer: Any, config: Any) -> None:
     if not run:
         logger.warning("calcx.run is empty: the steps' rollouts are not recorded in the server's training ledger")
         return
+    owner = str(OmegaConf.select(config, OWNER_KEY, default="") or "") or None  # the run's lease (launch)
     client = CalcxClient(str(config.calcx.server_url), server_key(config.calcx), timeout=60.0)
-    record_after_step(trainer, transfer_queue_rollout_ids, lambda step, ids: record_step(client, run, step, ids))
+    record_after_step(trainer, transfer_queue_rollout_ids,
+                      lambda step, ids: record_step(client, run, step, ids, owner=owner))
 
 
 class CalcxTaskRunnerBase(_VerlTaskRunner):  # type: ignore[misc,valid-type]

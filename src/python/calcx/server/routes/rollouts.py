@@ -7,7 +7,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from calcx.api import endpoints as api
-from calcx.api.models import ROLLOUT_STATES, CancelRequest, CreateRolloutsRequest, WaitRequest
+from calcx.api.models import ROLLOUT_STATES, CancelRequest, CreateRolloutsRequest, RetryRequest, WaitRequest
 from calcx.server.errors import APIError, json_response, query_float, query_int
 from calcx.server.routing import Routes
 from calcx.server.state import ServerState
@@ -48,8 +48,8 @@ async def wait_rollout(request: Request, state: ServerState, body: WaitRequest) 
 
 
 @routes.serve(api.RETRY)
-async def retry_rollout(request: Request, state: ServerState, body: None) -> Response:
-    return json_response(state.service.retry(request.path_params["rid"]))
+async def retry_rollout(request: Request, state: ServerState, body: RetryRequest) -> Response:
+    return json_response(state.service.retry(request.path_params["rid"], force=body.force))
 
 
 @routes.serve(api.CANCEL)

@@ -20,13 +20,13 @@ log = logging.getLogger("calcx.server")
 
 @routes.serve(api.RECORD_TRAINED)
 async def record_trained(request: Request, state: ServerState, body: TrainedRequest) -> Response:
-    recorded = state.db.trained.record(body.run, body.step, body.rollout_ids)
+    recorded = state.db.trained.record(body.run, body.step, body.rollout_ids, body.owner)
     return json_response({"run": body.run, "step": body.step, "recorded": recorded})
 
 
 @routes.serve(api.REWIND)
 async def rewind(request: Request, state: ServerState, body: RewindRequest) -> Response:
-    steps = state.db.trained.rewind(body.run, body.after_step)
+    steps = state.db.trained.rewind(body.run, body.after_step, body.owner)
     if steps:
         log.warning("run %r resumed after step %d: rolled back the training records of steps %s", body.run,
                     body.after_step, steps)

@@ -1,5 +1,5 @@
 """Rollout store on SQLite: rollouts, attempts, events, recorded calls, the model registry, retention,
-the training ledger.
+the training ledger, the runs' leases.
 
 One connection (`database`), one module per group of tables. Every method is synchronous,
 short and runs on the event loop's thread; the loop therefore serialises them and no
@@ -19,6 +19,7 @@ from calcx.server.store.events import Events
 from calcx.server.store.registry import Registry
 from calcx.server.store.retention import Retention
 from calcx.server.store.rollouts import Rollouts
+from calcx.server.store.run_leases import RunLeases
 from calcx.server.store.trained import Trained
 
 __all__ = ["CallRecord", "Conflict", "ExpiredAttempt", "NotFound", "RolloutStore", "StoreError"]
@@ -33,12 +34,13 @@ class RolloutStore:
         self.path = path
         self._db = Database(path, clock, monotonic)
         self.rollouts = Rollouts(self._db)
-        self.attempts = Attempts(self._db)
+        self.leases = RunLeases(self._db)
+        self.attempts = Attempts(self._db, self.leases)
         self.events = Events(self._db, self.attempts)
         self.calls = Calls(self._db)
         self.registry = Registry(self._db)
         self.retention = Retention(self._db)
-        self.trained = Trained(self._db)
+        self.trained = Trained(self._db, self.leases)
 
     def close(self) -> None:
         self._db.close()

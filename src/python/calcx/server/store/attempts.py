@@ -16,6 +16,7 @@ from calcx.api.tokens import new_nonce
 from calcx.contract.labels import RUN_LABEL
 from calcx.contract.failures import FailureReason
 from calcx.server.store.database import Conflict, Database, NotFound, parse_attempt_id
+from calcx.server.store.run_leases import RunLeases
 
 # ids per `IN (...)` query: well under SQLite's limit on bound parameters
 _CHUNK = 500
@@ -29,8 +30,9 @@ class ExpiredAttempt:
 
 
 class Attempts:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, leases: RunLeases) -> None:
         self._db = db
+        self._leases = leases
 
     def state(self, rollout_id: str, attempt_id: str) -> str:
         """The state of one attempt; NotFound names what is missing."""
@@ -162,17 +164,24 @@ class Attempts:
         with self._db.tx() as db:
             return _finish_locked(db, rollout_id, no, state, reason, exit_code, agent_seconds, detail, now)
 
-    def retry(self, rollout_id: str) -> str:
-        """Queue a new attempt after a FAILED one; returns the new attempt id."""
+    def retry(self, rollout_id: str, force: bool = False) -> str:
+        """Queue a new attempt after a FAILED one; returns the new attempt id. One the cancel API
+        ended (withdrawn work) only when `force`d; one a controller cancelled at its stop is
+        retried like any other failure."""
         row = self._db.execute(
-            "SELECT state, latest_attempt, spec FROM rollouts WHERE rollout_id = ?", (rollout_id,)
+            "SELECT r.state, r.latest_attempt, r.spec, a.reason, a.detail FROM rollouts r JOIN attempts a "
+            "ON a.rollout_id = r.rollout_id AND a.attempt_no = r.latest_attempt WHERE r.rollout_id = ?",
+            (rollout_id,),
         ).fetchone()
         if row is None:
             raise NotFound(f"no rollout {rollout_id!r}")
-        state, latest, spec = row
+        state, latest, spec, reason, detail = row
         max_attempts = json.loads(spec)["max_attempts"]
         if state != "FAILED":
             raise Conflict(f"rollout {rollout_id!r} is {state}; only a FAILED rollout can be retried")
+        if reason == FailureReason.CANCELLED_BY_API and not force:
+            raise Conflict(f"rollout {rollout_id!r} was cancelled through the cancel API ({detail}); its work was "
+                           "withdrawn and is not retried: retry with force to run it again")
         if latest >= max_attempts:
             raise Conflict(
                 f"rollout {rollout_id!r} already used {latest} of max_attempts={max_attempts} attempts"
@@ -190,13 +199,15 @@ class Attempts:
         return str(latest + 1)
 
     def cancel(
-        self, run: str | None, rollout_ids: Sequence[str] | None, detail: str
+        self, run: str | None, rollout_ids: Sequence[str] | None, detail: str, owner: str | None = None
     ) -> list[tuple[str, str]]:
-        """FAIL (reason cancelled) the QUEUED and RUNNING latest attempts of the rollouts labelled
-        `run`, or of `rollout_ids`; returns them. Terminal ones are left as they are."""
+        """FAIL (reason cancelled_by_api) the QUEUED and RUNNING latest attempts of the rollouts
+        labelled `run`, or of `rollout_ids`; returns them. Terminal ones are left as they are. A
+        cancel by run is fenced by the run's lease (`owner`, calcx.server.store.run_leases)."""
         now = self._db.clock()
         with self._db.tx() as db:
             if run is not None:
+                self._leases.fence(db, run, owner)
                 rows = db.execute(
                     "SELECT rollout_id, latest_attempt FROM rollouts WHERE state IN ('QUEUED', 'RUNNING') "
                     "AND json_extract(spec, ?) = ? ORDER BY seq",
@@ -214,7 +225,7 @@ class Attempts:
                         chunk,
                     ).fetchall()
             for rid, no in rows:
-                _finish_locked(db, rid, no, "FAILED", FailureReason.CANCELLED, None, None, detail, now)
+                _finish_locked(db, rid, no, "FAILED", FailureReason.CANCELLED_BY_API, None, None, detail, now)
         return [(rid, str(no)) for rid, no in rows]
 
     def expire_leases(self) -> list[ExpiredAttempt]:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from calcx.api.errors import LEASE_LIMIT, LEASE_LOST, RUN_LEASED
 from calcx.server.store.schema import ADDED_COLUMNS, SCHEMA
 
 
@@ -46,6 +47,28 @@ class LimitReached(StoreError):
 
     status = 413
     code = "attempt_limit"
+
+
+class LeaseHeld(StoreError):
+    """Another trainer holds the run's lease and renews it: a second start is refused unless it
+    takes the run over."""
+
+    status = 409
+    code = RUN_LEASED
+
+
+class LeaseLost(StoreError):
+    """A write for a run whose lease another trainer now holds (the writer was taken over)."""
+
+    status = 409
+    code = LEASE_LOST
+
+
+class LeaseLimit(StoreError):
+    """The store holds as many live run leases as it may."""
+
+    status = 409
+    code = LEASE_LIMIT
 
 
 class Database:

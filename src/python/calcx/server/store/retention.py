@@ -1,5 +1,5 @@
 """Retention: terminal rollouts older than the server's `retain_s` are deleted with everything
-recorded for them, so a long run's database stays bounded."""
+recorded for them, and run leases that ended before it, so a long run's database stays bounded."""
 
 from __future__ import annotations
 
@@ -17,8 +17,12 @@ class Retention:
         """Delete every rollout whose latest attempt ended (SUCCEEDED or FAILED) more than
         `older_than_s` ago, with its attempts, events, recorded calls, terminal entries and training records.
         QUEUED and RUNNING rollouts stay, however old: their latest attempt has not finished.
-        Returns how many rollouts went."""
+        Returns how many rollouts went. Run leases that ended (released or lapsed) and were last
+        renewed before the cutoff go too."""
         cutoff = self._db.clock() - older_than_s
+        with self._db.tx() as db:
+            db.execute("DELETE FROM run_leases WHERE renewed_at < ? AND (released_at IS NOT NULL OR expires_at <= ?)",
+                       (cutoff, self._db.monotonic()))
         total = 0
         while True:
             with self._db.tx() as db:

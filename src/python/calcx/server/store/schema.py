@@ -76,6 +76,15 @@ CREATE TABLE IF NOT EXISTS trained (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS trained_once ON trained(rollout_id) WHERE rolled_back_at IS NULL;
 CREATE INDEX IF NOT EXISTS trained_by_step ON trained(run, step);
+CREATE TABLE IF NOT EXISTS run_leases (
+    run TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    acquired_at REAL NOT NULL,
+    renewed_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    released_at REAL,
+    previous_owner TEXT
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS kv (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL

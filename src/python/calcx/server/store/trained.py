@@ -11,22 +11,26 @@ from collections.abc import Sequence
 
 from calcx.contract.labels import RUN_LABEL
 from calcx.server.store.database import Conflict, Database, NotFound
+from calcx.server.store.run_leases import RunLeases
 
 _CHUNK = 500  # ids per `IN (...)`: far below SQLite's limit on bound parameters
 
 
 class Trained:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, leases: RunLeases) -> None:
         self._db = db
+        self._leases = leases
 
-    def record(self, run: str, step: int, rollout_ids: Sequence[str]) -> int:
+    def record(self, run: str, step: int, rollout_ids: Sequence[str], owner: str | None = None) -> int:
         """Record that `step` of `run` trained the latest (SUCCEEDED) attempt of each rollout.
         The same batch again is a no-op (a resent request); anything that would train a rollout
         twice, a step twice, a rollout that did not succeed or one of another run is refused.
-        Returns how many rollouts the step holds."""
+        Returns how many rollouts the step holds. `owner`: the writing trainer's lease owner id;
+        refused (LeaseLost) when another trainer holds the run's lease."""
         ids = list(dict.fromkeys(rollout_ids))
         now = self._db.clock()
         with self._db.tx() as db:
+            self._leases.fence(db, run, owner)
             held = {rid for (rid,) in db.execute(
                 "SELECT rollout_id FROM trained WHERE run = ? AND step = ? AND rolled_back_at IS NULL", (run, step))}
             if held:
@@ -63,10 +67,12 @@ class Trained:
             )
         return len(ids)
 
-    def rewind(self, run: str, after_step: int) -> list[int]:
-        """Mark the records of `run`'s steps after `after_step` rolled back; returns those steps."""
+    def rewind(self, run: str, after_step: int, owner: str | None = None) -> list[int]:
+        """Mark the records of `run`'s steps after `after_step` rolled back; returns those steps.
+        Fenced by the run's lease as `record` is."""
         now = self._db.clock()
         with self._db.tx() as db:
+            self._leases.fence(db, run, owner)
             steps = [step for (step,) in db.execute(
                 "SELECT DISTINCT step FROM trained WHERE run = ? AND step > ? AND rolled_back_at IS NULL "
                 "ORDER BY step", (run, after_step))]
