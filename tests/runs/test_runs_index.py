@@ -81,3 +81,23 @@ def test_an_incomplete_record_names_what_it_lacks(tmp_path: Path, capsys) -> Non
 
 def test_the_committed_index_is_what_the_committed_records_make() -> None:
     assert main(["runs", "index", "--check"]) == 0
+
+
+def test_a_fact_not_known_is_written_unknown_and_a_warm_up_validates_on_nothing(tmp_path: Path) -> None:
+    root, out = tmp_path / "runs", tmp_path / "INDEX.md"
+    _run(root, {**RECORD, "name": "early", "commit": "unknown", "artifact": {"name": "wheels", "sha256": "unknown"},
+                "validation_sets": [{"file": "unknown", "rows": "unknown", "source": "gsm8k"}]},
+         [{"step": 10, "data": {"val-core/gsm8k/reward/mean@1": 0.5}}])
+    _run(root, {**RECORD, "name": "warmup", "mode": "warmup", "validation_sets": []})
+    early = read_record(root / "2026-12-03-early")
+    assert early.validation_sets[0].rows is None
+    last = early.last_validation()
+    assert last is not None and last[1][0].n == 0 and math.isnan(last[1][0].standard_error)
+    assert read_record(root / "2026-12-03-warmup").validation_sets == []
+    assert main(["runs", "index", "--root", str(root), "--out", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert lines[-2] == ("| [2026-12-03-early](runs/2026-12-03-early/) | gsm8k-h200-calculator | sync | 20 | gsm8k unknown "
+                         "| step 10: gsm8k 0.500 (SE unknown) | `unknown` | `unknown` |")
+    assert "| warmup | 20 | none | - |" in lines[-1]
+    with pytest.raises(RecordError, match=r"'train_sets' must be a list"):
+        read_record(_run(tmp_path / "d", {**RECORD, "train_sets": []}))

@@ -74,7 +74,7 @@ def test_verl_validation_rejects_a_bad_batch_split() -> None:
 
 def test_step_efficiency_defaults_compose_and_validate(cfg) -> None:
     """Packed rows with attention inside each row, token-budgeted micro-batches and chunked
-    log-probs are what a user gets without flags (docs/gpu-run.md measures them), and verl's
+    log-probs are what a user gets without flags (results/runs/2026-12-02-tuned measures them), and verl's
     log-prob passes follow them."""
     from verl.utils.config import omega_conf_to_dataclass
 

@@ -1,5 +1,5 @@
 """`src/gpu/curves.py` draws runs side by side, with a calculator-use panel when a run logged
-`calcx/{train,val}/tool_use` (the figure docs/gpu-run.md compares recipes with)."""
+`calcx/{train,val}/tool_use` (the figure docs/recipes.md and the run records compare recipes with)."""
 
 from __future__ import annotations
 

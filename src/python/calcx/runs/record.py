@@ -4,6 +4,10 @@ headline its metrics give (the last validation's accuracy by source, with its st
 The headline is computed, not written down: verl logs `val-core/<source>/reward/mean@1` per
 validation, each problem scores 0 or 1, so the accuracy's standard error is the binomial
 sqrt(p (1 - p) / n) over the set's row count that run.yaml records.
+
+A fact the run left no trace of is written `unknown` (UNKNOWN), never guessed: any required field
+may say so, and so may a data set's `rows` (its accuracy then has no standard error). A run that
+validated on nothing (a warm-up alone) says `validation_sets: []`.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ REQUIRED = ("name", "date", "commit", "artifact.name", "artifact.sha256", "comma
             "steps", "model", "machine.gpu", "train_sets", "validation_sets")
 VAL_PREFIX = "val-core/"
 VAL_SUFFIX = "/mean@1"
+# the accepted value of a fact that is not known (a commit nobody wrote down, a set's size per source)
+UNKNOWN = "unknown"
 
 
 class RecordError(ValueError):
@@ -32,7 +38,7 @@ class RecordError(ValueError):
 @dataclass(frozen=True)
 class DataSet:
     file: str
-    rows: int
+    rows: int | None  # None: run.yaml says `unknown`
     source: str
 
 
@@ -40,7 +46,7 @@ class DataSet:
 class Accuracy:
     source: str
     accuracy: float
-    n: int
+    n: int  # 0: the set's size is not known
 
     @property
     def standard_error(self) -> float:
@@ -56,14 +62,15 @@ def _dig(data: Mapping[str, Any], dotted: str) -> Any:
     return value
 
 
-def _sets(data: Mapping[str, Any], key: str, where: Path) -> list[DataSet]:
+def _sets(data: Mapping[str, Any], key: str, where: Path, may_be_empty: bool = False) -> list[DataSet]:
     items = data.get(key)
-    if not isinstance(items, list) or not items:
+    if not isinstance(items, list) or not (items or may_be_empty):
         raise RecordError(f"{where}: '{key}' must be a list of {{file, rows, source}}")
     sets = []
     for item in items:
         try:
-            sets.append(DataSet(str(item["file"]), int(item["rows"]), str(item["source"])))
+            rows = None if item["rows"] == UNKNOWN else int(item["rows"])
+            sets.append(DataSet(str(item["file"]), rows, str(item["source"])))
         except (KeyError, TypeError, ValueError):
             raise RecordError(f"{where}: each of '{key}' needs file, rows (a number) and source; got {item!r}") from None
     return sets
@@ -102,7 +109,7 @@ class RunRecord:
         step = max(by_step)
         sizes: dict[str, int] = {}
         for item in self.validation_sets:
-            sizes[item.source] = sizes.get(item.source, 0) + item.rows
+            sizes[item.source] = sizes.get(item.source, 0) + (item.rows or 0)
         return step, [Accuracy(source, value, sizes.get(source, 0)) for source, value in sorted(by_step[step].items())]
 
 
@@ -124,4 +131,5 @@ def read_record(folder: str | Path) -> RunRecord:
     expected = f"{data['date']}-{data['name']}"
     if folder.name != expected:
         raise RecordError(f"{path}: a run named {data['name']!r} of {data['date']} lives in a folder {expected}/")
-    return RunRecord(folder, data, _sets(data, "train_sets", path), _sets(data, "validation_sets", path))
+    return RunRecord(folder, data, _sets(data, "train_sets", path),
+                     _sets(data, "validation_sets", path, may_be_empty=True))
