@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.api.models import Claim, LostAttempt
 from calcx.contract.failures import FailureReason
+from calcx.controller.attempts import AttemptKey, Attempts, RunsEndedView, TasksView
 from calcx.controller.base import RunResult, Runner
 from calcx.controller.concurrency import default_concurrency
 
@@ -35,8 +36,6 @@ CANCEL_WARN_S = 10.0
 #: cancel or result), the question which attempts it holds, the reports of those it never ran.
 #: Past it, what is left ends when its lease lapses.
 STOP_TIMEOUT_S = 5.0
-#: How many attempts whose report the server never took the controller remembers.
-MAX_UNREPORTED = 10_000
 
 
 def default_controller_id() -> str:
@@ -93,22 +92,10 @@ class Controller:
         self.stats = ControllerStats()
         self.lease_s = 30.0
         self._client: AsyncCalcxClient | None = None
-        self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
-        # attempts whose run has ended and whose result is being reported
-        self._reporting: set[tuple[str, str]] = set()
-        # attempts whose report the server never took while it may still hold them RUNNING
-        # (unreachable or 5xx past the report's timeout, a refused body), oldest first
-        self._unreported: dict[tuple[str, str], None] = {}
+        self.attempts = Attempts()  # what became of each attempt held, and the rules of it
         self._slot_freed = asyncio.Event()
         self._stop = asyncio.Event()
         self._claim_task: asyncio.Task[Any] | None = None
-        # a stop cancelled a claim request: the server may hold attempts for this controller
-        # that it never read, let alone ran
-        self._claims_unread = False
-        # the attempts of a claim answer read after a stop: never started, ended by the release
-        self._unrun_claims: list[tuple[str, str]] = []
-        # attempts the server took back (cancel API, lapsed lease): their stop reports nothing
-        self._taken_back: set[tuple[str, str]] = set()
         self._stopped_at: float | None = None
 
     # -- public --------------------------------------------------------------------------
@@ -121,11 +108,21 @@ class Controller:
         self._slot_freed.set()
         if self._claim_task is not None and not self._claim_task.done():
             self._claim_task.cancel()
-            self._claims_unread = True
+            self.attempts.claim_cancelled()
 
     @property
     def running(self) -> int:
         return len(self._running)
+
+    @property
+    def _running(self) -> TasksView:
+        """The attempts that run in a task, by key (a view of the ledger; assigning launches)."""
+        return self.attempts.tasks
+
+    @property
+    def _reporting(self) -> RunsEndedView:
+        """The attempts whose run has ended (a view of the ledger; ``add`` begins a report)."""
+        return self.attempts.runs_ended
 
     async def run(self) -> None:
         self._client = AsyncCalcxClient(self.server_url, self.key, max_connections=self.concurrency + 8)
@@ -183,7 +180,7 @@ class Controller:
             finally:
                 self._claim_task = None
             if self._stop.is_set():  # stopped as the answer came in: start none of it (see _release_unrun)
-                self._unrun_claims = [(c.rollout.rollout_id, c.attempt_id) for c in answer.claims]
+                self.attempts.hold_unrun((c.rollout.rollout_id, c.attempt_id) for c in answer.claims)
                 break
             backoff = 0.05
             self.lease_s = answer.lease_s or self.lease_s
@@ -194,11 +191,10 @@ class Controller:
         key = (claim.rollout.rollout_id, claim.attempt_id)
         self.stats.claimed += 1
         task = asyncio.create_task(self._run_one(claim), name=f"calcx-rollout-{key[0]}/{key[1]}")
-        self._running[key] = task
+        self.attempts.launch(key, task)
 
         def done(_: asyncio.Task[None]) -> None:
-            self._running.pop(key, None)
-            self._taken_back.discard(key)
+            self.attempts.task_done(key)
             self._slot_freed.set()
 
         task.add_done_callback(done)
@@ -211,19 +207,19 @@ class Controller:
             log.debug("timing: %s/%s run %.4f", rid, aid, time.monotonic() - t0)
         except asyncio.CancelledError:
             # a stop's cancel reports the attempt; one the server took back is no longer ours to report
-            if self._stop.is_set() and (rid, aid) not in self._taken_back:
+            if self._stop.is_set() and self.attempts.stop_reports((rid, aid)):
                 result = RunResult.failed(FailureReason.CANCELLED, detail=f"controller {self.controller_id} shut down")
-                self._reporting.add((rid, aid))  # a heartbeat crossing this report must not cancel it
+                self.attempts.begin_report((rid, aid))  # a heartbeat crossing this report must not cancel it
                 try:
                     await self._report(rid, aid, result, timeout_s=STOP_TIMEOUT_S)
                 finally:
-                    self._reporting.discard((rid, aid))
+                    self.attempts.end_report((rid, aid))
             raise
         except Exception as exc:  # a runner bug must not lose the rollout
             log.exception("runner failed on %s/%s", rid, aid)
             result = RunResult.failed(FailureReason.CRASH, detail=f"runner error: {type(exc).__name__}: {exc}")
         t1 = time.monotonic()
-        self._reporting.add((rid, aid))
+        self.attempts.begin_report((rid, aid))
         try:
             # a runner that returned after a stop's cancel reports within the stop's bound too
             await self._report(rid, aid, result, timeout_s=STOP_TIMEOUT_S if self._stop.is_set() else self.report_timeout_s)
@@ -232,7 +228,7 @@ class Controller:
             self._note_unreported((rid, aid))
             raise
         finally:
-            self._reporting.discard((rid, aid))
+            self.attempts.end_report((rid, aid))
         log.debug("timing: %s/%s report %.4f", rid, aid, time.monotonic() - t1)
 
     async def _report(self, rid: str, aid: str, result: RunResult, timeout_s: float) -> None:
@@ -301,7 +297,7 @@ class Controller:
             task = self._running.get(key)
             if task is None or task.done():  # ended and reported; its done callback is yet to run
                 continue
-            if key in self._reporting:
+            if not self.attempts.take_back(key):
                 log.debug("%s/%s finished while a heartbeat was in flight", *key)
                 continue
             if ref.reason in (FailureReason.CANCELLED, FailureReason.CANCELLED_BY_API):
@@ -310,21 +306,18 @@ class Controller:
             else:
                 log.warning("server says %s/%s is no longer ours; stopping it", *key)
                 self.stats.lost += 1
-            self._taken_back.add(key)
             task.cancel()
 
     # -- shutdown ------------------------------------------------------------------------
-    def _note_unreported(self, key: tuple[str, str]) -> None:
-        """Remember an attempt the server may still hold for us although it ran here. A server
-        restart renews every lease, so age says nothing; past the bound the oldest is forgotten
-        (then a release after a cancelled claim may end it as never run)."""
-        self._unreported[key] = None
-        if len(self._unreported) > MAX_UNREPORTED:
-            forgotten = next(iter(self._unreported))
-            del self._unreported[forgotten]
-            log.warning("more than %d attempts left unreported; forgetting %s/%s", MAX_UNREPORTED, *forgotten)
+    def _note_unreported(self, key: AttemptKey) -> None:
+        """Remember an attempt the server may still hold for us although it ran here; past the
+        ledger's bound the oldest is forgotten (then a release may end it as never run)."""
+        forgotten = self.attempts.report_not_taken(key)
+        if forgotten is not None:
+            log.warning("more than %d attempts left unreported; forgetting %s/%s",
+                        self.attempts.max_unreported, *forgotten)
 
-    async def _release_unrun(self, known: set[tuple[str, str]]) -> None:
+    async def _release_unrun(self, known: frozenset[AttemptKey]) -> None:
         """End as cancelled the attempts the server counts as this controller's that it never ran.
 
         A claim answer read after a stop names its attempts, which were never started. A claim
@@ -336,14 +329,13 @@ class Controller:
         left is not ours to know apart, and ends cancelled too. Bounded by STOP_TIMEOUT_S twice.
         """
         try:
-            unrun = list(self._unrun_claims)
-            if self._claims_unread:
-                unrun += [key for key in await self._held_unrun(known) if key not in unrun]
-            await self._end_unrun(unrun)
+            if self.attempts.claims_unread:
+                self.attempts.hold_unrun(await self._held_unrun(known))
+            await self._end_unrun(self.attempts.unrun())
         except Exception:  # the stop goes on whatever happens here; the lease is the fallback
             log.exception("releasing the attempts this controller never ran failed")
 
-    async def _held_unrun(self, known: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    async def _held_unrun(self, known: frozenset[AttemptKey]) -> list[AttemptKey]:
         assert self._client is not None
         try:
             answer = await asyncio.wait_for(self._client.heartbeat(self.controller_id), STOP_TIMEOUT_S)
@@ -354,7 +346,7 @@ class Controller:
         return [(ref.rollout_id, ref.attempt_id) for ref in answer.held
                 if (ref.rollout_id, ref.attempt_id) not in known]
 
-    async def _end_unrun(self, unrun: list[tuple[str, str]]) -> None:
+    async def _end_unrun(self, unrun: list[AttemptKey]) -> None:
         if not unrun:
             return
         detail = (f"controller {self.controller_id} held this attempt but never ran it "
@@ -384,9 +376,8 @@ class Controller:
         """After a stop: grace, then cancel (each reports FAILED cancelled), and beside that, if
         the stop cancelled a claim, release what it may have taken. Otherwise drain."""
         release = None
-        if self._claims_unread or self._unrun_claims:
-            known = set(self._running) | set(self._unreported)
-            release = asyncio.create_task(self._release_unrun(known), name="calcx-release")
+        if self.attempts.must_release():
+            release = asyncio.create_task(self._release_unrun(self.attempts.known()), name="calcx-release")
         try:
             await self._end_running()
         finally:
@@ -408,13 +399,13 @@ class Controller:
             await asyncio.wait(tasks, timeout=self.shutdown_grace_s)
         # one whose run has ended is reporting its own result: let it, within CANCEL_WARN_S
         for key, task in list(self._running.items()):
-            if key not in self._reporting:
+            if not self.attempts.run_ended(key):
                 task.cancel()
         _, pending = await asyncio.wait(tasks, timeout=CANCEL_WARN_S)
         if pending:  # a runner that lost the cancel: the agent runs on to its end or deadline
             log.warning("%d cancelled rollouts still running after %.0fs: %s", len(pending), CANCEL_WARN_S,
                         ", ".join(sorted(t.get_name() for t in pending)))
             for key, task in list(self._running.items()):
-                if key in self._reporting:  # a report that long: its attempt ends when its lease lapses
+                if self.attempts.run_ended(key):  # a report that long: its attempt ends when its lease lapses
                     task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
