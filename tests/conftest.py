@@ -42,6 +42,7 @@ SYSTEM_TEST_FILES = frozenset({
     "procs/test_procs_dumpable.py",
     "procs/test_procs_managed.py",
     "rehearse/test_rehearse_cli.py",
+    "server/test_server_gateway_replicas.py",
     "server/test_server_restart.py",
     "stub_llm/test_stub_llm_cli.py",
     "trainer/test_anchor_config.py",

@@ -40,6 +40,10 @@ class FakeUpstream:
     def app(self) -> FastAPI:
         app = FastAPI()
 
+        @app.get("/v1/models")  # the gateway's probe of a replica it saw fail
+        async def models() -> JSONResponse:
+            return JSONResponse({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+
         @app.post("/v1/chat/completions")
         async def chat(request: Request) -> JSONResponse:
             body = await request.json()

@@ -265,6 +265,36 @@ def test_endpoint_choice_is_sticky_per_rollout(client: CalcxClient, make_upstrea
     assert set().union(*per_rollout.values()) == {f.url for f in fakes}
 
 
+def test_a_replica_that_fails_gets_no_new_rollout_and_a_busy_one_still_does(
+        db_path: str, server_key: str, make_upstream: Any) -> None:
+    """A 429 is a busy replica (it stays in the choice); a 500 takes it out until it answers (the
+    probe waits 300 s here, so it stays out)."""
+    a, b = make_upstream(), make_upstream()
+    server = start_server_thread(db_path, server_key, upstream_backoff_s=0.01, replica_probe_s=300.0)
+    try:
+        with CalcxClient(server.url, server_key, timeout=10.0) as client:
+            client.put_models("m", [a.url, b.url])
+            claims = {c.rollout.rollout_id: c.attempt_id for c in running_claims(client, 4, prefix="r")}
+
+            def call(rid: str) -> list[str | None]:
+                client.chat_completions(rid, claims[rid], {"model": "m", "messages": MESSAGES + [
+                    {"role": "user", "content": str(len(client.calls(rid)))}]})
+                return [c.endpoint for c in client.calls(rid)]
+
+            a.fail_next, a.fail_status = 1, 429
+            assert call("r-0") == [b.url]  # A was busy; B answered, and r-0 lives there now
+            up = 'calcx_gateway_replica_up{endpoint="%s"} %s'
+            assert up % (a.url, "1.0") in client.metrics_text()
+            a.fail_next, a.fail_status = 1, 500
+            assert call("r-1") == [b.url]  # A, with no rollout, got r-1 and failed it
+            metrics = client.metrics_text()
+            assert up % (a.url, "0.0") in metrics and up % (b.url, "1.0") in metrics
+            assert call("r-2") == [b.url]  # nothing new for A while it is down
+            assert len(a.requests) == 2 and call("r-1") == [b.url, b.url]
+    finally:
+        server.stop()
+
+
 def test_a_call_the_agent_sent_again_is_recorded_once_with_the_answer_it_used(
         client: CalcxClient, upstream: Any) -> None:
     """The agent's client times out on a slow answer and sends the call again: the late answer to

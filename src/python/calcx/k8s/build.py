@@ -2,7 +2,9 @@
 
 Pure Python and offline (schemas ship with kubernetes-validate). The directory is ready for
 `kubectl apply -k DIR`; `examples/` holds one rendered agent Job and its attempt Secret for
-reading (the controller renders the real ones per rollout).
+reading (the controller renders the real ones per rollout); `ray/raycluster.yaml` is the KubeRay
+cluster of a trainer on several GPU nodes, applied on its own (`kubectl apply -f`) where KubeRay
+is installed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from calcx.contract.env import (
     QUESTION,
     RESULT,
 )
+from calcx.k8s.ray import RAY_CLUSTER_FILE, RaySettings, render_ray_cluster
 from calcx.k8s.render import JobSettings, RenderError, StaticSettings, render_attempt, render_static
 from calcx.k8s.validate import DEFAULT_K8S_VERSION, ManifestInvalid, validate_all
 
@@ -31,9 +34,11 @@ SECRET_FILE_MODE = 0o600
 EXAMPLE_ROW = {"question": 'What is 2 + 3? Answer as "### ANSWER: x ###".', "result": "5"}
 
 
-def build(out: Path, static: StaticSettings, server_key: str | None, version: str) -> list[Path]:
+def build(out: Path, static: StaticSettings, server_key: str | None, version: str,
+          ray: RaySettings | None = None) -> list[Path]:
     """Render, validate, then write; nothing is written when anything is invalid."""
     rendered = render_static(static, server_key=server_key)
+    rendered[RAY_CLUSTER_FILE] = render_ray_cluster(ray or RaySettings(), static)
     example = render_attempt(
         rollout_id="example-rollout",
         attempt_id="1",
@@ -85,6 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-jobs-per-s", type=float, default=d.max_jobs_per_s)
     parser.add_argument("--job-ttl-s", type=int, default=d.job_ttl_s)
     parser.add_argument("--k8s-version", default=DEFAULT_K8S_VERSION, help="Kubernetes version to validate against")
+    r = RaySettings()
+    parser.add_argument("--ray-image", default=r.image, help="image of every Ray node (its Ray must be the trainer's)")
+    parser.add_argument("--ray-workers", type=int, default=r.workers, help="GPU worker nodes of the RayCluster")
+    parser.add_argument("--ray-gpus-per-worker", type=int, default=r.gpus_per_worker, help="GPUs of each worker node")
+    parser.add_argument("--ray-worker-cpu", default=r.worker_cpu, help="CPU of each worker node (request = limit)")
+    parser.add_argument("--ray-worker-memory", default=r.worker_memory, help="memory of each worker node (request = limit)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     server_key = None
@@ -100,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         max_jobs_per_s=args.max_jobs_per_s, job_ttl_s=args.job_ttl_s,
     )
     try:
-        written = build(args.out, static, server_key, args.k8s_version)
+        ray = RaySettings(image=args.ray_image, workers=args.ray_workers, gpus_per_worker=args.ray_gpus_per_worker,
+                          worker_cpu=args.ray_worker_cpu, worker_memory=args.ray_worker_memory)
+        written = build(args.out, static, server_key, args.k8s_version, ray)
     except (RenderError, ManifestInvalid) as exc:
         print(f"calcx.k8s.build: {exc}", file=sys.stderr)
         return 1

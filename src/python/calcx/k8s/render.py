@@ -94,7 +94,7 @@ def parse_one(text: str, *, kind: str, source: str) -> dict[str, Any]:
     return docs[0]
 
 
-def _expect(source: str, what: str, got: Any, want: Any) -> None:
+def expect(source: str, what: str, got: Any, want: Any) -> None:
     if got != want:
         raise RenderError(f"{source}: {what} is {got!r} after rendering, expected {want!r}")
 
@@ -198,8 +198,8 @@ def render_attempt(
     job = parse_one(job_yaml, kind="Job", source="job.yaml.j2")
     secret = parse_one(secret_yaml, kind="Secret", source="attempt-secret.yaml.j2")
     _check_job(job, job_name, settings, labels, annotations, env_items, secret_name)
-    _expect("attempt-secret.yaml.j2", "metadata.name", secret.get("metadata", {}).get("name"), secret_name)
-    _expect("attempt-secret.yaml.j2", "stringData", secret.get("stringData"), {SECRET_KEY_NAME: token})
+    expect("attempt-secret.yaml.j2", "metadata.name", secret.get("metadata", {}).get("name"), secret_name)
+    expect("attempt-secret.yaml.j2", "stringData", secret.get("stringData"), {SECRET_KEY_NAME: token})
     return RenderedAttempt(job_name, secret_name, job, secret, job_yaml, secret_yaml, labels)
 
 
@@ -220,19 +220,19 @@ def _check_job(
         container = pod["spec"]["containers"][0]
     except (KeyError, IndexError, TypeError) as exc:
         raise RenderError(f"{src}: rendered Job lacks {exc}") from exc
-    _expect(src, "top-level keys", sorted(job), ["apiVersion", "kind", "metadata", "spec"])
-    _expect(src, "metadata.name", meta.get("name"), name)
-    _expect(src, "metadata.namespace", meta.get("namespace"), settings.namespace)
-    _expect(src, "metadata.labels", meta.get("labels"), labels)
-    _expect(src, "metadata.annotations", meta.get("annotations"), annotations)
-    _expect(src, "spec.template.metadata.labels", pod.get("metadata", {}).get("labels"), labels)
-    _expect(src, "spec.backoffLimit", spec.get("backoffLimit"), 0)
-    _expect(src, "restartPolicy", pod["spec"].get("restartPolicy"), "Never")
-    _expect(src, "number of containers", len(pod["spec"]["containers"]), 1)
-    _expect(src, "container image", container.get("image"), settings.image)
+    expect(src, "top-level keys", sorted(job), ["apiVersion", "kind", "metadata", "spec"])
+    expect(src, "metadata.name", meta.get("name"), name)
+    expect(src, "metadata.namespace", meta.get("namespace"), settings.namespace)
+    expect(src, "metadata.labels", meta.get("labels"), labels)
+    expect(src, "metadata.annotations", meta.get("annotations"), annotations)
+    expect(src, "spec.template.metadata.labels", pod.get("metadata", {}).get("labels"), labels)
+    expect(src, "spec.backoffLimit", spec.get("backoffLimit"), 0)
+    expect(src, "restartPolicy", pod["spec"].get("restartPolicy"), "Never")
+    expect(src, "number of containers", len(pod["spec"]["containers"]), 1)
+    expect(src, "container image", container.get("image"), settings.image)
     want_env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env_items]
     want_env.append({"name": AGL_KEY, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": SECRET_KEY_NAME}}})
-    _expect(src, "container env", container.get("env"), want_env)
+    expect(src, "container env", container.get("env"), want_env)
 
 
 _JOB_DEFAULTS = JobSettings()
@@ -312,7 +312,7 @@ def render_static(
         obj = parse_one(text, kind=kind, source=template)
         where = ("metadata.name", obj["metadata"].get("name")) if kind == "Namespace" else (
             "metadata.namespace", obj["metadata"].get("namespace"))
-        _expect(template, where[0], where[1], settings.namespace)
+        expect(template, where[0], where[1], settings.namespace)
         out[filename] = (text, obj)
     if server_key is not None:
         problem = key_problem(server_key)
@@ -321,7 +321,7 @@ def render_static(
         text = render_text("server-key-secret.yaml.j2", directory, name=settings.server_key_secret,
                            namespace=settings.namespace, key=server_key)
         obj = parse_one(text, kind="Secret", source="server-key-secret.yaml.j2")
-        _expect("server-key-secret.yaml.j2", "stringData", obj.get("stringData"), {"key": server_key})
+        expect("server-key-secret.yaml.j2", "stringData", obj.get("stringData"), {"key": server_key})
         out["server-key-secret.yaml"] = (text, obj)
     resources = list(out)
     text = render_text(
@@ -329,6 +329,6 @@ def render_static(
         server_key_included=server_key is not None, server_key_secret=settings.server_key_secret,
     )
     obj = parse_one(text, kind="Kustomization", source="kustomization.yaml.j2")
-    _expect("kustomization.yaml.j2", "resources", obj.get("resources"), resources)
+    expect("kustomization.yaml.j2", "resources", obj.get("resources"), resources)
     out["kustomization.yaml"] = (text, obj)
     return out

@@ -39,6 +39,7 @@ TUNED_SETTINGS: tuple[tuple[str, str], ...] = (
     ("max_poll_s", "longest long poll the server holds"),
     ("upstream_timeout_s", "read timeout of one upstream call"),
     ("upstream_retries", "retries of a failed upstream call"),
+    ("replica_probe_s", "a model replica that failed gets no new rollout until it answers; it is probed this often"),
     ("abort_retry_s", "a call the model server aborted (e.g. paused for a weight update) is sent again until "
      "this many seconds have passed, then the agent gets the aborted answer; 0: at once"),
     ("max_events_per_attempt", "events one attempt may post; past it 413"),

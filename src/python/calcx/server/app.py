@@ -26,6 +26,7 @@ from calcx.server.budget import AttemptBudgets
 from calcx.server.errors import APIError, error_response
 from calcx.server.gateway import Gateway
 from calcx.server.metrics import ServerMetrics
+from calcx.server.replicas import Replicas
 from calcx.server.routes import ROUTES
 from calcx.server.routing import include_routes
 from calcx.server.service import RolloutService
@@ -47,13 +48,16 @@ def create_app(settings: ServerSettings) -> FastAPI:
     auth = Authenticator(settings.key, nonce_of=lambda rid, aid: service.db.attempts.token_nonce(rid, aid))
     state = ServerState(settings=settings, auth=auth, metrics=metrics, service=service,
                         budgets=AttemptBudgets(settings))
+    replicas = Replicas()  # outlives a gateway: the homes of running rollouts, the endpoints' health
+    service.signals.attempt_ended.append(replicas.release)
+    metrics.watch_replicas(replicas.states)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = RolloutStore(settings.store_path)
         service.open(store)
         state.registry = store.registry.get() or {}
-        gateway = Gateway(store, metrics, settings)
+        gateway = Gateway(store, metrics, settings, replicas)
         await gateway.start()
         state.gateway = gateway
         reaper = asyncio.create_task(service.reap_leases(), name="calcx-lease-reaper")

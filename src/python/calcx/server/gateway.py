@@ -1,10 +1,11 @@
 """OpenAI-compatible gateway: forwards an attempt's chat completions to the policy's inference
 servers and records every call token by token.
 
-Sticky per rollout: the endpoint is chosen by a stable hash of the rollout id, so one rollout's
-turns hit the same vLLM replica (prefix cache). A retry after an upstream failure moves to the
-next endpoint. Upstream 5xx, 408, 429, timeouts and connection errors are retried with bounded
-exponential backoff; other 4xx answers go back to the agent unchanged.
+Sticky per rollout: a rollout's first call goes to the least-loaded replica, and its later
+calls to the same one (vLLM's prefix cache); a retry after an upstream failure moves to the next
+replica, and the rollout stays where it was answered (calcx.server.replicas). A replica that
+failed is probed until it answers. Upstream 5xx, 408, 429, timeouts and connection errors are
+retried with bounded exponential backoff; other 4xx answers go back to the agent unchanged.
 
 An answer whose finish reason is `abort` is not the model's: vLLM ends the requests in flight
 that way when the trainer pauses generation for a weight update (verl's asynchronous mode). The
@@ -23,11 +24,11 @@ agent's own; the recorded request is the one forwarded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
 import time
-import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,7 @@ from calcx.server.assistant_turns import HERMES, for_the_model, read_template_ca
 from calcx.server.chat_fields import CHAT_FIELDS, SAMPLING_FIELDS, Rule, check_fields
 from calcx.server.errors import APIError
 from calcx.server.metrics import ServerMetrics
+from calcx.server.replicas import Replicas
 from calcx.server.settings import ServerSettings
 from calcx.server.store import CallRecord, RolloutStore
 from calcx.server.upstream import LeanHTTPTransport
@@ -46,6 +48,8 @@ from calcx.server.upstream import LeanHTTPTransport
 log = logging.getLogger("calcx.server.gateway")
 
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+#: Retryable answers that mean the replica is alive but busy: they do not take it out of the choice.
+_BUSY_STATUS = frozenset({408, 429})
 #: The status recorded for an answer whose agent hung up before it came (nginx's "client closed
 #: request"): never trained; the agent's resend of the call is the one recorded.
 CLIENT_CLOSED = 499
@@ -120,11 +124,14 @@ def extract_tokens(payload: dict[str, Any]) -> tuple[list[int], list[int], list[
 
 
 class Gateway:
-    def __init__(self, store: RolloutStore, metrics: ServerMetrics, settings: ServerSettings) -> None:
+    def __init__(self, store: RolloutStore, metrics: ServerMetrics, settings: ServerSettings,
+                 replicas: Replicas) -> None:
         self.store = store
         self.metrics = metrics
         self.settings = settings
+        self.replicas = replicas
         self._client: httpx.AsyncClient | None = None
+        self._probes: dict[str, asyncio.Task[None]] = {}
 
     async def start(self) -> None:
         s = self.settings
@@ -135,6 +142,12 @@ class Gateway:
         )
 
     async def close(self) -> None:
+        probes, self._probes = list(self._probes.values()), {}
+        for task in probes:
+            task.cancel()
+        for task in probes:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -194,16 +207,47 @@ class Gateway:
                       {k: sampling.get(k) for k in overridden})
         return {**{k: v for k, v in request.items() if k not in SAMPLING_FIELDS}, **sampling}
 
-    def pick_endpoints(self, rollout_id: str, endpoints: list[str]) -> list[str]:
-        """Endpoints in the order to try: the sticky one first, then the others in turn."""
-        start = zlib.crc32(rollout_id.encode()) % len(endpoints)
-        return endpoints[start:] + endpoints[:start]
+    def pick_endpoints(self, rollout_id: str, endpoints: list[str],
+                       registry_now: Callable[[], dict[str, Any]]) -> list[str]:
+        """Endpoints in the order to try (calcx.server.replicas: the rollout's home first); every
+        one of them that is down gets a probe, which reads the registry of its moment."""
+        order = self.replicas.order(rollout_id, endpoints)
+        for endpoint in self.replicas.down(endpoints):
+            self._watch(endpoint, registry_now)
+        return order
+
+    def _watch(self, endpoint: str, registry_now: Callable[[], dict[str, Any]]) -> None:
+        if endpoint not in self._probes and self._client is not None:
+            self._probes[endpoint] = asyncio.get_running_loop().create_task(
+                self._probe(endpoint, registry_now), name=f"calcx-probe {endpoint}")
+
+    async def _probe(self, endpoint: str, registry_now: Callable[[], dict[str, Any]]) -> None:
+        """Every `replica_probe_s`, `GET {endpoint}/models` until it answers 200 (the replica is
+        up again) or the endpoint leaves the registry (it stays down; a later call that finds it
+        registered again starts a new probe)."""
+        s = self.settings
+        try:
+            while self._client is not None and endpoint in (registry_now().get("endpoints") or ()):
+                await asyncio.sleep(s.replica_probe_s)
+                try:
+                    resp = await self._client.get(f"{endpoint}/models", timeout=s.upstream_connect_timeout_s)
+                except httpx.HTTPError:
+                    continue
+                if resp.status_code == 200:
+                    log.info("model endpoint %s answers again", endpoint)
+                    self.replicas.revived(endpoint)
+                    return
+        finally:
+            if self._probes.get(endpoint) is asyncio.current_task():
+                del self._probes[endpoint]
 
     async def _post(self, endpoint: str, body: bytes) -> UpstreamResult:
         assert self._client is not None, "gateway not started"
-        resp = await self._client.post(
-            f"{endpoint}/chat/completions", content=body, headers={"content-type": "application/json"}
-        )
+        self.metrics.replica_calls.labels(endpoint).inc()
+        with self.replicas.sending(endpoint):
+            resp = await self._client.post(
+                f"{endpoint}/chat/completions", content=body, headers={"content-type": "application/json"}
+            )
         payload = None
         if resp.status_code == 200:
             try:
@@ -222,9 +266,11 @@ class Gateway:
                 payload = None
         return UpstreamResult(resp.status_code, resp.content, payload, endpoint)
 
-    async def _try_endpoints(self, order: list[str], body: bytes) -> tuple[UpstreamResult | None, str, str]:
+    async def _try_endpoints(self, rollout_id: str, order: list[str], body: bytes,
+                             ) -> tuple[UpstreamResult | None, str, str]:
         """One call with bounded retries over `order`: (the answer, or None when every try failed;
-        the last error; the endpoint tried last)."""
+        the last error; the endpoint tried last). An endpoint that answers becomes the rollout's
+        home; one that fails (not merely busy) is down."""
         s = self.settings
         tries = 1 + max(0, s.upstream_retries)
         last_error = "no try made"
@@ -238,18 +284,27 @@ class Gateway:
                 result = None
                 last_error = f"timeout ({type(exc).__name__}) from {endpoint}"
                 self.metrics.upstream_errors.labels("timeout").inc()
+                self._failed(endpoint, last_error)
             except httpx.TransportError as exc:
                 result = None
                 last_error = f"cannot reach {endpoint}: {type(exc).__name__}: {exc}"
                 self.metrics.upstream_errors.labels("connect").inc()
+                self._failed(endpoint, last_error)
             else:
                 if result.status not in _RETRYABLE_STATUS:
+                    self.replicas.answered(rollout_id, endpoint)
                     break
+                if result.status not in _BUSY_STATUS:
+                    self._failed(endpoint, f"HTTP {result.status}")
                 self.metrics.upstream_errors.labels(str(result.status)).inc()
                 last_error = f"HTTP {result.status} from {endpoint}: {result.content[:300].decode(errors='replace')}"
             if attempt + 1 < tries:
                 await self._back_off(attempt)
         return result, last_error, endpoint
+
+    def _failed(self, endpoint: str, error: str) -> None:
+        if self.replicas.failed(endpoint):
+            log.warning("model endpoint %s is down (%s); new rollouts go elsewhere until it answers", endpoint, error)
 
     async def _back_off(self, attempt: int) -> None:
         s = self.settings
@@ -297,9 +352,9 @@ class Gateway:
         body = encode_request(request) if encoded is None else encoded
         aborts = 0
         while True:
-            order = self.pick_endpoints(rollout_id, registry["endpoints"])
+            order = self.pick_endpoints(rollout_id, registry["endpoints"], registry_now)
             try_started = time.perf_counter()
-            result, last_error, endpoint = await self._try_endpoints(order, body)
+            result, last_error, endpoint = await self._try_endpoints(rollout_id, order, body)
             if result is None or result.status != 200 or not aborted(result.payload):
                 break
             self.metrics.upstream_errors.labels("abort").inc()

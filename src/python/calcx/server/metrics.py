@@ -9,6 +9,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from calcx.api.models import ROLLOUT_STATES
+from calcx.server.replicas import ReplicaState
 
 
 class _RolloutStateCollector(Collector):
@@ -27,6 +28,28 @@ class _RolloutStateCollector(Collector):
             for state in ROLLOUT_STATES:
                 family.add_metric([state], counts.get(state, 0))
         yield family
+
+
+class _ReplicaCollector(Collector):
+    """The registered model endpoints as the gateway sees them, at scrape time."""
+
+    def __init__(self, states: Callable[[], Iterable[ReplicaState]]) -> None:
+        self._states = states
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        up = GaugeMetricFamily("calcx_gateway_replica_up",
+                               "1 while a model endpoint may take new rollouts, 0 from a failure until it answers",
+                               labels=["endpoint"])
+        in_flight = GaugeMetricFamily("calcx_gateway_replica_in_flight", "Upstream tries in flight per model endpoint",
+                                      labels=["endpoint"])
+        rollouts = GaugeMetricFamily("calcx_gateway_replica_rollouts",
+                                     "Rollouts whose calls go to each model endpoint (until their attempt ends)",
+                                     labels=["endpoint"])
+        for state in self._states():
+            up.add_metric([state.endpoint], 1 if state.up else 0)
+            in_flight.add_metric([state.endpoint], state.in_flight)
+            rollouts.add_metric([state.endpoint], state.rollouts)
+        yield from (up, in_flight, rollouts)
 
 
 class ServerMetrics:
@@ -62,12 +85,19 @@ class ServerMetrics:
             "calcx_gateway_upstream_errors", "Failed upstream tries, by kind (status code, timeout, connect, abort: an answer the model server aborted)",
             ["kind"], registry=self.registry,
         )
+        self.replica_calls = Counter(
+            "calcx_gateway_replica_calls", "Upstream tries sent to each model endpoint (answered or not)", ["endpoint"],
+            registry=self.registry,
+        )
         self.http_errors = Counter(
             "calcx_http_errors", "API error answers, by status and code", ["status", "code"], registry=self.registry
         )
 
     def watch_store(self, count_by_state: Callable[[], dict[str, int]]) -> None:
         self.registry.register(_RolloutStateCollector(count_by_state))
+
+    def watch_replicas(self, states: Callable[[], Iterable[ReplicaState]]) -> None:
+        self.registry.register(_ReplicaCollector(states))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -136,7 +136,7 @@ class RolloutService:
                     item.controller_id,
                 )
                 self.metrics.finished.labels("FAILED", FailureReason.CONTROLLER_LOST).inc()
-                self.signals.rollout_terminal.fire(item.rollout_id)
+                self.signals.ended(item.rollout_id)
             if expired:
                 self.signals.terminal.fire()
 
@@ -281,7 +281,7 @@ class RolloutService:
             rid, aid, request.state, request.reason, request.exit_code, request.agent_seconds, request.detail
         )
         self.metrics.finished.labels(request.state, request.reason or "").inc()
-        self.signals.rollout_terminal.fire(rid)
+        self.signals.ended(rid)
         self.signals.terminal.fire()
         return self.rollout(rid)
 
@@ -295,7 +295,7 @@ class RolloutService:
         cancelled = self.db.attempts.cancel(request.run, request.rollout_ids, detail, request.owner)
         for rid, _ in cancelled:
             self.metrics.finished.labels("FAILED", FailureReason.CANCELLED_BY_API).inc()
-            self.signals.rollout_terminal.fire(rid)
+            self.signals.ended(rid)
         if cancelled:
             self.signals.terminal.fire()
             log.warning("cancelled %d attempt(s): %s", len(cancelled), detail)
@@ -309,7 +309,7 @@ class RolloutService:
         except Conflict:
             return False
         self.metrics.finished.labels("FAILED", reason).inc()
-        self.signals.rollout_terminal.fire(rid)
+        self.signals.ended(rid)
         self.signals.terminal.fire()
         return True
 

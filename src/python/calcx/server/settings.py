@@ -60,6 +60,9 @@ class ServerSettings:
     upstream_retries: int = 3
     upstream_backoff_s: float = 0.2  # doubled at each retry, with jitter
     upstream_backoff_max_s: float = 2.0
+    # a model replica whose try failed gets no new rollout until it answers; it is asked
+    # (GET {endpoint}/models) this often meanwhile (calcx.server.replicas)
+    replica_probe_s: float = 2.0
     # rewards: a reward event's data.value outside [reward_min, reward_max] is refused (422) and
     # never stored, so the attempt is the agent's failure, not a trained reward (Calc-X: 0 or 1)
     reward_min: float = 0.0

@@ -7,6 +7,7 @@ by another request between the check and the sleep cannot be missed.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 
 class Broadcast:
@@ -68,6 +69,13 @@ class Signals:
         self.queued = Broadcast()
         self.terminal = Broadcast()
         self.rollout_terminal = KeyedBroadcast()
+        self.attempt_ended: list[Callable[[str], None]] = []  # called with the rollout id
+
+    def ended(self, rollout_id: str) -> None:
+        """An attempt of `rollout_id` became terminal: wake its waiters, tell the listeners."""
+        self.rollout_terminal.fire(rollout_id)
+        for listener in self.attempt_ended:
+            listener(rollout_id)
 
     def fire_all(self) -> None:
         """Used at shutdown so long polls answer at once."""
