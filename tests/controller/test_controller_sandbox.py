@@ -1,0 +1,194 @@
+"""`calcx controller --sandbox namespace`: real server, controller and agents. A hostile agent
+cannot write the user's files, read $HOME, see the controller or read another running agent's
+files; the real agent (stub LLM, real MCP calculator) still finishes with its reward; a machine
+without namespaces is refused at start."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from controller_harness import KEY, client_of, make_stack, spec, started_pid, wait_terminal
+
+from calcx.controller.local_runner import default_agent_command
+from calcx.controller.sandbox import NamespaceSandbox, SandboxUnavailable
+from calcx.procs.procutil import descendants
+from calcx.rehearse.stack import python_env
+
+HOSTILE = Path(__file__).resolve().with_name("hostile_agent.py")
+SANDBOX = ["--sandbox", "namespace"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def namespaces() -> None:
+    """Skip only where this machine cannot seal an agent (CI's can: .ci/expected-skips.txt does
+    not list these tests), saying why."""
+    try:
+        NamespaceSandbox.plan(default_agent_command(), dict(os.environ), default_agent=True).check()
+    except SandboxUnavailable as exc:
+        pytest.skip(f"namespaces are not available on this machine: {exc}")
+
+
+@pytest.fixture()
+def outside() -> Iterator[Path]:
+    """A directory of the user's outside /tmp (so that only the read-only root keeps an agent out)."""
+    base = "/var/tmp" if os.access("/var/tmp", os.W_OK) else os.path.expanduser("~")
+    path = Path(tempfile.mkdtemp(prefix="calcx-sandbox-test-", dir=base))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _wait_for(path: Path, text: str, timeout_s: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and text in (content := path.read_text(errors="replace")):
+            return content
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never said {text!r}")
+
+
+def _report(log: Path) -> dict[str, Any]:
+    match = re.search(r"^report: (.*)$", log.read_text(errors="replace"), re.M)
+    assert match, log.read_text(errors="replace")
+    return json.loads(match.group(1))
+
+
+def test_a_hostile_agent_cannot_reach_the_users_files_the_controller_or_another_agent(
+        tmp_path: Path, outside: Path) -> None:
+    control = tmp_path / "control"
+    control.mkdir()
+    fake_site = outside / "site-packages"  # on the agents' import path: they see it, read-only
+    fake_site.mkdir()
+    user_dir = outside / "work"  # a directory of the user's the agents are not told about
+    user_dir.mkdir()
+    user_tmp = tmp_path / "user-tmp"  # under /tmp: the private tmpfs hides it
+    user_tmp.mkdir()
+    home = outside / "home"
+    home.mkdir()
+    (home / "credentials").write_text("user-secret\n")
+    agent_cmd = json.dumps([sys.executable, str(HOSTILE), str(control)])
+    pythonpath = os.pathsep.join([python_env()["PYTHONPATH"], str(fake_site)])
+    stack, _ = make_stack(tmp_path / "stack", rows=1, concurrency=2, agent_logs=True,
+                          controller_args=[*SANDBOX, "--agent-cmd", agent_cmd],
+                          controller_env={"HOME": str(home), "PYTHONPATH": pythonpath})
+    with stack:
+        client = client_of(stack)
+        agents = stack.workdir / "agents-0"
+        assert stack.server is not None
+        # (d) the holder writes a secret into each place an agent may write, and stays
+        client.create_rollouts([spec("holder", {"question": json.dumps({"role": "holder"}), "result": "0"})])
+        held = _wait_for(agents / "holder.1.log", "holding")
+        assert len(json.loads(held.split("holding ", 1)[1].splitlines()[0])) == 3, held  # /tmp, $HOME, cwd
+        plan = {"role": "probe", "file_name": "planted.py",
+                "write_into": [str(fake_site), str(user_dir), str(user_tmp), str(outside)],
+                "home_file": str(home / "credentials"),
+                "pids": [str(stack.controllers[0].pid), str(stack.server.pid), str(os.getpid())]}
+        client.create_rollouts([spec("probe", {"question": json.dumps(plan), "result": "0"})])
+        probe = wait_terminal(client, ["probe"])["probe"]
+        assert client.get_rollout("holder").state == "RUNNING"  # the two ran at once
+        (control / "release-holder").write_text("")
+        holder = wait_terminal(client, ["holder"])["holder"]
+    assert probe.state == "SUCCEEDED", probe.latest_attempt.detail
+    assert holder.state == "SUCCEEDED", holder.latest_attempt.detail
+    report = _report(agents / "probe.1.log")
+
+    # (a) nothing written into the user's directories; those it sees are read-only to it
+    for directory in plan["write_into"]:
+        assert not (Path(directory) / "planted.py").exists(), (directory, report["writes"])
+    for directory in (fake_site, user_dir, outside):
+        assert "Read-only file system" in report["writes"][str(directory)], report["writes"]
+    # (b) $HOME is an empty tmpfs of its own
+    assert report["home_file"].startswith("FileNotFoundError"), report["home_file"]
+    # (c) its /proc shows itself alone: not the controller, the server, the test or the holder
+    assert set(report["processes"]) == {str(report["pid"])}, report["processes"]
+    for pid, got in report["environ"].items():
+        assert not got.startswith("ok"), (pid, got)
+    # (d) not one of the holder's secrets, where it wrote them or through /proc
+    assert report["peer_secrets"] == {}, report["peer_secrets"]
+
+
+def test_the_real_agent_finishes_with_its_reward_and_its_calculator_is_sealed_with_it(tmp_path: Path) -> None:
+    stack, rows = make_stack(tmp_path, rows=3, concurrency=3, controller_args=SANDBOX)
+    with stack:
+        controller = stack.controllers[0]
+        client = client_of(stack)
+        before = descendants(controller.pid)
+        client.create_rollouts([spec("ok-0", rows[0]), spec("ok-1", rows[1]),
+                                spec("slow-0", rows[2], marker="slow=4")])
+        launcher = started_pid(controller, "slow-0")
+        calculator = _wait_for_calculator(controller.pid, before, launcher)
+        own = {ns: os.readlink(f"/proc/self/ns/{ns}") for ns in ("pid", "mnt", "user")}
+        theirs = {ns: os.readlink(f"/proc/{calculator}/ns/{ns}") for ns in own}
+        done = wait_terminal(client, ["ok-0", "ok-1", "slow-0"], timeout_s=120)
+        calls = {rid: client.calls(rid) for rid in done}
+    for ns in own:
+        assert theirs[ns] != own[ns], (ns, theirs, own)
+    for rid, rollout in done.items():
+        assert rollout.state == "SUCCEEDED", (rid, rollout.latest_attempt.detail)
+        assert rollout.reward == 1.0, rid
+        assert len(calls[rid]) == 2, rid  # a tool call, then the answer after the tool's result
+
+
+def _wait_for_calculator(controller_pid: int, before: set[int], launcher: int, timeout_s: float = 60.0) -> int:
+    """The calculator below `launcher`: the process running calcx.agent.calculator."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for pid in descendants(launcher):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"calcx.agent.calculator" in cmdline and b"-c" not in cmdline:
+                return pid
+        time.sleep(0.05)
+    raise AssertionError(f"no calculator below {launcher}: {rollout_processes_of(controller_pid, before)}")
+
+
+def rollout_processes_of(controller_pid: int, before: set[int]) -> dict[int, str]:
+    return {pid: Path(f"/proc/{pid}/comm").read_text().strip() for pid in descendants(controller_pid) - before
+            if Path(f"/proc/{pid}/comm").exists()}
+
+
+def _controller(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "calcx.controller", "--server", "http://127.0.0.1:9", *args],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_machine_that_cannot_seal_an_agent_is_refused_at_start(tmp_path: Path) -> None:
+    """Never a silent fall-back: no `unshare`, or an `unshare` the kernel refuses (what util-linux
+    prints where unprivileged user namespaces are off), ends the controller with exit 2."""
+    env = {**python_env(), "CALCX_KEY": KEY}
+    no_unshare = _controller({**env, "PATH": str(tmp_path)}, *SANDBOX)
+    assert no_unshare.returncode == 2, no_unshare.stderr
+    assert "--sandbox namespace" in no_unshare.stderr and "`unshare`" in no_unshare.stderr, no_unshare.stderr
+    refusing = tmp_path / "unshare"
+    refusing.write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n")
+    refusing.chmod(0o755)
+    refused = _controller({**env, "PATH": os.pathsep.join([str(tmp_path), env.get("PATH", "")])}, *SANDBOX)
+    assert refused.returncode == 2, refused.stderr
+    assert "namespaces are not available here: unshare: unshare failed: Operation not permitted" in refused.stderr
+    assert "ready" not in refused.stdout
+
+
+def test_the_sandbox_spawns_each_agent_and_refuses_a_worker_command() -> None:
+    env = {**python_env(), "CALCX_KEY": KEY}
+    done = _controller(env, *SANDBOX, "--worker-cmd", "python -m calcx.worker")
+    assert done.returncode != 0 and "--worker-cmd with --sandbox namespace" in done.stderr, done.stderr
+
+
+def test_a_path_the_agent_needs_that_holds_a_hidden_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SandboxUnavailable, match="holds"):
+        NamespaceSandbox.plan(["python3", "-c", "pass"], {"PATH": os.defpath, "HOME": str(tmp_path / "home"),
+                                                          "PYTHONPATH": str(tmp_path)},
+                              default_agent=False, cwd=str(tmp_path / "home" / "work"))
