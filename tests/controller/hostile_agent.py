@@ -86,13 +86,36 @@ def _peer_secrets() -> dict[str, str]:
     return found
 
 
+def _syscall(name: str, *args) -> str:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(libc, name)(*args) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return name
+
+
+def _unseal(plan: dict) -> dict[str, str]:
+    """Undo the seal from inside: uncover $HOME, make the root file system writable again."""
+    home = os.path.dirname(plan["home_file"]).encode()
+    ms_remount, ms_bind, ms_relatime, mnt_detach = 0x20, 0x1000, 0x200000, 2
+    return {
+        "umount home": _try(lambda: _syscall("umount2", home, mnt_detach)),
+        "remount / writable": _try(lambda: _syscall("mount", None, b"/", None, ms_remount | ms_bind | ms_relatime, None)),
+    }
+
+
 def probe(plan: dict) -> int:
     report = {
         "pid": os.getpid(),
+        "unseal": _unseal(plan),  # first: what follows then shows what an undone seal gives
         "writes": {d: _try(lambda d=d: _write(os.path.join(d, plan["file_name"]))) for d in plan["write_into"]},
         "home_file": _try(lambda: _read(plan["home_file"])),
         "processes": _processes(),
-        "environ": {pid: _try(lambda pid=pid: _read(f"/proc/{pid}/environ")) for pid in plan["pids"]},
+        # whether it could, never what it read: the environment of a process outside may hold secrets
+        "environ": {pid: _try(lambda pid=pid: f"{len(_read(f'/proc/{pid}/environ'))} characters")
+                    for pid in plan["pids"]},
         "peer_secrets": _peer_secrets(),
     }
     print("report: " + json.dumps(report), flush=True)

@@ -89,7 +89,6 @@ def test_a_hostile_agent_cannot_reach_the_users_files_the_controller_or_another_
         # (d) the holder writes a secret into each place an agent may write, and stays
         client.create_rollouts([spec("holder", {"question": json.dumps({"role": "holder"}), "result": "0"})])
         held = _wait_for(agents / "holder.1.log", "holding")
-        assert len(json.loads(held.split("holding ", 1)[1].splitlines()[0])) == 3, held  # /tmp, $HOME, cwd
         plan = {"role": "probe", "file_name": "planted.py",
                 "write_into": [str(fake_site), str(user_dir), str(user_tmp), str(outside)],
                 "home_file": str(home / "credentials"),
@@ -102,20 +101,32 @@ def test_a_hostile_agent_cannot_reach_the_users_files_the_controller_or_another_
     assert probe.state == "SUCCEEDED", probe.latest_attempt.detail
     assert holder.state == "SUCCEEDED", holder.latest_attempt.detail
     report = _report(agents / "probe.1.log")
+    breaches: dict[str, Any] = {}  # every check, so that one run names each that failed
 
+    # the seal holds: no mount of it can be undone from inside
+    if any(got.startswith("ok") for got in report["unseal"].values()):
+        breaches["undid the seal"] = report["unseal"]
     # (a) nothing written into the user's directories; those it sees are read-only to it
-    for directory in plan["write_into"]:
-        assert not (Path(directory) / "planted.py").exists(), (directory, report["writes"])
-    for directory in (fake_site, user_dir, outside):
-        assert "Read-only file system" in report["writes"][str(directory)], report["writes"]
+    planted = [d for d in plan["write_into"] if (Path(d) / "planted.py").exists()]
+    not_read_only = [d for d in (fake_site, user_dir, outside) if "Read-only file system" not in report["writes"][str(d)]]
+    if planted or not_read_only:
+        breaches["a: wrote into the user's directories"] = (planted, report["writes"])
     # (b) $HOME is an empty tmpfs of its own
-    assert report["home_file"].startswith("FileNotFoundError"), report["home_file"]
+    if not report["home_file"].startswith("FileNotFoundError"):
+        breaches["b: read a file of $HOME"] = report["home_file"]
     # (c) its /proc shows itself alone: not the controller, the server, the test or the holder
-    assert set(report["processes"]) == {str(report["pid"])}, report["processes"]
-    for pid, got in report["environ"].items():
-        assert not got.startswith("ok"), (pid, got)
+    if set(report["processes"]) != {str(report["pid"])}:
+        breaches["c: saw other processes"] = report["processes"]
+    if any(got.startswith("ok") for got in report["environ"].values()):
+        breaches["c: read another process's environ"] = report["environ"]
     # (d) not one of the holder's secrets, where it wrote them or through /proc
-    assert report["peer_secrets"] == {}, report["peer_secrets"]
+    if report["peer_secrets"]:
+        breaches["d: read the other agent's files"] = report["peer_secrets"]
+    # ... which it wrote, each in its own private /tmp, $HOME and working directory
+    written = json.loads(held.split("holding ", 1)[1].splitlines()[0])
+    if len(written) != 3:
+        breaches["the holder could not write its private /tmp, $HOME and working directory"] = written
+    assert not breaches, f"breached: {sorted(breaches)}; {breaches}"
 
 
 def test_the_real_agent_finishes_with_its_reward_and_its_calculator_is_sealed_with_it(tmp_path: Path) -> None:
