@@ -150,7 +150,6 @@ def _named_paths(cmd: Sequence[str], env: Mapping[str, str], cwd: str) -> Iterab
             continue
         for form in (os.path.abspath(path), os.path.realpath(path)):
             yield form
-            parent = os.path.dirname(form)
             if os.path.isfile(form) and os.access(form, os.X_OK):
                 yield from _prefix(form)
 
