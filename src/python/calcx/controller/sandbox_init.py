@@ -189,8 +189,8 @@ def main():
             run_agent(spec)
         finally:
             os._exit(SETUP_FAILED)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, frame: os.kill(pid, signal.SIGKILL))
+    for forwarded in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(forwarded, lambda signum, frame: os.kill(pid, signal.SIGKILL))
     while True:
         try:
             _, status = os.waitpid(pid, 0)
