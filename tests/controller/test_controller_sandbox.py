@@ -88,7 +88,10 @@ def test_a_hostile_agent_cannot_reach_the_users_files_the_controller_or_another_
         assert stack.server is not None
         # (d) the holder writes a secret into each place an agent may write, and stays
         client.create_rollouts([spec("holder", {"question": json.dumps({"role": "holder"}), "result": "0"})])
-        held = _wait_for(agents / "holder.1.log", "holding")
+        try:
+            held = _wait_for(agents / "holder.1.log", "holding")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the holder: {client.get_rollout('holder').latest_attempt}") from exc
         plan = {"role": "probe", "file_name": "planted.py",
                 "write_into": [str(fake_site), str(user_dir), str(user_tmp), str(outside)],
                 "home_file": str(home / "credentials"),
