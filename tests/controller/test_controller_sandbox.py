@@ -5,22 +5,25 @@ without namespaces is refused at start."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
-from controller_harness import KEY, client_of, make_stack, spec, started_pid, wait_terminal
+from controller_harness import KEY, claim, client_of, make_stack, spec, started_pid, wait_gone, wait_terminal
 
-from calcx.controller.local_runner import default_agent_command
-from calcx.controller.sandbox import NamespaceSandbox, SandboxUnavailable
+from calcx.controller.base import RunResult
+from calcx.controller.local_runner import LocalRunner, default_agent_command
+from calcx.controller.sandbox import NAMESPACE, NamespaceSandbox, SandboxUnavailable
 from calcx.procs.procutil import descendants
 from calcx.rehearse.stack import python_env
 
@@ -172,6 +175,56 @@ def _wait_for_calculator(controller_pid: int, before: set[int], launcher: int, t
 def rollout_processes_of(controller_pid: int, before: set[int]) -> dict[int, str]:
     return {pid: Path(f"/proc/{pid}/comm").read_text().strip() for pid in descendants(controller_pid) - before
             if Path(f"/proc/{pid}/comm").exists()}
+
+
+def _run_sealed(code: str, deadline_s: float, seen: set[int],
+                act: Callable[[int], bool] | None = None) -> RunResult:
+    """`python -c code` through the local runner's sandbox. While it runs, `seen` collects from
+    outside every process below the agent's launcher, and `act(launcher)` is called until it
+    returns True."""
+    async def go() -> RunResult:
+        runner = LocalRunner(agent_cmd=[sys.executable, "-c", code], prefork=False, sandbox=NAMESPACE)
+        await runner.start()
+        acted = act is None
+        try:
+            task = asyncio.create_task(runner.run(claim(deadline_s=deadline_s)))
+            while not task.done():
+                for launcher in list(runner._live):
+                    seen.update({launcher} | descendants(launcher))
+                    acted = acted or act(launcher)  # type: ignore[misc]
+                await asyncio.sleep(0.05)
+            return await task
+        finally:
+            await runner.close()
+
+    return asyncio.run(go())
+
+
+def test_the_deadline_ends_a_sealed_agent_and_everything_in_its_namespace() -> None:
+    # a grandchild in a session of its own, as the calculator is: the process group kill misses
+    # it, the end of the PID namespace's first process does not
+    code = ("import subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+            "time.sleep(60)\n")
+    seen: set[int] = set()
+    result = _run_sealed(code, 3.0, seen)
+    assert (result.state, result.reason) == ("FAILED", "timeout"), result
+    assert len(seen) >= 3, seen  # the launcher, the agent, its grandchild
+    assert wait_gone(seen) == [], f"outlived the deadline: {seen}"
+
+
+def test_a_sealed_agent_killed_by_a_signal_is_a_crash_naming_it() -> None:
+    """The agent is its PID namespace's first process; its launcher passes on its death by a
+    signal as its own, so the runner reports it as a plain spawn's."""
+    def kill_the_agent(launcher: int) -> bool:
+        agents = sorted(descendants(launcher))
+        if agents:
+            os.kill(agents[0], signal.SIGKILL)
+        return bool(agents)
+
+    result = _run_sealed("import time; time.sleep(60)", 60.0, set(), kill_the_agent)
+    assert (result.state, result.reason, result.exit_code) == ("FAILED", "crash", -signal.SIGKILL), result
+    assert "SIGKILL" in (result.detail or "")
 
 
 def _controller(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
