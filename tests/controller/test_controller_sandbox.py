@@ -248,12 +248,6 @@ def test_a_machine_that_cannot_seal_an_agent_is_refused_at_start(tmp_path: Path)
     assert "ready" not in refused.stdout
 
 
-def test_the_sandbox_spawns_each_agent_and_refuses_a_worker_command() -> None:
-    env = {**python_env(), "CALCX_KEY": KEY}
-    done = _controller(env, *SANDBOX, "--worker-cmd", "python -m calcx.worker")
-    assert done.returncode != 0 and "--worker-cmd with --sandbox namespace" in done.stderr, done.stderr
-
-
 def test_a_path_the_agent_needs_that_holds_a_hidden_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SandboxUnavailable, match="holds"):
         NamespaceSandbox.plan(["python3", "-c", "pass"], {"PATH": os.defpath, "HOME": str(tmp_path / "home"),

@@ -1,6 +1,7 @@
 """`calcx.agent_sandbox` reaches the controller `calcx train` starts as its `--sandbox` (the
 controller owns the setting and checks it; the trainer only forwards it), and a sandboxed
-controller starts under the config's default `prefork: true` (the sandbox spawns each agent)."""
+controller starts under the config's default `prefork: true` and with the worker command the
+trainer passes for an agent Python of its own (the sandbox spawns each agent)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ PROBE = ("from calcx.controller.local_runner import default_agent_command as d; 
 
 
 def _section(**settings: object) -> object:
+    # the agent's import path apart from the services': the controller then gets --agent-cmd and
+    # --worker-cmd, as on the GPU machine, where the agent has a Python and a path of its own
     paths = {"services_python": SERVICES_PYTHON, "agent_python": SERVICES_PYTHON,
-             "services_pythonpath": [str(CALCX_SRC)], "agent_pythonpath": [str(CALCX_SRC)],
+             "services_pythonpath": [str(CALCX_SRC)], "agent_pythonpath": [str(CALCX_SRC), str(CALCX_SRC.parent)],
              "controller_concurrency": 1}
     return OmegaConf.create({**paths, **settings})
 
@@ -43,7 +46,9 @@ def test_agent_sandbox_is_the_started_controllers_sandbox(tmp_path: Path) -> Non
         args = _controller_args(services)
         assert args[args.index("--sandbox") + 1] == "namespace", args
         log = (services.workdir / "controller.log").read_text()
-        assert "sandbox namespace: each agent is spawned in namespaces of its own" in log, log
+        assert "--worker-cmd" in args, args
+        assert ("sandbox namespace: each agent is spawned in namespaces of its own (no pre-forked worker; "
+                "--worker-cmd is not used)") in log, log
     default = ServicesConfig.from_calcx_section(_section(), tmp_path / "default")
     with LocalServices(default) as services:
         assert "--sandbox" not in _controller_args(services)

@@ -101,12 +101,10 @@ def build_runner(args: argparse.Namespace) -> Runner:
     except ValueError as exc:
         raise SystemExit(f"calcx controller: {exc}") from exc
     sealed = args.sandbox == NAMESPACE
-    if sealed and worker_cmd:
-        raise SystemExit("calcx controller: --worker-cmd with --sandbox namespace: the sandbox spawns each agent "
-                         "in namespaces of its own, no pre-forked worker runs")
     if sealed:
         logging.getLogger("calcx.controller").info(
-            "sandbox namespace: each agent is spawned in namespaces of its own (no pre-forked worker)")
+            "sandbox namespace: each agent is spawned in namespaces of its own (no pre-forked worker%s)",
+            "; --worker-cmd is not used" if worker_cmd else "")
     return LocalRunner(agent_cmd=agent_cmd, prefork=not (args.no_prefork or sealed), zygote_cmd=worker_cmd,
                        log_dir=args.log_dir, sandbox=args.sandbox)
 

@@ -127,7 +127,6 @@ class LocalRunner:
         lazy_ca: bool = True,
         child_nice: int = 5,
         sandbox: str = NONE,
-        cwd: str | None = None,
     ) -> None:
         if sandbox not in SANDBOX_MODES:
             raise ValueError(f"sandbox {sandbox!r} is not one of {', '.join(SANDBOX_MODES)}")
@@ -144,7 +143,7 @@ class LocalRunner:
         self.child_nice = child_nice
         self.ca_settings = lazy_ca_settings(self.base_env) if lazy_ca else None
         # planned here, checked by start(): a machine that cannot seal an agent runs none
-        self.sandbox = (NamespaceSandbox.plan(self.agent_cmd, self.base_env, cwd=cwd,
+        self.sandbox = (NamespaceSandbox.plan(self.agent_cmd, self.base_env,
                                               default_agent=self.agent_cmd == default_agent_command())
                         if sandbox == NAMESPACE else None)
         self.zygote: ZygoteClient | None = None
