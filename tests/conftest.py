@@ -27,6 +27,7 @@ SYSTEM_TEST_FILES = frozenset({
     "controller/test_controller_cli.py",
     "controller/test_controller_end_to_end.py",
     "controller/test_controller_local_runner.py",
+    "controller/test_controller_sandbox.py",
     "data/test_data_hard.py",
     "data/test_data_traces.py",
     "docker/test_docker_agent_container.py",
@@ -64,6 +65,7 @@ SYSTEM_TEST_FILES = frozenset({
     "trainer/test_trainer_resume_kill.py",
     "trainer/test_trainer_run_lease.py",
     "trainer/test_trainer_services_die_with_trainer.py",
+    "trainer/test_trainer_services_sandbox.py",
     "worker/test_worker_fork.py",
     "worker/test_worker_restart.py",
 })

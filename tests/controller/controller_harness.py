@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from calcx.api.client import CalcxClient
-from calcx.api.models import Rollout
+from calcx.api.models import Claim, Rollout
 from calcx.data.generator import generate_split
 from calcx.data.io import write_jsonl
 from calcx.procs.managed import ManagedProcess
@@ -29,6 +29,13 @@ def make_stack(workdir: Path, rows: int = 16, concurrency: int = 4, **kw: Any) -
     config = StackConfig(workdir=workdir, key=KEY, concurrency=concurrency, script_files=[str(path)],
                          server_args=["--lease-s", "10"], **kw)
     return Stack(config), data
+
+
+def claim(env: dict[str, str] | None = None, deadline_s: float = 30.0, rid: str = "r1") -> Claim:
+    """A claim of rollout `rid`, for a runner driven without a server."""
+    rollout = Rollout(rollout_id=rid, row={"question": "q", "result": "1"}, state="RUNNING", attempts=[],
+                      created_at=time.time())
+    return Claim(rollout=rollout, attempt_id="1", token="t", env=env or {}, deadline_s=deadline_s)
 
 
 def client_of(stack: Stack) -> CalcxClient:

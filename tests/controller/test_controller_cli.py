@@ -13,7 +13,7 @@ import pytest
 from calcx.cli import main as calcx_main
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "python"
-LOCAL_FLAGS = ("--agent-cmd", "--no-prefork", "--worker-cmd", "--log-dir")
+LOCAL_FLAGS = ("--agent-cmd", "--no-prefork", "--worker-cmd", "--log-dir", "--sandbox")
 K8S_FLAGS = ("--namespace", "--agent-image", "--image-pull-policy", "--kubeconfig", "--max-jobs-per-s", "--job-ttl-s")
 COMMON_FLAGS = ("--runner", "--server", "--key-file", "--concurrency", "--shutdown-grace-s")
 

@@ -11,21 +11,14 @@ import sys
 import time
 
 import pytest
-from controller_harness import wait_gone
+from controller_harness import claim, wait_gone
 
-from calcx.api.models import Claim, Rollout
 from calcx.contract.failures import reason_from_agent_exit
 from calcx.contract.ready import WORKER_READY_LINE
 from calcx.controller.__main__ import main as controller_main
 from calcx.controller.base import RunResult
 from calcx.controller.local_runner import LocalRunner, parse_command_option
 from calcx.procs.procutil import pid_alive
-
-
-def claim(env: dict[str, str] | None = None, deadline_s: float = 30.0, rid: str = "r1") -> Claim:
-    rollout = Rollout(rollout_id=rid, row={"question": "q", "result": "1"}, state="RUNNING", attempts=[],
-                      created_at=time.time())
-    return Claim(rollout=rollout, attempt_id="1", token="t", env=env or {}, deadline_s=deadline_s)
 
 
 def run_command(code: str, deadline_s: float = 30.0) -> RunResult:

@@ -144,6 +144,34 @@ def test_restart_mid_run_loses_nothing(tmp_path: Path, upstream: Any, server_key
         second.kill(signal.SIGTERM)
 
 
+def test_a_restarted_server_process_gives_every_running_attempt_a_fresh_lease(tmp_path: Path, server_key: str) -> None:
+    """The first process's lease (1 s) lapses while no server runs; the next process (lease 30 s)
+    must renew it at start, before its reaper looks, not fail the attempt controller_lost."""
+    db = str(tmp_path / "renew.db")
+    first = ServerProcess(db, server_key, "--lease-s", "1")
+    try:
+        with CalcxClient(first.url, server_key, timeout=5) as client:
+            client.create_rollout({"rollout_id": "l-1", "row": {"question": "q", "result": "1"}})
+            claim = client.claim("ctl", 1, timeout_s=1).claims[0]
+            lapsed_at = client.get_rollout("l-1").attempts[-1].lease_expires_at
+    finally:
+        first.kill()
+    assert lapsed_at is not None
+    while time.time() < lapsed_at + 0.5:  # the old lease is over before the new process starts
+        time.sleep(0.05)
+    restarted_at = time.time()
+    second = ServerProcess(db, server_key, "--lease-s", "30")
+    try:
+        with CalcxClient(second.url, server_key, timeout=5) as client:
+            attempt = client.get_rollout("l-1").attempts[-1]
+            assert (attempt.state, attempt.reason) == ("RUNNING", None), attempt
+            assert attempt.lease_expires_at is not None and attempt.lease_expires_at >= restarted_at + 20, attempt
+            beat = client.heartbeat("ctl", [("l-1", claim.attempt_id)])
+            assert [a.rollout_id for a in beat.held] == ["l-1"] and not beat.lost
+    finally:
+        second.kill(signal.SIGTERM)
+
+
 def test_refuses_to_start_without_a_key(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "CALCX_KEY"}
     env["PYTHONPATH"] = SRC

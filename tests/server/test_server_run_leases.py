@@ -119,12 +119,17 @@ def test_a_lapsed_or_released_lease_needs_no_take_over_and_still_fences(tmp_path
 
 
 def test_a_live_lease_survives_a_server_restart(tmp_path: Path) -> None:
+    """Live when the server stopped, live after its restart: the next start renews it (here after
+    the first process's own deadline, a 1 s lease, has passed), not only keeps it."""
     db = str(tmp_path / "calcx.db")
-    server = start_server_thread(db, KEY)
+    server = start_server_thread(db, KEY, run_lease_s=1.0)
     with CalcxClient(server.url, KEY) as a:
         a.acquire_lease(RUN, "trainer-a")
+        acquired = time.monotonic()
     server.stop()
-    server = start_server_thread(db, KEY)
+    while time.monotonic() < acquired + 1.5:  # past the deadline the first process stored
+        time.sleep(0.05)
+    server = start_server_thread(db, KEY, run_lease_s=30.0)
     try:
         with CalcxClient(server.url, KEY) as b:
             assert _refused(b.acquire_lease, RUN, "trainer-b").code == "run_leased"

@@ -57,12 +57,14 @@ def test_a_rollout_is_trained_at_most_once_until_its_step_is_rolled_back(client:
 
 def test_a_rewind_rolls_back_its_own_run_only(client: CalcxClient, db_path: str) -> None:
     _succeed(client, "a", ["a1", "a2"])
-    _succeed(client, "b", ["b1", "b2"])
+    _succeed(client, "b", ["b1", "b2", "b3"])
     for run in ("a", "b"):
         client.record_trained(run, 1, [f"{run}1"])
         client.record_trained(run, 2, [f"{run}2"])
+    client.record_trained("b", 3, ["b3"])  # a step only run b has: the answer names a's steps alone
     assert client.rewind("a", 1) == [2]
-    assert _live(db_path) == [("a", 1, "a1"), ("b", 1, "b1"), ("b", 2, "b2")]  # run b keeps its step 2
+    # run b keeps its steps 2 and 3
+    assert _live(db_path) == [("a", 1, "a1"), ("b", 1, "b1"), ("b", 2, "b2"), ("b", 3, "b3")]
 
 
 def test_only_a_succeeded_rollout_of_the_run_is_trained(client: CalcxClient, db_path: str) -> None:

@@ -14,6 +14,7 @@ from calcx.api.tokens import KEY_SOURCES, process_server_key
 from calcx.contract.ready import controller_ready_line
 from calcx.controller.base import Runner
 from calcx.controller.concurrency import SLOTS_PER_CORE, default_concurrency
+from calcx.controller.sandbox import NAMESPACE, NONE, SANDBOX_MODES, SandboxUnavailable
 from calcx.procs.procutil import forbid_dumps
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -65,6 +66,11 @@ def _add_local_arguments(p: argparse.ArgumentParser) -> None:
     local.add_argument("--worker-cmd", default=None,
                        help="pre-forked worker command (default: this Python -m calcx.worker)")
     local.add_argument("--log-dir", default=None, help="write each rollout's agent output to DIR/<rid>.<aid>.log")
+    local.add_argument("--sandbox", choices=SANDBOX_MODES, default=NONE,
+                       help="namespace: each agent in user, mount, PID, IPC and UTS namespaces of its own (a fresh "
+                            "/proc, the file system read-only, /tmp, $HOME and the working directory empty and "
+                            "private); spawns each agent, as --no-prefork does; refuses to start where the "
+                            "machine has no such namespaces (default none)")
 
 
 def chosen_runner(argv: list[str] | None) -> str:
@@ -94,7 +100,13 @@ def build_runner(args: argparse.Namespace) -> Runner:
         worker_cmd = parse_command_option(args.worker_cmd) if args.worker_cmd else None
     except ValueError as exc:
         raise SystemExit(f"calcx controller: {exc}") from exc
-    return LocalRunner(agent_cmd=agent_cmd, prefork=not args.no_prefork, zygote_cmd=worker_cmd, log_dir=args.log_dir)
+    sealed = args.sandbox == NAMESPACE
+    if sealed:
+        logging.getLogger("calcx.controller").info(
+            "sandbox namespace: each agent is spawned in namespaces of its own (no pre-forked worker%s)",
+            "; --worker-cmd is not used" if worker_cmd else "")
+    return LocalRunner(agent_cmd=agent_cmd, prefork=not (args.no_prefork or sealed), zygote_cmd=worker_cmd,
+                       log_dir=args.log_dir, sandbox=args.sandbox)
 
 
 async def _serve(args: argparse.Namespace, key: str) -> int:
@@ -154,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         return asyncio.run(_serve(args, key))
+    except SandboxUnavailable as exc:  # found by the runner's plan or start, before any claim
+        print(f"calcx controller: --sandbox namespace: {exc}; not starting (no agent runs unsealed)",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -7,6 +7,8 @@ Two ways to get that process:
   its output on a pipe; calculators come from the same zygote through a tiny launcher.
 - plain spawn (``prefork=False``, ``--no-prefork``): ``agent_cmd`` (default
   ``python -m calcx.agent``) as a new session, for debugging or when the worker cannot start.
+- sealed spawn (``sandbox="namespace"``, ``--sandbox namespace``): plain spawn, each agent in
+  namespaces of its own (:mod:`calcx.controller.sandbox`).
 
 Either way the deadline kills the whole process group (FAILED ``timeout``), exit 0 is SUCCEEDED,
 a non-zero exit is FAILED with the agent's own reason, and death by a signal is ``crash``.
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from calcx.contract.env import CALCX_CALCULATOR_CMD, agent_base_env, env_problem
 from calcx.contract.failures import FailureReason, reason_from_agent_exit
 from calcx.controller.base import RunResult
+from calcx.controller.sandbox import NAMESPACE, NONE, SANDBOX_MODES, NamespaceSandbox
 from calcx.procs.procutil import kill_group
 from calcx.worker.client import ChildExit, ZygoteClient, ZygoteUnavailable, default_zygote_command
 from calcx.worker.launcher import as_env_value, exec_command, handoff_command
@@ -123,7 +126,12 @@ class LocalRunner:
         fallback_to_spawn: bool = True,
         lazy_ca: bool = True,
         child_nice: int = 5,
+        sandbox: str = NONE,
     ) -> None:
+        if sandbox not in SANDBOX_MODES:
+            raise ValueError(f"sandbox {sandbox!r} is not one of {', '.join(SANDBOX_MODES)}")
+        if sandbox == NAMESPACE and prefork:
+            raise ValueError("the namespace sandbox spawns each agent: it needs prefork=False")
         self.agent_cmd = list(agent_cmd) if agent_cmd else default_agent_command()
         self.prefork = prefork
         self.zygote_cmd = list(zygote_cmd) if zygote_cmd else default_zygote_command()
@@ -134,6 +142,10 @@ class LocalRunner:
         self.fallback_to_spawn = fallback_to_spawn
         self.child_nice = child_nice
         self.ca_settings = lazy_ca_settings(self.base_env) if lazy_ca else None
+        # planned here, checked by start(): a machine that cannot seal an agent runs none
+        self.sandbox = (NamespaceSandbox.plan(self.agent_cmd, self.base_env,
+                                              default_agent=self.agent_cmd == default_agent_command())
+                        if sandbox == NAMESPACE else None)
         self.zygote: ZygoteClient | None = None
         self._live: dict[int, str] = {}  # pgid -> "rid/aid", for close()
         self.spawned = 0
@@ -143,6 +155,8 @@ class LocalRunner:
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
+        if self.sandbox is not None:
+            await asyncio.to_thread(self.sandbox.check)
         if self.prefork:
             zlog = os.path.join(self.log_dir, "zygote.log") if self.log_dir else None
             self.zygote = ZygoteClient(self.zygote_cmd, env=self.base_env, log_path=zlog)
@@ -195,7 +209,8 @@ class LocalRunner:
         log_file = None
         if self.log_dir:
             safe = label.replace("/", ".")
-            log_file = open(os.path.join(self.log_dir, f"{safe}.log"), "ab")
+            # unbuffered: a running agent's log can be followed as it writes
+            log_file = open(os.path.join(self.log_dir, f"{safe}.log"), "ab", buffering=0)
         loop = asyncio.get_running_loop()
         read_fd, write_fd = os.pipe()
         transport, tail = await loop.connect_read_pipe(
@@ -274,10 +289,11 @@ class LocalRunner:
                 env.pop(name, None)
             else:
                 env[name] = value
+        cmd = self.agent_cmd if self.sandbox is None else self.sandbox.command(self.agent_cmd, self.child_nice)
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.agent_cmd, stdin=asyncio.subprocess.DEVNULL, stdout=write_fd, stderr=write_fd,
+                *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=write_fd, stderr=write_fd,
                 env=env, start_new_session=True,
             )
         except OSError as exc:
@@ -285,7 +301,7 @@ class LocalRunner:
         finally:
             os.close(write_fd)
         self.spawned += 1
-        if self.child_nice:
+        if self.child_nice and self.sandbox is None:  # a sealed agent sets its own, before it starts
             try:  # rollout work yields the CPU to orchestration (server, controller)
                 os.setpriority(os.PRIO_PROCESS, proc.pid, self.child_nice)
             except OSError:

@@ -105,6 +105,7 @@ class ServicesConfig:
     key: str = field(default_factory=lambda: "calcx-run-" + secrets.token_hex(24))
     concurrency: int = 32
     prefork: bool = True
+    sandbox: str | None = None  # the controller's --sandbox, forwarded (it checks the value)
     agent_logs: bool = False
     tool_rounds: int = TOOL_ROUNDS_DEFAULT
     prompt: str = AGENT_PROMPT_DEFAULT
@@ -115,8 +116,8 @@ class ServicesConfig:
     @classmethod
     def from_calcx_section(cls, calcx: Any, workdir: Path) -> "ServicesConfig":
         """Read `calcx.services_python`, `services_pythonpath`, `agent_python`, `agent_pythonpath`,
-        `controller_concurrency`, `prefork`, `agent_logs`, `agent_tool_rounds`, `agent_prompt`,
-        `server_args` and `controller_args` (null = default)."""
+        `controller_concurrency`, `prefork`, `agent_sandbox`, `agent_logs`, `agent_tool_rounds`,
+        `agent_prompt`, `server_args` and `controller_args` (null = default)."""
         get = calcx.get
         services_path = as_path_list(get("services_pythonpath"), what="calcx.services_pythonpath")
         agent_path = as_path_list(get("agent_pythonpath"), what="calcx.agent_pythonpath")
@@ -133,6 +134,7 @@ class ServicesConfig:
             agent_pythonpath=agent_path if agent_path is not None else portable_sys_path(),
             concurrency=concurrency,
             prefork=bool(get("prefork", True)),
+            sandbox=None if get("agent_sandbox") is None else str(get("agent_sandbox")),
             agent_logs=bool(get("agent_logs", False)),
             tool_rounds=parse_tool_rounds(TOOL_ROUNDS_DEFAULT if rounds is None else rounds,
                                           what="calcx.agent_tool_rounds"),
@@ -211,7 +213,8 @@ class LocalServices:
                           "--controller-id", "calcx-train",
                           *(["--log-dir", str(self.workdir / "agents")] if c.agent_logs else []),
                           *c.agent_commands(),
-                          *([] if c.prefork else ["--no-prefork"]), *c.controller_args]
+                          *([] if c.prefork else ["--no-prefork"]),
+                          *([] if c.sandbox is None else ["--sandbox", c.sandbox]), *c.controller_args]
         controller = self.controller = ManagedProcess(
             "calcx controller", controller_cmd, self.workdir / "controller.log", {**self._env(), **c.agent_settings()},
             die_with_parent=True)
