@@ -22,10 +22,10 @@ import yaml
 
 from calcx.anchor.cli import main as anchor_main
 from calcx.anchor.config import compose_anchor
-from calcx.trainer.config import CALCX_OVERRIDES, ComposeRequest, compose, redacted_yaml, verl_config_dir
-from calcx.trainer.cli import main as train_main
-from calcx.trainer.warmup import WarmupRequest, compose_warmup
-from calcx.trainer.warmup import main as warmup_main
+from calcx.trainer.config.compose import CALCX_OVERRIDES, ComposeRequest, compose, redacted_yaml, verl_config_dir
+from calcx.trainer.run.cli import main as train_main
+from calcx.trainer.warmup.sft import WarmupRequest, compose_warmup
+from calcx.trainer.warmup.sft import main as warmup_main
 
 MEMORIES_GIB = (0.0, 80.0, 141.0)
 FILES = ["--model", "models/m", "--train-file", "train.parquet", "--val-file", "val.parquet"]

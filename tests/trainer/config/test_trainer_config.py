@@ -7,9 +7,9 @@ import stat
 import pytest
 from omegaconf import OmegaConf
 
-from calcx.trainer.config import (AGENT_LOOPS_FILE, ComposeRequest, ConfigError, choose_gpu_profile, compose,
+from calcx.trainer.config.compose import (AGENT_LOOPS_FILE, ComposeRequest, ConfigError, choose_gpu_profile, compose,
                                   redacted_yaml, run_profile_overrides)
-from calcx.trainer.server_key import key_dir, remove_key_file, server_key, write_key_file
+from calcx.trainer.run_dir.server_key import key_dir, remove_key_file, server_key, write_key_file
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def test_calcx_overrides_land_where_verl_reads_them(cfg) -> None:
     assert dict(arr.rollout.engine_kwargs.vllm) == {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
     assert arr.rollout.agent.default_agent_loop == "calcx_agent"
     assert arr.rollout.agent.agent_loop_config_path == str(AGENT_LOOPS_FILE)
-    assert arr.rollout.agent.agent_loop_manager_class == "calcx.trainer.manager.CalcxAgentLoopManager"
+    assert arr.rollout.agent.agent_loop_manager_class == "calcx.trainer.workers.manager.CalcxAgentLoopManager"
     actor = arr.actor
     assert actor.optim.lr == 1e-6 and actor.ppo_mini_batch_size == 32
     assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.2, 0.3)
@@ -50,7 +50,7 @@ def test_verl_validation_accepts_the_composed_config(cfg) -> None:
     from verl.trainer.config import AlgoConfig
     from verl.workers.config import FSDPActorConfig, RolloutConfig
 
-    from calcx.trainer.launch import validate_with_verl
+    from calcx.trainer.run.launch import validate_with_verl
 
     validate_with_verl(cfg)  # raises on any inconsistency verl checks for
     from verl.utils.config import omega_conf_to_dataclass
@@ -65,7 +65,7 @@ def test_verl_validation_accepts_the_composed_config(cfg) -> None:
 
 
 def test_verl_validation_rejects_a_bad_batch_split() -> None:
-    from calcx.trainer.launch import validate_with_verl
+    from calcx.trainer.run.launch import validate_with_verl
 
     bad = compose(ComposeRequest(dotlist=["actor_rollout_ref.actor.ppo_mini_batch_size=64"]))
     with pytest.raises((AssertionError, ValueError)):
@@ -78,12 +78,12 @@ def test_step_efficiency_defaults_compose_and_validate(cfg) -> None:
     log-prob passes follow them."""
     from verl.utils.config import omega_conf_to_dataclass
 
-    from calcx.trainer.launch import validate_with_verl
+    from calcx.trainer.run.launch import validate_with_verl
 
     arr = cfg.actor_rollout_ref
     assert arr.model.use_remove_padding is True
     assert arr.model.override_config.attn_implementation == "calcx_varlen"
-    assert arr.model.external_lib == "calcx.trainer.packed_attention"
+    assert arr.model.external_lib == "calcx.trainer.workers.packed_attention"
     assert arr.model.use_fused_kernels is True and arr.model.fused_kernel_options.impl_backend == "torch"
     assert arr.actor.use_dynamic_bsz is True and arr.actor.ppo_max_token_len_per_gpu == 8192
     assert arr.rollout.log_prob_use_dynamic_bsz is True and arr.rollout.log_prob_max_token_len_per_gpu == 8192
@@ -94,7 +94,7 @@ def test_step_efficiency_defaults_compose_and_validate(cfg) -> None:
 
 
 def test_token_budget_must_hold_the_longest_row() -> None:
-    from calcx.trainer.launch import validate_with_verl
+    from calcx.trainer.run.launch import validate_with_verl
 
     short = compose(ComposeRequest(dotlist=["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"]))
     with pytest.raises(ValueError, match="ppo_max_token_len_per_gpu \\(4096\\) must hold the longest row.*6144"):
@@ -195,7 +195,7 @@ GPU_CASES = [
 def test_gpu_profile_follows_the_gpu_memory(memory, profile, update_budget, logprob_budget) -> None:
     from verl.utils.config import omega_conf_to_dataclass
 
-    from calcx.trainer.launch import validate_with_verl
+    from calcx.trainer.run.launch import validate_with_verl
 
     cfg = compose(ComposeRequest(gpu_memory_gib=memory))
     arr = cfg.actor_rollout_ref
@@ -293,7 +293,7 @@ def test_a_run_profile_composes_to_what_the_gpu_script_passed(profile, extra) ->
 
 
 def test_the_calculator_recipes_pass_verls_checks() -> None:
-    from calcx.trainer.launch import validate_with_verl
+    from calcx.trainer.run.launch import validate_with_verl
 
     for profile in ("gsm8k-h200-calculator", "gsm8k-h200-calculator-filtered"):
         validate_with_verl(compose(ComposeRequest(gpu_memory_gib=140.4, run_profile=profile)))
@@ -316,7 +316,7 @@ def test_a_run_profile_wins_over_calcx_yaml_and_loses_to_the_command_line() -> N
 def test_an_unknown_run_profile_is_refused_with_the_known_ones() -> None:
     import yaml
 
-    from calcx.trainer.config import CALCX_OVERRIDES
+    from calcx.trainer.config.compose import CALCX_OVERRIDES
 
     profiles = yaml.safe_load(CALCX_OVERRIDES.read_text())["run_profiles"]
     with pytest.raises(ConfigError, match="'gsm8k-h100'") as refused:

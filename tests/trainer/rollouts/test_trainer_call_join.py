@@ -1,4 +1,4 @@
-"""Calls that continue each other become one sample (calcx.trainer.call_join): the first prompt, the
+"""Calls that continue each other become one sample (calcx.trainer.rollouts.call_join): the first prompt, the
 answers with the tokens between them masked out, the rollout's reward; calls that do not continue
 each other, or were cut, stay apart."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from calcx.trainer.call_join import join_continued_calls
-from calcx.trainer.rollout_samples import CallSample, RolloutSamples
+from calcx.trainer.rollouts.call_join import join_continued_calls
+from calcx.trainer.rollouts.rollout_samples import CallSample, RolloutSamples
 
 
 def call(n: int, prompt: list[int], response: list[int], **kw) -> CallSample:
@@ -61,7 +61,7 @@ def test_cut_calls_and_answers_past_the_bound_stay_apart() -> None:
 
 
 def test_a_masked_turn_stays_masked_inside_the_sequence() -> None:
-    # mask_void_turns zeroes a turn's mask before the join (calcx.trainer.session)
+    # mask_void_turns zeroes a turn's mask before the join (calcx.trainer.rollouts.session)
     void = replace(CALLS[1], response_mask=[0])
     [one] = join_continued_calls(rollout(CALLS[0], void, CALLS[2]), max_response_length=100).samples
     assert one.response_mask == [1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1]

@@ -17,8 +17,8 @@ from calcx.api.client import AsyncCalcxClient, CalcxClient
 from calcx.api.models import Rollout
 from calcx.contract.failures import FailureReason
 from calcx.contract.labels import RUN_LABEL
-from calcx.trainer.group import GroupSpec, RolloutOrigin, settle_group
-from calcx.trainer.rollout_samples import RolloutIncomplete
+from calcx.trainer.rollouts.group import GroupSpec, RolloutOrigin, settle_group
+from calcx.trainer.rollouts.rollout_samples import RolloutIncomplete
 from live_stack import needs_services, start_server
 
 KEY = "group-test-key-0123456789abcdef0123456789"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from calcx.api.client import CalcxClient
 from calcx.contract.labels import RUN_LABEL
-from calcx.trainer.group import GroupSpec
-from calcx.trainer.leftovers import cancel_previous_run
+from calcx.trainer.rollouts.group import GroupSpec
+from calcx.trainer.rollouts.leftovers import cancel_previous_run
 from live_stack import needs_services, start_server
 
 pytestmark = needs_services

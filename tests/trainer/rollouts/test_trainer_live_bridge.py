@@ -23,11 +23,11 @@ import pytest
 import torch
 
 from calcx.api.client import AsyncCalcxClient
-from calcx.trainer.config import ComposeRequest, compose
-from calcx.trainer.report import count_incomplete
-from calcx.trainer.server_key import write_key_file
-from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
-from calcx.trainer.rollout_samples import RolloutIncomplete
+from calcx.trainer.config.compose import ComposeRequest, compose
+from calcx.trainer.run.report import count_incomplete
+from calcx.trainer.run_dir.server_key import write_key_file
+from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
+from calcx.trainer.rollouts.rollout_samples import RolloutIncomplete
 from live_stack import SERVICES_PYTHON, agent_loop, alive, needs_services, start_stub
 
 pytestmark = [needs_services, pytest.mark.timeout(420)]
@@ -79,7 +79,7 @@ def _config(stack: dict, report_dir: Path, *extra: str):
 
 
 async def _group(cfg, row: dict, uid: str, step: int) -> list[Any]:
-    from calcx.trainer.data import verl_records
+    from calcx.trainer.run.data import verl_records
 
     columns = verl_records([row])[0]
     params = {"temperature": float(cfg.actor_rollout_ref.rollout.temperature), "top_p": 1.0}
@@ -196,8 +196,8 @@ def test_grpo_groups_through_the_agent_loop(stack: dict, tmp_path: Path) -> None
 def test_reward_options_shape_training_rollouts_not_validation(stack: dict, tmp_path: Path) -> None:
     """`calcx.reward.tool_bonus`: a right answer reached with the calculator trains with 1 + bonus;
     the same row validated keeps the agent's reward, and the server keeps what the agent posted."""
-    from calcx.trainer.evaluation import val_session_kwargs
-    from calcx.trainer.session import run_session_from_config
+    from calcx.trainer.run.evaluation import val_session_kwargs
+    from calcx.trainer.rollouts.session import run_session_from_config
 
     cfg = _config(stack, tmp_path / "report", "calcx.reward.tool_bonus=0.5")
     good = stack["rows"][0]
@@ -217,8 +217,8 @@ def test_reward_options_shape_training_rollouts_not_validation(stack: dict, tmp_
 
 
 def test_eval_only_driver_and_report_from_the_server(stack: dict, tmp_path: Path) -> None:
-    from calcx.trainer.evaluation import collect_eval, run_validation
-    from calcx.trainer.report import write_report
+    from calcx.trainer.run.evaluation import collect_eval, run_validation
+    from calcx.trainer.run.report import write_report
 
     cfg = _config(stack, tmp_path / "report")
     counts = asyncio.run(run_validation(cfg, stack["rows"], step=7))
@@ -253,7 +253,7 @@ def test_services_run_the_agent_under_its_own_python_and_path(stack: dict) -> No
 def test_rollouts_are_sampled_as_the_trainer_says(stack: dict, tmp_path: Path) -> None:
     """Train rollouts carry rollout.{temperature, top_p, top_k}, validation rollouts val_kwargs'
     (greedy by default), and the gateway sends those values with every model call."""
-    from calcx.trainer.evaluation import run_validation
+    from calcx.trainer.run.evaluation import run_validation
 
     cfg = _config(stack, tmp_path / "report", "actor_rollout_ref.rollout.temperature=0.8",
                   "actor_rollout_ref.rollout.top_p=0.95", "actor_rollout_ref.rollout.top_k=40")

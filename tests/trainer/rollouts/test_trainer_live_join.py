@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 from calcx.api.client import AsyncCalcxClient
-from calcx.trainer.config import ComposeRequest, compose
-from calcx.trainer.server_key import write_key_file
-from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
-from calcx.trainer.tool_use import LEDGER_FILE, ToolUseLedger
+from calcx.trainer.config.compose import ComposeRequest, compose
+from calcx.trainer.run_dir.server_key import write_key_file
+from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
+from calcx.trainer.rollouts.tool_use import ToolUseLedger
+from calcx.trainer.run_dir.names import TOOL_USE_FILE
 from live_stack import SERVICES_PYTHON, agent_loop, needs_services, start_stub
 
 pytestmark = [needs_services, pytest.mark.timeout(300)]
@@ -45,7 +46,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
 def _outputs(stack: dict, uid: str, *extra: str) -> list[list[Any]]:
     from omegaconf import OmegaConf
 
-    from calcx.trainer.data import verl_records
+    from calcx.trainer.run.data import verl_records
 
     services = stack["services"]
     cfg = compose(ComposeRequest(model="calcx-stub", server_url=services.server_url, dotlist=[
@@ -75,7 +76,7 @@ def _shape(ledger: ToolUseLedger) -> tuple[float, float]:
 
 
 def test_a_rollouts_calls_become_one_sequence_and_stay_apart_when_asked(stack: dict) -> None:
-    ledgers = {uid: ToolUseLedger(stack["work"] / uid / LEDGER_FILE) for uid in ("uid-apart", "uid-joined")}
+    ledgers = {uid: ToolUseLedger(stack["work"] / uid / TOOL_USE_FILE) for uid in ("uid-apart", "uid-joined")}
     apart = _outputs(stack, "uid-apart", "calcx.join_calls=false")
     joined = _outputs(stack, "uid-joined")
     assert _shape(ledgers["uid-apart"]) == (2.0, 2.0) and _shape(ledgers["uid-joined"]) == (2.0, 1.0)

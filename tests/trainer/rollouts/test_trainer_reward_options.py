@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-from calcx.trainer.config import ComposeRequest, ConfigError, compose
-from calcx.trainer.reward_options import (
+from calcx.trainer.config.compose import ComposeRequest, ConfigError, compose
+from calcx.trainer.rollouts.reward_options import (
     RewardOptionError,
     RewardOptions,
     apply_reward_options,
     is_void_turn,
     shaped_reward,
 )
-from calcx.trainer.tool_use import ToolUse, rollout_tool_use
-from calcx.trainer.translate import translate_rollout
+from calcx.trainer.rollouts.tool_use import ToolUse, rollout_tool_use
+from calcx.trainer.rollouts.translate import translate_rollout
 
 USER = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
 CALC = {"id": "c1", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "6*7"}'}}

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from calcx.api.models import RolloutCreate
-from calcx.trainer.config import ComposeRequest, compose
-from calcx.trainer.session import session_spec
+from calcx.trainer.config.compose import ComposeRequest, compose
+from calcx.trainer.rollouts.session import session_spec
 
 ROW = {"id": "q1", "question": "What is 2 + 2 ?", "chain": "", "result": "4", "source": "t"}
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}

@@ -1,4 +1,4 @@
-"""Calculator use counted from recorded model calls (`calcx.trainer.tool_use`), the ledger the
+"""Calculator use counted from recorded model calls (`calcx.trainer.rollouts.tool_use`), the ledger the
 AgentLoop sessions write, and the hook that puts `calcx/{train,val}/...` into verl's step metrics.
 
 The recorded calls are shaped as the gateway stores them for calcx's AutoGen agent: the first
@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from calcx.trainer.tool_use import (
-    LEDGER_FILE,
+from calcx.trainer.run_dir.names import TOOL_USE_FILE
+from calcx.trainer.rollouts.tool_use import (
     RolloutShape,
     ToolUse,
     ToolUseLedger,
@@ -111,27 +111,27 @@ def test_metrics_of_a_step() -> None:
 
 
 def test_ledger_hands_out_each_rollout_once_per_partition(tmp_path: Path) -> None:
-    (tmp_path / LEDGER_FILE).write_text(json.dumps({"partition": "train", "step": 0, "rollout_id": "old",
+    (tmp_path / TOOL_USE_FILE).write_text(json.dumps({"partition": "train", "step": 0, "rollout_id": "old",
                                                     "calls": 9, "successful": 9, "parse_failures": 0}) + "\n")
-    ledger = ToolUseLedger(tmp_path / LEDGER_FILE)  # a resumed run: earlier lines are not this run's
+    ledger = ToolUseLedger(tmp_path / TOOL_USE_FILE)  # a resumed run: earlier lines are not this run's
     record_tool_use(tmp_path, partition="train", step=1, rollout_id="r1", use=ToolUse(1, 1, 0))
     record_tool_use(tmp_path, partition="train", step=1, rollout_id="r2", use=ToolUse(0, 0, 2))
     record_tool_use(tmp_path, partition="val", step=1, rollout_id="v1", use=ToolUse(1, 1, 0))
     record_tool_use(tmp_path, partition="train", step=1, rollout_id="r1", use=ToolUse(1, 1, 0))  # again
-    with open(tmp_path / LEDGER_FILE, "a") as fh:
+    with open(tmp_path / TOOL_USE_FILE, "a") as fh:
         fh.write('{"partition": "train", "step": 2, "rollout_id": "r3", "calls": 1')  # still being written
     assert ledger.take("val")["calcx/val/tool_use"] == 1.0
     train = ledger.take("train")
     assert train["calcx/train/rollouts"] == 2 and train["calcx/train/tool_use"] == 0.5
     assert train["calcx/train/tool_parse_failures"] == 2
     assert ledger.take("train") == {} and ledger.take("val") == {}
-    with open(tmp_path / LEDGER_FILE, "a") as fh:
+    with open(tmp_path / TOOL_USE_FILE, "a") as fh:
         fh.write(', "successful": 0, "parse_failures": 0}\n')
     assert ledger.take("train")["calcx/train/rollouts"] == 1
 
 
 def test_ledger_reports_calls_and_sequences_a_rollout_where_recorded(tmp_path: Path) -> None:
-    ledger = ToolUseLedger(tmp_path / LEDGER_FILE)
+    ledger = ToolUseLedger(tmp_path / TOOL_USE_FILE)
     record_tool_use(tmp_path, partition="train", step=1, rollout_id="r1", use=ToolUse(3, 3, 0),
                     shape=RolloutShape(model_calls=4, sequences=1))
     record_tool_use(tmp_path, partition="train", step=1, rollout_id="r2", use=ToolUse(1, 1, 0),
@@ -152,7 +152,7 @@ def test_share_of_groups_whose_rewards_are_all_equal() -> None:
 
 
 def test_ledger_reports_the_equal_reward_groups_of_a_step(tmp_path: Path) -> None:
-    ledger = ToolUseLedger(tmp_path / LEDGER_FILE)
+    ledger = ToolUseLedger(tmp_path / TOOL_USE_FILE)
     rewards = {"g1": [1.0, 1.0], "g2": [0.0, 1.1], "g3": [0.0, 0.0], "g4": [1.0, 0.0]}
     for group, values in rewards.items():
         for i, reward in enumerate(values):
@@ -180,7 +180,7 @@ class FakeTrainer:
 
 def test_hook_adds_tool_use_to_the_metrics_verl_logs(tmp_path: Path) -> None:
     trainer = FakeTrainer()
-    add_tool_use_metrics(trainer, ToolUseLedger(tmp_path / LEDGER_FILE))
+    add_tool_use_metrics(trainer, ToolUseLedger(tmp_path / TOOL_USE_FILE))
     record_tool_use(tmp_path, partition="val", step=0, rollout_id="v1", use=ToolUse(1, 1, 0))
     val = trainer._validate()
     assert val["val-core/gsm8k/reward/mean@1"] == 0.5 and val["calcx/val/tool_use"] == 1.0

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from calcx.trainer.report import count_incomplete
-from calcx.trainer.rollout_request import rollout_id_for
-from calcx.trainer.rollout_samples import RolloutIncomplete
-from calcx.trainer.translate import translate_rollout
+from calcx.trainer.run.report import count_incomplete
+from calcx.trainer.rollouts.rollout_request import rollout_id_for
+from calcx.trainer.rollouts.rollout_samples import RolloutIncomplete
+from calcx.trainer.rollouts.translate import translate_rollout
 
 
 def _call(rid: str, aid: str, seq: int, prompt: list[int], response: list[int], *, status: int = 200,
@@ -113,7 +113,7 @@ def test_a_call_the_client_sent_again_is_trained_once_with_its_last_answer() -> 
 def test_verl_grpo_advantages_on_translated_outputs() -> None:
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-    from calcx.trainer.calcx_agent_loop import to_agent_loop_outputs
+    from calcx.trainer.workers.calcx_agent_loop import to_agent_loop_outputs
 
     rewards = {("g1", 0): 1.0, ("g1", 1): 0.0, ("g2", 0): 1.0, ("g2", 1): 1.0}
     rows, index = [], []
@@ -149,8 +149,8 @@ def test_joined_calls_are_one_verl_row_and_one_member_of_their_group() -> None:
     counted the two-call rollout twice in the group's mean and deviation."""
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-    from calcx.trainer.calcx_agent_loop import to_agent_loop_outputs
-    from calcx.trainer.call_join import join_continued_calls
+    from calcx.trainer.workers.calcx_agent_loop import to_agent_loop_outputs
+    from calcx.trainer.rollouts.call_join import join_continued_calls
 
     two_calls, calls = _two_turn_rollout("g1", 0, 1.0)
     joined = join_continued_calls(translate_rollout(two_calls, calls, max_prompt_length=4096, max_response_length=2048),
@@ -184,7 +184,7 @@ def test_trajectory_versions_span_the_versions_that_served_its_calls() -> None:
     """A trajectory whose turns were answered by two policy versions tells verl both (verl's
     staleness is the trained step minus one minus the newest); one without recorded versions counts
     as on-policy for its step (the previous step's weights)."""
-    from calcx.trainer.calcx_agent_loop import to_agent_loop_outputs
+    from calcx.trainer.workers.calcx_agent_loop import to_agent_loop_outputs
 
     rollout, calls = _two_turn_rollout("g1", 0, 1.0)
     calls[1]["policy_version"], calls[2]["policy_version"] = 5, 4  # second turn after a weight sync
@@ -202,7 +202,7 @@ def test_trajectory_versions_span_the_versions_that_served_its_calls() -> None:
 
 
 def test_incomplete_sessions_are_recorded_and_counted_per_group(tmp_path: Path) -> None:
-    from calcx.trainer.session import record_incomplete
+    from calcx.trainer.rollouts.session import record_incomplete
 
     for session in (0, 1):
         exc = RolloutIncomplete(rollout_id_for("train", 5, "gX", session), "group_incomplete", "member failed")

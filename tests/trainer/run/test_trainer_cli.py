@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from calcx.trainer.cli import run_interruptible
+from calcx.trainer.run.cli import run_interruptible
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src" / "python")}
 PROBE = (
-    "import sys; from calcx.trainer.cli import main\n"
+    "import sys; from calcx.trainer.run.cli import main\n"
     "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
     "heavy = sorted(m for m in ('torch', 'verl', 'ray', 'vllm') if m in sys.modules)\n"
     "print('HEAVY=' + ','.join(heavy), file=sys.stderr); raise SystemExit(code)\n"
@@ -65,7 +65,7 @@ def test_print_config_reports_a_misspelt_override() -> None:
 
 def test_train_without_gpu_fails_fast_pointing_to_rehearse(tmp_path: Path) -> None:
     env = {**ENV, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "-m", "calcx.trainer.cli", "--train-file", str(tmp_path / "x.parquet")],
+    done = subprocess.run([sys.executable, "-m", "calcx.trainer.run.cli", "--train-file", str(tmp_path / "x.parquet")],
                           capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert done.returncode == 3
     assert "no CUDA GPU was found" in done.stderr and "calcx rehearse" in done.stderr

@@ -4,8 +4,8 @@ the partition and step labels the trainer creates its rollouts with (never by pa
 from __future__ import annotations
 
 from calcx.api.models import Rollout
-from calcx.trainer.evaluation import eval_collection
-from calcx.trainer.group import RolloutOrigin
+from calcx.trainer.run.evaluation import eval_collection
+from calcx.trainer.rollouts.group import RolloutOrigin
 
 
 def _rollout(rid: str, origin: RolloutOrigin | None, state: str, reward: float | None,

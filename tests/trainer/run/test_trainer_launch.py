@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from calcx.trainer.config import ComposeRequest, ConfigError, compose, resolve_model_path
-from calcx.trainer.services import CALCX_SRC, ServicesConfig, as_path_list, portable_sys_path
+from calcx.trainer.config.compose import ComposeRequest, ConfigError, compose, resolve_model_path
+from calcx.trainer.run.services import CALCX_SRC, ServicesConfig, as_path_list, portable_sys_path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DEFAULT_SERVICES_PYTHON = "/opt/calcx-dev/bin/python"
 SERVICES_PYTHON = os.environ.get("CALCX_SERVICES_PYTHON") or (
     DEFAULT_SERVICES_PYTHON if os.path.exists(DEFAULT_SERVICES_PYTHON) else "")
 
 
 def test_ray_workers_get_calcx_on_their_path_and_the_metrics_file(tmp_path: Path, monkeypatch) -> None:
-    from calcx.trainer.run_settings import prepare_run
+    from calcx.trainer.run.run_settings import prepare_run
 
     monkeypatch.setenv("PYTHONPATH", "src/python" + os.pathsep + "/site/trainer")
     monkeypatch.delenv("VERL_FILE_LOGGER_PATH", raising=False)  # prepare_run sets it for verl's driver
@@ -103,7 +103,7 @@ def test_the_controller_hands_its_agents_the_configured_tool_rounds_and_prompt()
 
 def test_the_started_server_gets_the_runs_ceiling_and_tool_call_parser() -> None:
     # (the server accepting these flags is checked by the eval-only test below, which starts one)
-    from calcx.trainer.launch import server_args
+    from calcx.trainer.run.launch import server_args
 
     cfg = compose(ComposeRequest(gpu_memory_gib=0))
     ceiling = str(int(cfg.actor_rollout_ref.rollout.response_length))
@@ -142,7 +142,7 @@ def test_eval_only_starts_and_ends_its_own_services(tmp_path: Path) -> None:
         assert stub.match is not None
         report = tmp_path / "run"
         done = subprocess.run(
-            [sys.executable, "-m", "calcx.trainer.cli", "--eval-only", "--model-endpoint", stub.match.group(1),
+            [sys.executable, "-m", "calcx.trainer.run.cli", "--eval-only", "--model-endpoint", stub.match.group(1),
              "--val-file", str(val), "--model", "calcx-stub", f"calcx.report_dir={report}",
              f"calcx.services_python={SERVICES_PYTHON}", f"calcx.services_pythonpath=[{CALCX_SRC}]",
              f"calcx.agent_python={SERVICES_PYTHON}", f"calcx.agent_pythonpath=[{CALCX_SRC}]",

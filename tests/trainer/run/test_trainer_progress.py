@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from calcx.trainer.progress import ProgressWatch, progress_line, total_training_steps
+from calcx.trainer.run.progress import ProgressWatch, progress_line, total_training_steps
 
 
 def _log(path: Path, step: int, data: dict[str, Any], *, end: str = "\n") -> None:

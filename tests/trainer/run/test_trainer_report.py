@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from calcx.trainer.replicas import openai_endpoints
-from calcx.trainer.report import ReportError, eval_rows, eval_table_markdown, read_metrics, write_report
+from calcx.trainer.workers.replicas import openai_endpoints
+from calcx.trainer.run.report import ReportError, eval_rows, eval_table_markdown, read_metrics, write_report
 
 
 def _metrics(path: Path) -> Path:

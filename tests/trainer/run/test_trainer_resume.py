@@ -11,10 +11,11 @@ import pytest
 
 from calcx.api.client import CalcxClient
 from calcx.contract.labels import RUN_LABEL
-from calcx.trainer.checkpoints import write_marker
-from calcx.trainer.config import ComposeRequest, compose
-from calcx.trainer.launch import rollout_services
-from calcx.trainer.resume import STARTS_FILE, SUPERSEDED_DIR, plan_resume, supersede_rows
+from calcx.trainer.run_dir.checkpoints import write_marker
+from calcx.trainer.config.compose import ComposeRequest, compose
+from calcx.trainer.run.launch import rollout_services
+from calcx.trainer.run.resume import plan_resume, supersede_rows
+from calcx.trainer.run_dir.names import STARTS_FILE, SUPERSEDED_DIR
 from live_stack import needs_services, start_server
 
 

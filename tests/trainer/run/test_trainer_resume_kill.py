@@ -24,15 +24,15 @@ import pytest
 from calcx.contract.ready import STUB_LLM_READY
 from calcx.procs.managed import ManagedProcess
 from calcx.server.ledger_audit import audit
-from calcx.trainer.server_key import remove_key_file, write_key_file
-from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
+from calcx.trainer.run_dir.server_key import remove_key_file, write_key_file
+from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
 from live_stack import SERVICES_PYTHON, needs_services
 
 pytestmark = [needs_services, pytest.mark.timeout(600)]
 
 RUN = "resume-kill"
 PROBLEMS, BATCH, N, STEPS, SAVE_FREQ = 8, 2, 2, 8, 2  # 4 steps an epoch, 2 epochs, a checkpoint every 2 steps
-DRIVER = Path(__file__).with_name("resume_driver.py")
+DRIVER = Path(__file__).parents[1] / "resume_driver.py"
 
 @pytest.fixture
 def stack(tmp_path: Path):
@@ -92,7 +92,7 @@ def drive(stack: dict[str, Any], kill: str | None, on_line: Callable[[str], None
     return out
 
 
-#: how `calcx train` says what a start continues from (calcx.trainer.resume.ResumePlan.summary)
+#: how `calcx train` says what a start continues from (calcx.trainer.run.resume.ResumePlan.summary)
 START_LINE = ("calcx train: resuming run ", "calcx train: starting run ")
 
 

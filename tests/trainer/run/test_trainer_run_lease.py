@@ -13,8 +13,8 @@ import pytest
 
 from calcx.api.client import CalcxAPIError, CalcxClient
 from calcx.contract.labels import RUN_LABEL
-from calcx.trainer.ledger import record_step
-from calcx.trainer.run_lease import LeaseKeeper, RunLeaseRefused, take_run_lease
+from calcx.trainer.workers.ledger import record_step
+from calcx.trainer.run.run_lease import LeaseKeeper, RunLeaseRefused, take_run_lease
 from live_stack import needs_services, start_server
 
 pytestmark = needs_services
@@ -82,8 +82,8 @@ def test_calcx_trains_services_step_takes_the_lease_before_it_cancels_anything(t
     """rollout_services (what `calcx train` runs before verl) of a second trainer: refused while the
     first holds the run, its leftover cancel never sent; with take_over, it cancels and the first's
     keeper is told."""
-    from calcx.trainer.config import ComposeRequest, compose
-    from calcx.trainer.launch import LaunchError, rollout_services
+    from calcx.trainer.config.compose import ComposeRequest, compose
+    from calcx.trainer.run.launch import LaunchError, rollout_services
 
     server, url = start_server(tmp_path, KEY)
     lost: list[str] = []
@@ -117,9 +117,9 @@ def test_with_its_own_server_a_second_start_is_refused_before_its_controller_sta
     """The default: calcx train starts its server on the run's database, which a second start in
     the same report directory shares. The second takes no lease, so it starts no controller that
     would claim the live run's work."""
-    from calcx.trainer.config import ComposeRequest, compose
-    from calcx.trainer.launch import LaunchError, rollout_services
-    from calcx.trainer.services import CALCX_SRC, LocalServices
+    from calcx.trainer.config.compose import ComposeRequest, compose
+    from calcx.trainer.run.launch import LaunchError, rollout_services
+    from calcx.trainer.run.services import CALCX_SRC, LocalServices
     from live_stack import SERVICES_PYTHON
 
     controllers: list[str] = []

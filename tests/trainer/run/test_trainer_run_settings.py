@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from calcx.trainer.config import ComposeRequest, ConfigError, compose
-from calcx.trainer.run_settings import FILE_LOGGER_ENV, WORKER_ENV_KEY, prepare_run
-from calcx.trainer.services import CALCX_SRC
+from calcx.trainer.config.compose import ComposeRequest, ConfigError, compose
+from calcx.trainer.run.run_settings import FILE_LOGGER_ENV, WORKER_ENV_KEY, prepare_run
+from calcx.trainer.run.services import CALCX_SRC
 
 ROW = {"id": "r1", "source": "gsm8k", "question": "What is 2 + 3?", "chain": "<gadget>2+3</gadget>", "result": "5"}
 
@@ -81,7 +81,7 @@ def test_several_files_make_one_verl_file_and_an_id_in_two_is_refused(tmp_path: 
 
 
 def test_the_cli_takes_several_files_for_each_flag() -> None:
-    from calcx.trainer.cli import build_parser, config_files
+    from calcx.trainer.run.cli import build_parser, config_files
 
     args = build_parser().parse_args(["--train-file", "a.parquet", "b.parquet", "--val-file", "v.parquet"])
     assert (config_files(args.train_file), config_files(args.val_file)) == (["a.parquet", "b.parquet"], "v.parquet")

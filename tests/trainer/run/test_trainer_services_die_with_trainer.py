@@ -18,7 +18,7 @@ pytestmark = needs_services
 TRAINER = """
 import sys, time
 from pathlib import Path
-from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
+from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
 python = sys.argv[2]
 services = LocalServices(ServicesConfig(workdir=Path(sys.argv[1]), services_python=python,
                                         services_pythonpath=[str(CALCX_SRC)], agent_python=python,

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from calcx.trainer.checkpoints import MARKER, is_complete, mark_after_save, newest_complete, prune_older, write_marker
+from calcx.trainer.run_dir.names import CHECKPOINT_MARKER
+from calcx.trainer.run_dir.checkpoints import is_complete, mark_after_save, newest_complete, prune_older, write_marker
 
 
 def verl_save(root: Path, step: int) -> Path:
@@ -33,14 +34,14 @@ def test_the_marker_is_written_after_the_save_returned_and_says_its_cost(tmp_pat
 
     def save() -> str:
         folder = verl_save(tmp_path, trainer.global_steps)
-        seen.append((folder / MARKER).exists())
+        seen.append((folder / CHECKPOINT_MARKER).exists())
         return "saved"
 
     trainer._save_checkpoint = save
     mark_after_save(trainer, lambda: tmp_path)
     assert trainer._save_checkpoint() == "saved"
     assert seen == [False]  # no marker while verl was still saving
-    marker = json.loads((tmp_path / "global_step_4" / MARKER).read_text())
+    marker = json.loads((tmp_path / "global_step_4" / CHECKPOINT_MARKER).read_text())
     assert f"calcx train: checkpoint of step 4 complete ({marker['save_seconds']:.1f} s, {marker['files']} files, " \
            f"{marker['bytes']} bytes)" in capsys.readouterr().out  # on the driver's log, as the step lines are
     assert (marker["step"], marker["files"], marker["bytes"]) == (4, 2, 1010)
@@ -53,10 +54,10 @@ def test_the_newest_whole_checkpoint_wins_over_newer_broken_ones(tmp_path: Path)
         verl_save(tmp_path, step)
     write_marker(tmp_path / "global_step_2", 2, 1.0)
     write_marker(tmp_path / "global_step_4", 4, 1.0)
-    (tmp_path / "global_step_6" / MARKER).write_text('{"step": 4}')  # another step's marker
+    (tmp_path / "global_step_6" / CHECKPOINT_MARKER).write_text('{"step": 4}')  # another step's marker
     write_marker(tmp_path / "global_step_8", 8, 1.0)
     (tmp_path / "global_step_8" / "data.pt").unlink()  # a file verl writes is missing
-    (tmp_path / "global_step_10" / MARKER).write_text('{"step": 1')  # cut short
+    (tmp_path / "global_step_10" / CHECKPOINT_MARKER).write_text('{"step": 1')  # cut short
     (tmp_path / "global_step_x").mkdir()
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("")  # verl's tracker, emptied by a kill
     chosen = newest_complete(tmp_path)
@@ -69,7 +70,7 @@ SLOW_SAVE = """
 import sys, time
 from pathlib import Path
 from types import SimpleNamespace
-from calcx.trainer.checkpoints import mark_after_save
+from calcx.trainer.run_dir.checkpoints import mark_after_save
 root = Path(sys.argv[1])
 def save():
     folder = root / "global_step_6"
@@ -96,7 +97,7 @@ def test_a_save_killed_part_way_is_never_chosen(tmp_path: Path) -> None:
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     assert (tmp_path / "global_step_6" / "actor" / "shard.pt").exists()
-    assert not (tmp_path / "global_step_6" / MARKER).exists()
+    assert not (tmp_path / "global_step_6" / CHECKPOINT_MARKER).exists()
     chosen = newest_complete(tmp_path)
     assert chosen is not None and chosen.step == 4
 

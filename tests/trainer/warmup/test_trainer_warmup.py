@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 from calcx.data.importers import gsm8k_row
 from calcx.data.traces import build_traces, write_traces
 from byte_tokenizer import byte_tokenizer
-from calcx.trainer.config import ConfigError
-from calcx.trainer.warmup import (
+from calcx.trainer.config.compose import ConfigError
+from calcx.trainer.warmup.sft import (
     GPU_PROFILE_KEY,
     SFT_MODULE,
     WarmupRequest,
@@ -49,7 +49,7 @@ def test_config_is_verls_sft_trainer_with_calcx_values(traces: Path, tmp_path: P
     assert cfg.optim.lr == 2e-5 and cfg.trainer.experiment_name == "w1" and cfg.trainer.n_gpus_per_node == 1
     assert list(cfg.checkpoint.save_contents) == ["hf_model"]
     assert cfg.model.override_config.attn_implementation == "calcx_varlen"
-    assert cfg.model.external_lib == "calcx.trainer.packed_attention"
+    assert cfg.model.external_lib == "calcx.trainer.workers.packed_attention"
     # log-probs from the hidden state in chunks (verl's torch backend), as calcx train's actor
     assert cfg.model.use_fused_kernels is True and cfg.model.fused_kernel_options.impl_backend == "torch"
     assert cfg.data.train_max_samples == -1  # every trace
@@ -98,7 +98,7 @@ def test_the_gpu_profile_of_calcx_train_sets_the_warmups_recomputation(traces: P
 
 def test_without_a_gpu_profile_flag_the_warmup_takes_calcx_yamls_as_calcx_train_does(
         traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import calcx.trainer.config as config
+    import calcx.trainer.config.compose as config
 
     shipped = config.CALCX_OVERRIDES.read_text(encoding="utf-8")
     assert shipped.count("    gpu_profile: auto\n") == 1
@@ -125,7 +125,7 @@ def test_without_a_gpu_profile_flag_the_warmup_takes_calcx_yamls_as_calcx_train_
 
 def test_a_misspelt_key_in_a_profiles_warmup_says_where_new_keys_go(
         traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import calcx.trainer.config as config
+    import calcx.trainer.config.compose as config
 
     shipped = config.CALCX_OVERRIDES.read_text(encoding="utf-8")
     right = "    warmup:\n      model:\n        enable_gradient_checkpointing: false\n"
@@ -144,7 +144,7 @@ def test_a_misspelt_key_in_a_profiles_warmup_says_where_new_keys_go(
 def test_verls_sft_trainer_loads_calcxs_dataset_and_trains_the_agents_turns_only(traces: Path) -> None:
     from verl.trainer.sft_trainer import create_sft_dataset
 
-    from calcx.trainer.warmup_dataset import AgentTraceDataset
+    from calcx.trainer.warmup.dataset import AgentTraceDataset
 
     cfg = compose_warmup(WarmupRequest(traces=str(traces)))
     tokenizer = byte_tokenizer()

@@ -12,7 +12,7 @@ import pytest
 from calcx.agent.calculator_inprocess import calculator_tool_entry
 from calcx.data.schema import DataError
 from calcx.data.traces import build_trace, write_traces
-from calcx.trainer.warmup_dataset import AgentTraceDataset, as_rendered, model_turn_segments, tokenize_trace
+from calcx.trainer.warmup.dataset import AgentTraceDataset, as_rendered, model_turn_segments, tokenize_trace
 from byte_tokenizer import byte_tokenizer
 
 # Qwen2.5's way with tools, cut to what matters here: consecutive tool answers share one user turn,

@@ -10,10 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from calcx.trainer.config import AGENT_LOOPS_FILE, CALCX_AGENT_LOOP, ComposeRequest, compose
+from calcx.trainer.config.compose import AGENT_LOOPS_FILE, CALCX_AGENT_LOOP, ComposeRequest, compose
 
-REPO = Path(__file__).resolve().parents[2]
-CLASS = "calcx.trainer.calcx_agent_loop.CalcxAgentLoop"
+REPO = Path(__file__).resolve().parents[3]
+CLASS = "calcx.trainer.workers.calcx_agent_loop.CalcxAgentLoop"
 # what verl's AgentLoopWorker does with the config, in a fresh process as a Ray worker is: import
 # verl's agent loops, load `agent_loop_config_path` into the registry (its __init__), then import
 # the registered target (`hydra.utils.instantiate` in `_run_agent_loop`)
@@ -33,7 +33,7 @@ target = _agent_loop_registry[name]["_target_"]
 cls = hydra.utils.get_class(target)
 seen.update(target=target, cls=f"{cls.__module__}.{cls.__qualname__}",
             after_import=dict(_agent_loop_registry[name]),
-            loaded="calcx.trainer.calcx_agent_loop" in sys.modules)
+            loaded="calcx.trainer.workers.calcx_agent_loop" in sys.modules)
 print(json.dumps(seen))
 """
 
@@ -41,7 +41,7 @@ print(json.dumps(seen))
 def test_importing_the_module_registers_the_loop_with_verl() -> None:
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase, _agent_loop_registry
 
-    from calcx.trainer.calcx_agent_loop import CalcxAgentLoop
+    from calcx.trainer.workers.calcx_agent_loop import CalcxAgentLoop
 
     assert _agent_loop_registry[CALCX_AGENT_LOOP] == {"_target_": CLASS}
     assert issubclass(CalcxAgentLoop, AgentLoopBase)

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from calcx.api.client import CalcxAPIError, CalcxClient
-from calcx.trainer.ledger import TRIES, batch_rollout_ids, record_after_step, record_step
+from calcx.trainer.workers.ledger import TRIES, batch_rollout_ids, record_after_step, record_step
 
 
 def test_a_batchs_rollouts_are_its_rows_distinct_ids() -> None:

@@ -23,11 +23,11 @@ import httpx
 import pytest
 
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
-from calcx.trainer.config import ComposeRequest, compose
-from calcx.trainer.replicas import register_replicas_async
-from calcx.trainer.server_key import write_key_file
-from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
-from calcx.trainer.rollout_request import rollout_create_body
+from calcx.trainer.config.compose import ComposeRequest, compose
+from calcx.trainer.workers.replicas import register_replicas_async
+from calcx.trainer.run_dir.server_key import write_key_file
+from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
+from calcx.trainer.rollouts.rollout_request import rollout_create_body
 from live_stack import SERVICES_PYTHON, alive, needs_services, start_stub
 from verl_v1_cpu import load_v1
 
@@ -82,7 +82,7 @@ def _llm_client(cfg, addresses: list[str]):
 
 
 def _create(cfg, llm_client):
-    from calcx.trainer.manager import CalcxAgentLoopManager
+    from calcx.trainer.workers.manager import CalcxAgentLoopManager
 
     return CalcxAgentLoopManager.create(config=cfg, llm_client=llm_client)
 
@@ -207,7 +207,7 @@ def test_task_runner_publishes_the_served_policy_version_at_each_weight_sync(sta
     from verl.checkpoint_engine import CheckpointEngineManager
     from verl.workers.config.rollout import CheckpointEngineConfig
 
-    from calcx.trainer.task_runner import CalcxTaskRunner, CalcxTaskRunnerBase
+    from calcx.trainer.workers.task_runner import CalcxTaskRunner, CalcxTaskRunnerBase
 
     sync = importlib.import_module("verl.trainer.ppo.v1.trainer_sync").PPOTrainerSync
     colocate_async = importlib.import_module("verl.trainer.ppo.v1.trainer_colocate_async").PPOTrainerColocateAsync
@@ -255,7 +255,7 @@ def test_task_runner_publishes_the_served_policy_version_at_each_weight_sync(sta
 def test_replay_poll_must_be_a_positive_number_of_seconds() -> None:
     from types import SimpleNamespace
 
-    from calcx.trainer.task_runner import set_replay_poll
+    from calcx.trainer.workers.task_runner import set_replay_poll
 
     buffer = SimpleNamespace(poll_interval=2.0)
     for bad in (0, -1.0, float("nan")):

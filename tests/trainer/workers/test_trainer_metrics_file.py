@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from verl.utils import tracking
 
-from calcx.trainer.metrics_file import install_appending_file_logger
+from calcx.trainer.workers.metrics_file import install_appending_file_logger
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from calcx.trainer.native_libs import expose_native_libraries
+from calcx.trainer.workers.native_libs import expose_native_libraries
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
 
 from calcx.trainer import packed_attention
-from calcx.trainer.packed_attention import (
+from calcx.trainer.workers.packed_attention import (
     ATTN_IMPLEMENTATION,
     calcx_varlen_mask,
     row_segments,

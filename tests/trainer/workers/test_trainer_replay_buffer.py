@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 
 from calcx.api.client import AsyncCalcxClient
-from calcx.trainer.config import ComposeRequest, compose
-from calcx.trainer.data import verl_records
-from calcx.trainer.server_key import write_key_file
-from calcx.trainer.services import CALCX_SRC, LocalServices, ServicesConfig
+from calcx.trainer.config.compose import ComposeRequest, compose
+from calcx.trainer.run.data import verl_records
+from calcx.trainer.run_dir.server_key import write_key_file
+from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
 from live_stack import SERVICES_PYTHON, alive, needs_services, start_stub
 from verl_v1_cpu import load_v1
 
@@ -119,7 +119,7 @@ def _worker(v1, cfg):
 def _sync_replay_buffer(v1, cfg, refill):
     """What `PPOTrainer._build_replay_buffer` builds for calcx's config (sync mode, no DAPO filter),
     with the poll interval calcx's task runner sets (`calcx.replay_poll_s`)."""
-    from calcx.trainer.task_runner import set_replay_poll
+    from calcx.trainer.workers.task_runner import set_replay_poll
 
     sampler = cfg.trainer.v1.sampler
     assert cfg.trainer.v1.trainer_mode == "sync"

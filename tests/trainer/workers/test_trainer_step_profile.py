@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calcx.trainer import step_profile
-from calcx.trainer.step_profile import QWEN25_15B, micro_batches, row_lengths, update_flops
+from calcx.trainer.workers.step_profile import QWEN25_15B, micro_batches, row_lengths, update_flops
 
 
 def test_rows_shaped_like_a_calcx_step() -> None:

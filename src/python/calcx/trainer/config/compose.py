@@ -14,17 +14,20 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-PACKAGE_CONFIG_DIR = Path(__file__).resolve().parent / "config"
+PACKAGE_CONFIG_DIR = Path(__file__).resolve().parent
 CALCX_OVERRIDES = PACKAGE_CONFIG_DIR / "calcx.yaml"
 ASYNC_OVERRIDES = PACKAGE_CONFIG_DIR / "async.yaml"
 AGENT_LOOPS_FILE = PACKAGE_CONFIG_DIR / "agent_loops.yaml"
-# calcx's agent loop in verl's registry (`@register` in calcx.trainer.calcx_agent_loop, which
+# calcx's agent loop in verl's registry (`@register` in calcx.trainer.workers.calcx_agent_loop, which
 # imports verl and so cannot be imported here) and verl's `default_agent_loop` of a calcx run
 CALCX_AGENT_LOOP = "calcx_agent"
-TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+TEMPLATES_DIR = PACKAGE_CONFIG_DIR / "templates"
 NAMED_TEMPLATES = {"hermes": TEMPLATES_DIR / "hermes_tool_chat.jinja"}
 VERL_CONFIG_NAME = "ppo_trainer"
 SECRET_KEYS = ("calcx.key",)
+#: where the run lease's owner id goes in the run's config (calcx.trainer.run.run_lease takes the
+#: lease), for the Ray workers that write the ledger
+OWNER_KEY = "calcx.run_owner"
 PROFILE_SECTIONS = ("gpu_profiles", "run_profiles")
 LONG_KEYS = ("actor_rollout_ref.model.custom_chat_template",)
 
@@ -347,7 +350,7 @@ def agent_prompt(cfg: DictConfig) -> str:
 
 def check_reward_options(cfg: DictConfig) -> None:
     """`calcx.reward` is read in every agent loop session: a bad value stops the run here, by name."""
-    from calcx.trainer.reward_options import RewardOptionError, RewardOptions
+    from calcx.trainer.rollouts.reward_options import RewardOptionError, RewardOptions
 
     section = OmegaConf.select(cfg, "calcx.reward", default=None)
     container = OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else section

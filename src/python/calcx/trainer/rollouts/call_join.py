@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from calcx.common.tokens import continues
-from calcx.trainer.rollout_samples import CallSample, RolloutSamples
+from calcx.trainer.rollouts.rollout_samples import CallSample, RolloutSamples
 
 
 def _continues(sample: CallSample, after: CallSample) -> bool:

@@ -18,8 +18,8 @@ from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.api.models import Rollout
 from calcx.contract.failures import FailureReason
 from calcx.contract.labels import PARTITION_LABEL, RUN_LABEL, STEP_LABEL, origin_of, scored_reward
-from calcx.trainer.rollout_request import rollout_create_body, rollout_id_for
-from calcx.trainer.rollout_samples import RolloutIncomplete
+from calcx.trainer.rollouts.rollout_request import rollout_create_body, rollout_id_for
+from calcx.trainer.rollouts.rollout_samples import RolloutIncomplete
 
 #: a rollout the cancel API ended is withdrawn work: the server refuses its retry, and so the
 #: group is incomplete. An attempt a stopping controller cancelled (`cancelled`) is retried.

@@ -16,7 +16,7 @@ import logging
 from calcx.api.client import AsyncCalcxClient
 from calcx.api.models import AttemptRef
 
-log = logging.getLogger("calcx.trainer.leftovers")
+log = logging.getLogger("calcx.trainer.rollouts.leftovers")
 
 
 async def cancel_leftovers(client: AsyncCalcxClient, run: str, owner: str | None = None) -> list[AttemptRef]:

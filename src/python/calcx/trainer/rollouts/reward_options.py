@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from calcx.agent.answer import ANSWER_RE
-from calcx.trainer.tool_use import TOOL_CALL_TAG, ToolUse, message_of, text_of
-from calcx.trainer.rollout_samples import RolloutSamples
+from calcx.trainer.rollouts.tool_use import TOOL_CALL_TAG, ToolUse, message_of, text_of
+from calcx.trainer.rollouts.rollout_samples import RolloutSamples
 
 # an answer counts as right above this reward (the agent posts 1.0 or 0.0)
 CORRECT_ABOVE = 0.5

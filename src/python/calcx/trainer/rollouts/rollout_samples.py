@@ -32,7 +32,7 @@ class CallSample:
     latency_s: float
     prompt_truncated: bool = False
     response_truncated: bool = False
-    calls: int = 1  # the recorded calls this sample holds (calcx.trainer.call_join joins them)
+    calls: int = 1  # the recorded calls this sample holds (calcx.trainer.rollouts.call_join joins them)
 
 
 @dataclass

@@ -14,24 +14,24 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from calcx.trainer.group import GroupSpec, settle_group
-from calcx.trainer.server_key import server_key
+from calcx.trainer.rollouts.group import GroupSpec, settle_group
+from calcx.trainer.run_dir.server_key import server_key
 from calcx.api.client import AsyncCalcxClient
-from calcx.trainer.call_join import join_continued_calls
-from calcx.trainer.reward_options import RewardOptions, apply_reward_options
-from calcx.trainer.tool_use import RolloutShape, attempt_calls, record_tool_use, rollout_tool_use
-from calcx.trainer.rollout_samples import RolloutIncomplete, RolloutSamples
-from calcx.trainer.translate import translate_rollout
+from calcx.trainer.run_dir.names import INCOMPLETE_GROUPS_FILE, SESSION_TIMES_FILE
+from calcx.trainer.rollouts.call_join import join_continued_calls
+from calcx.trainer.rollouts.reward_options import RewardOptions, apply_reward_options
+from calcx.trainer.rollouts.tool_use import RolloutShape, attempt_calls, record_tool_use, rollout_tool_use
+from calcx.trainer.rollouts.rollout_samples import RolloutIncomplete, RolloutSamples
+from calcx.trainer.rollouts.translate import translate_rollout
 
 logger = logging.getLogger(__name__)
 CALCX_ROW_COLUMN = "calcx_row"
 #: one line a session: when verl started it and when it returned (wall clock, as the server's own
 #: clocks), so the step table can tell the sessions' own time from verl's around them
-SESSION_TIMES_FILE = "session_times.jsonl"
 
 
 def row_from_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The Calc-X dataset row that `calcx.trainer.data` stored beside verl's columns."""
+    """The Calc-X dataset row that `calcx.trainer.run.data` stored beside verl's columns."""
     raw = kwargs.get(CALCX_ROW_COLUMN)
     if isinstance(raw, str):
         return json.loads(raw)
@@ -39,7 +39,7 @@ def row_from_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
         return dict(raw)
     raise ValueError(
         f"dataset row has no '{CALCX_ROW_COLUMN}' column; build the training files with "
-        "calcx.trainer.data.to_verl_parquet (calcx train does this for you)"
+        "calcx.trainer.run.data.to_verl_parquet (calcx train does this for you)"
     )
 
 
@@ -93,7 +93,7 @@ def session_spec(calcx_cfg: Any, rollout_cfg: Any, sampling_params: Mapping[str,
 
 def record_incomplete(report_dir: str | os.PathLike[str], exc: RolloutIncomplete, *, uid: str, step: int) -> None:
     """Append one line per incomplete session to `incomplete_groups.jsonl` (counted in the report)."""
-    path = Path(report_dir) / "incomplete_groups.jsonl"
+    path = Path(report_dir) / INCOMPLETE_GROUPS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps({"time": time.time(), "step": step, "uid": uid, "rollout_id": exc.rollout_id,
                        "reason": exc.reason, "detail": exc.detail})

@@ -19,10 +19,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from calcx.trainer.run_dir.names import TOOL_USE_FILE
+
 CALCULATOR_TOOL = "calculate"
 TOOL_CALL_TAG = "<tool_call>"
 TOOL_ERROR_PREFIX = "Error"
-LEDGER_FILE = "tool_use.jsonl"
 PARTITIONS = ("train", "val")
 # a ledger line is a few hundred bytes; anything longer is not one of ours and is skipped
 MAX_LEDGER_LINE = 4096
@@ -47,7 +48,7 @@ class ToolUse:
 class RolloutShape:
     """What the trainer made of one rollout: its model calls kept as samples (latest attempt,
     answered, a resent call once) and the sequences it trains on (fewer where calls that continue
-    each other were joined: calcx.trainer.call_join)."""
+    each other were joined: calcx.trainer.rollouts.call_join)."""
 
     model_calls: int
     sequences: int
@@ -165,7 +166,7 @@ def record_tool_use(report_dir: str | os.PathLike[str], *, partition: str, step:
     """Append the rollout's tool use (and shape, GRPO group and trained reward, when given) to
     `{report_dir}/tool_use.jsonl` (one short line, appended in one write, so the agent loop workers
     can share the file)."""
-    path = Path(report_dir) / LEDGER_FILE
+    path = Path(report_dir) / TOOL_USE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     scored = {"group": group, "reward": reward} if group is not None and reward is not None else {}
     line = json.dumps({"partition": partition, "step": step, "rollout_id": rollout_id, **asdict(use),

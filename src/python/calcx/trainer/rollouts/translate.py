@@ -14,7 +14,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from calcx.contract.labels import scored_reward
-from calcx.trainer.rollout_samples import CallSample, RolloutIncomplete, RolloutSamples
+from calcx.trainer.rollouts.rollout_samples import CallSample, RolloutIncomplete, RolloutSamples
 
 
 def _int_list(value: Any, what: str, rollout_id: str) -> list[int]:

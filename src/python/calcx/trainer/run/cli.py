@@ -96,7 +96,7 @@ def config_files(paths: Sequence[Path]) -> str | list[str]:
 
 
 def compose_from_args(args: argparse.Namespace):
-    from calcx.trainer.config import ComposeRequest, compose
+    from calcx.trainer.config.compose import ComposeRequest, compose
 
     return compose(ComposeRequest(
         model=args.model,
@@ -134,7 +134,7 @@ def ready_to_train(no_gpu_message: str, *, needs_gpu: bool = True) -> bool:
         if problem is not None:
             print(no_gpu_message.format(why=problem), file=sys.stderr)
             return False
-    from calcx.trainer.native_libs import expose_native_libraries
+    from calcx.trainer.workers.native_libs import expose_native_libraries
 
     expose_native_libraries()
     return True
@@ -145,7 +145,7 @@ def raise_interrupt(*_: object) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from calcx.trainer.config import ConfigError
+    from calcx.trainer.config.compose import ConfigError
 
     if args.model_endpoint is not None and not args.eval_only:
         print("calcx train: --model-endpoint is only for --eval-only (training needs verl's own vLLM replicas)",
@@ -154,9 +154,9 @@ def _train(args: argparse.Namespace) -> int:
     if not ready_to_train(NO_GPU_MESSAGE, needs_gpu=args.model_endpoint is None):
         return 3
     from calcx.api.tokens import read_server_key
-    from calcx.trainer import data as data_mod
-    from calcx.trainer.launch import LaunchError, run_training
-    from calcx.trainer.services import ServicesError
+    from calcx.trainer.run import data as data_mod
+    from calcx.trainer.run.launch import LaunchError, run_training
+    from calcx.trainer.run.services import ServicesError
 
     def train() -> int:
         train_src, val_src = list(args.train_file), list(args.val_file)
@@ -199,7 +199,7 @@ def run_command(prog: str, args: argparse.Namespace, compose: Callable[[argparse
               "(flags go before the overrides)", file=sys.stderr)
         return 2
     if args.print_config:
-        from calcx.trainer.config import ConfigError, redacted_yaml
+        from calcx.trainer.config.compose import ConfigError, redacted_yaml
 
         try:
             cfg = compose(args)

@@ -1,7 +1,7 @@
 """Validation results of a run, read back from the calcx server, and the `--eval-only` driver.
 
 Every validation rollout the AgentLoop creates is labelled with its partition (`val`) and step
-(`calcx.trainer.group.RolloutOrigin`) and carries its Calc-X row, so the server alone can say, per
+(`calcx.trainer.rollouts.group.RolloutOrigin`) and carries its Calc-X row, so the server alone can say, per
 row, which source it came from and what reward it got. The table of a run is its last validation
 step. A rollout that ended FAILED is an infrastructure failure, not a wrong answer: it is counted
 apart, never scored 0.
@@ -18,9 +18,9 @@ from typing import Any, Mapping, Sequence
 from calcx.api.client import AsyncCalcxClient
 from calcx.api.models import Rollout
 from calcx.contract.labels import scored_reward
-from calcx.trainer.group import RolloutOrigin
-from calcx.trainer.session import run_session_from_config
-from calcx.trainer.rollout_samples import RolloutIncomplete
+from calcx.trainer.rollouts.group import RolloutOrigin
+from calcx.trainer.rollouts.session import run_session_from_config
+from calcx.trainer.rollouts.rollout_samples import RolloutIncomplete
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """Run one `calcx train`: rollout services, verl (or the eval-only driver), then the run report.
 
 Order: Calc-X files -> verl's layout, and every value the run adds to its config resolved
-(calcx.trainer.run_settings); the calcx server + controller are started (unless
+(calcx.trainer.run.run_settings); the calcx server + controller are started (unless
 `calcx.server_url` names running ones); the run's values, with the server's URL and key file,
 written into the config in one step; verl's own checks; verl's V1 trainer, with a progress line a
-step on the console and the curve redrawn at each validation (calcx.trainer.progress). Whatever
+step on the console and the curve redrawn at each validation (calcx.trainer.run.progress). Whatever
 happens, the validation rollouts are read back from the server and `eval.md`, `reward_curve.png`
 and `report.md` are written, then every process this run started is ended.
 """
@@ -20,13 +20,14 @@ from typing import Callable, Iterator, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from calcx.trainer.data import Sources
-from calcx.trainer.progress import ProgressWatch, total_training_steps
-from calcx.trainer.report import count_incomplete, write_report
-from calcx.trainer.resume import ResumePlan, plan_resume, settle_previous_run
-from calcx.trainer.run_settings import prepare_run
-from calcx.trainer.server_key import key_dir, remove_key_file, server_key, write_key_file
-from calcx.trainer.services import LocalServices, ServicesConfig
+from calcx.trainer.run.data import Sources
+from calcx.trainer.run.progress import ProgressWatch, total_training_steps
+from calcx.trainer.run.report import count_incomplete, write_report
+from calcx.trainer.run.resume import ResumePlan, plan_resume, settle_previous_run
+from calcx.trainer.run.run_settings import prepare_run
+from calcx.trainer.run_dir.server_key import key_dir, remove_key_file, server_key, write_key_file
+from calcx.trainer.run.services import LocalServices, ServicesConfig
+from calcx.trainer.run_dir.names import INCOMPLETE_GROUPS_FILE, SERVICES_DIR
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def _settle_run(cfg: DictConfig, server_url: str, key: str, resume: Callable[[],
     what an earlier run of the same name left (a killed trainer's QUEUED and RUNNING rollouts), so
     that it neither runs first nor is trained; with a resume plan, also roll back the training
     ledger after its checkpoint and say where it starts."""
-    from calcx.trainer.leftovers import cancel_previous_run
+    from calcx.trainer.rollouts.leftovers import cancel_previous_run
 
     plan = resume() if resume is not None else None
     if plan is not None:
@@ -113,10 +114,10 @@ def stop_taken_over(message: str) -> None:
 @contextlib.contextmanager
 def held_run(cfg: DictConfig, server_url: str, key: str, owner: str, take_over: bool,
              on_lost: Callable[[str], None]) -> Iterator[None]:
-    """The run's lease (calcx.trainer.run_lease) for the block, renewed while it runs and released
+    """The run's lease (calcx.trainer.run.run_lease) for the block, renewed while it runs and released
     after; nothing without a run name (nothing of the run is touched then)."""
     from calcx.api.client import CalcxClient
-    from calcx.trainer.run_lease import DEFAULT_WAIT_S, LeaseKeeper, RunLeaseRefused, take_run_lease
+    from calcx.trainer.run.run_lease import DEFAULT_WAIT_S, LeaseKeeper, RunLeaseRefused, take_run_lease
 
     run = str(cfg.calcx.get("run") or "")
     if not run:
@@ -170,7 +171,7 @@ def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
     take the run's lease (`owner`, `take_over`) before anything of the run is touched, then
     `resume` (the resume plan) and the previous run's leftovers; say where they are. The config is
     not changed here (RunSettings.with_server writes it)."""
-    from calcx.trainer.run_lease import new_owner
+    from calcx.trainer.run.run_lease import new_owner
 
     owner = owner or new_owner()
     if cfg.calcx.get("server_url"):
@@ -185,7 +186,7 @@ def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
                 remove_key_file(key_file)
         return
     try:
-        config = ServicesConfig.from_calcx_section(cfg.calcx, report_dir / "services")
+        config = ServicesConfig.from_calcx_section(cfg.calcx, report_dir / SERVICES_DIR)
     except ValueError as exc:
         raise LaunchError(str(exc)) from exc
     config.server_args = server_args(cfg, config.server_args)
@@ -207,7 +208,7 @@ def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
 
 def register_endpoint(cfg: DictConfig, endpoint: str) -> None:
     """`--model-endpoint`: an OpenAI-compatible server (vLLM, the stub) plays the policy."""
-    from calcx.trainer.replicas import register_replicas
+    from calcx.trainer.workers.replicas import register_replicas
 
     register_replicas(str(cfg.calcx.server_url), server_key(cfg.calcx),
                       str(cfg.actor_rollout_ref.model.path), [endpoint], policy_version=0)
@@ -217,15 +218,15 @@ def run_verl(cfg: DictConfig) -> None:
     validate_with_verl(cfg)
     from verl.trainer.main_ppo import run_ppo
 
-    from calcx.trainer.task_runner import CalcxTaskRunner
+    from calcx.trainer.workers.task_runner import CalcxTaskRunner
 
     run_ppo(cfg, task_runner_class=CalcxTaskRunner)
 
 
 def run_eval_driver(cfg: DictConfig, val_src: Sources) -> dict[str, int]:
     """Validation only, without verl: each row through the AgentLoop's session path."""
-    from calcx.trainer.data import read_sources
-    from calcx.trainer.evaluation import run_validation
+    from calcx.trainer.run.data import read_sources
+    from calcx.trainer.run.evaluation import run_validation
 
     rows = read_sources(val_src)
     return asyncio.run(run_validation(cfg, rows, step=0,
@@ -234,12 +235,12 @@ def run_eval_driver(cfg: DictConfig, val_src: Sources) -> dict[str, int]:
 
 def finish_report(cfg: DictConfig, report_dir: Path, metrics_path: Path) -> Path:
     """Read the last validation step back from the server and write eval.md, reward_curve.png, report.md."""
-    from calcx.trainer.evaluation import collect_eval
+    from calcx.trainer.run.evaluation import collect_eval
 
     collection = collect_eval(str(cfg.calcx.server_url), server_key(cfg.calcx))
     return write_report(
         report_dir, metrics_path=metrics_path, eval_records=collection.records,
-        incomplete_groups=count_incomplete(report_dir / "incomplete_groups.jsonl"),
+        incomplete_groups=count_incomplete(report_dir / INCOMPLETE_GROUPS_FILE),
         allow_no_reward=True, eval_note=collection.note(), title=f"Calc-X run {cfg.trainer.experiment_name}",
     )
 

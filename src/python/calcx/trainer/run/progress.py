@@ -22,7 +22,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from calcx.trainer.report import (
+from calcx.trainer.run_dir.names import CURVE_FILE
+from calcx.trainer.run.report import (
     REWARD_KEYS,
     ReportError,
     plot_reward_curve,
@@ -33,7 +34,6 @@ from calcx.trainer.report import (
 )
 
 PROGRESS_PREFIX = "calcx train:"
-CURVE_FILE = "reward_curve.png"
 STEP_TIME_KEY = "timing_s/step"
 MEAN_OVER_STEPS = 5
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a metrics line past this is not verl's: skipped

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from calcx.contract.labels import finite_reward
+from calcx.trainer.run_dir.names import CURVE_FILE, EVAL_FILE, REPORT_FILE
 
 # First key found wins: verl's mean sequence score, then the rehearsal's name.
 REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean", "reward/mean")
 VAL_KEY_PREFIX = "val-core/"
-# the share of rollouts with >= 1 successful calculator call (calcx.trainer.tool_use), drawn beside
+# the share of rollouts with >= 1 successful calculator call (calcx.trainer.rollouts.tool_use), drawn beside
 # the reward: (metrics key, legend label)
 TOOL_USE_SERIES = (("calcx/train/tool_use", "train tool use"), ("calcx/val/tool_use", "validation tool use"))
 
@@ -184,7 +185,7 @@ def write_eval_markdown(out_dir: str | Path, records: Sequence[Mapping[str, Any]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     parts = [f"# {title}", ""] + ([note, ""] if note else []) + [eval_table_markdown(eval_rows(records))]
-    path = out / "eval.md"
+    path = out / EVAL_FILE
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
 
@@ -215,17 +216,17 @@ def write_report(out_dir: str | Path, *, metrics_path: str | Path | None,
             if not allow_no_reward:
                 raise
     if steps:
-        plot_reward_curve(metrics or [], out / "reward_curve.png")
+        plot_reward_curve(metrics or [], out / CURVE_FILE)
         parts += [f"Reward ({used}) over {len(steps)} step(s): first {values[0]:.3f}, last {values[-1]:.3f}, "
                   f"best {max(values):.3f}.", "", "![reward curve](reward_curve.png)", ""]
     elif allow_no_reward:
         val = validation_series(metrics or [])
         if val:
-            plot_validation_curve(val, out / "reward_curve.png", metrics=metrics or [])
+            plot_validation_curve(val, out / CURVE_FILE, metrics=metrics or [])
             parts += [f"No training step recorded a reward; validation reward over {len(val)} point(s).", "",
                       "![reward curve](reward_curve.png)", ""]
         else:
-            plot_placeholder(out / "reward_curve.png", "no training step recorded a reward")
+            plot_placeholder(out / CURVE_FILE, "no training step recorded a reward")
             parts += ["No training step recorded a reward (see the run's logs).", ""]
     parts += tool_use_lines(metrics or [])
     if incomplete_groups is not None:
@@ -235,7 +236,7 @@ def write_report(out_dir: str | Path, *, metrics_path: str | Path | None,
         write_eval_markdown(out, records, note=eval_note)
         parts += ["## Evaluation (accuracy by source)", ""] + ([eval_note, ""] if eval_note else [])
         parts += [eval_table_markdown(eval_rows(records))]
-    path = out / "report.md"
+    path = out / REPORT_FILE
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
 

@@ -1,11 +1,11 @@
 """A named run started again continues from its newest whole checkpoint (docs/resume.md).
 
-Before Ray starts: the checkpoint is chosen (`calcx.trainer.checkpoints`: only a save that
+Before Ray starts: the checkpoint is chosen (`calcx.trainer.run_dir.checkpoints`: only a save that
 finished counts) and handed to verl as `resume_mode: resume_path`, or `disable` when there is
 none, so verl never reads its own tracker; half-written step directories after it are removed;
 the report's step files (metrics, incomplete groups, tool use) keep the rows of the steps the
 checkpoint holds and move the later ones to `superseded/`. Once the server answers: what the dead
-run left QUEUED or RUNNING is cancelled (calcx.trainer.leftovers) and the training ledger of the
+run left QUEUED or RUNNING is cancelled (calcx.trainer.rollouts.leftovers) and the training ledger of the
 steps after the checkpoint is rolled back, so those steps are trained again, once.
 """
 
@@ -20,18 +20,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from calcx.trainer.checkpoints import Checkpoint, check_keep, is_complete, newest_complete, step_dirs
-from calcx.trainer.session import SESSION_TIMES_FILE
-from calcx.trainer.tool_use import LEDGER_FILE as TOOL_USE_FILE
+from calcx.trainer.run_dir.checkpoints import Checkpoint, check_keep, is_complete, newest_complete, step_dirs
+from calcx.trainer.run_dir.names import STARTS_FILE, STEP_FILES, SUPERSEDED_DIR
 
 log = logging.getLogger(__name__)
 
 #: the report files with one JSON object a line and a `step`: kept through the checkpoint's step
-STEP_FILES = ("metrics.jsonl", "incomplete_groups.jsonl", TOOL_USE_FILE, SESSION_TIMES_FILE)
-SUPERSEDED_DIR = "superseded"
 #: one line a start of the run: its first step and the checkpoint it continues from (the step table
 #: leaves each start's first step, which pays the start-up, out of its wait summary); never set aside
-STARTS_FILE = "starts.jsonl"
 
 
 @dataclass
@@ -176,11 +172,11 @@ def _step_of(raw: bytes) -> int | None:
 def settle_previous_run(server_url: str, key: str, plan: ResumePlan, owner: str | None = None) -> None:
     """Cancel what the previous run left QUEUED or RUNNING, roll back the ledger of the steps after
     the checkpoint, and say what this start continues from. `owner`: this start's lease of the run
-    (calcx.trainer.run_lease), which the server checks on both writes."""
+    (calcx.trainer.run.run_lease), which the server checks on both writes."""
     import asyncio
 
     from calcx.api.client import AsyncCalcxClient
-    from calcx.trainer.leftovers import cancel_leftovers
+    from calcx.trainer.rollouts.leftovers import cancel_leftovers
 
     async def go() -> None:
         async with AsyncCalcxClient(server_url, key, timeout=30.0) as client:

@@ -26,8 +26,6 @@ from calcx.api.models import RunLease
 
 log = logging.getLogger(__name__)
 
-#: where the owner id goes in the run's config, for the Ray workers that write the ledger
-OWNER_KEY = "calcx.run_owner"
 #: how long a second start waits for a held lease to lapse (the server's default lease is 30 s)
 DEFAULT_WAIT_S = 40.0
 POLL_S = 2.0

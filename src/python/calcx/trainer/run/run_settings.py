@@ -1,6 +1,6 @@
 """What a run adds to its composed config, resolved in one place and written in one step.
 
-Composition (calcx.trainer.config) knows only files and flags. Before verl sees the config, a run
+Composition (calcx.trainer.config.compose) knows only files and flags. Before verl sees the config, a run
 adds what only this machine and this start know: the model directory made absolute, the
 verl-layout data files, the report directory, the file logger and its metrics file, the Ray
 workers' environment, `--eval-only`'s switches, and the calcx server's URL and key file (known once
@@ -18,13 +18,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from calcx.trainer.config import resolve_model_path
-from calcx.trainer.data import Sources, to_verl_parquet, verl_records
-from calcx.trainer.run_lease import OWNER_KEY
-from calcx.trainer.services import CALCX_SRC
+from calcx.trainer.config.compose import OWNER_KEY, resolve_model_path
+from calcx.trainer.run.data import Sources, to_verl_parquet, verl_records
+from calcx.trainer.run.services import CALCX_SRC
+from calcx.trainer.run_dir.names import METRICS_FILE, VERL_TRAIN_FILE, VERL_VAL_FILE
 
 WORKER_ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
-METRICS_FILE = "metrics.jsonl"
 FILE_LOGGER_ENV = "VERL_FILE_LOGGER_PATH"  # where verl's `file` logger writes (its FileLogger)
 
 Records = Callable[[Sequence[dict[str, Any]]], list[dict[str, Any]]]
@@ -83,8 +82,8 @@ def prepare_run(cfg: DictConfig, *, train_src: Sources, val_src: Sources, record
     report_dir = Path(str(cfg.calcx.report_dir)).expanduser().resolve()
     report_dir.mkdir(parents=True, exist_ok=True)
     model_path = resolve_model_path(str(cfg.actor_rollout_ref.model.path))
-    train_files = to_verl_parquet(train_src, report_dir / "verl_train.parquet", records)
-    val_files = to_verl_parquet(val_src, report_dir / "verl_val.parquet", records)
+    train_files = to_verl_parquet(train_src, report_dir / VERL_TRAIN_FILE, records)
+    val_files = to_verl_parquet(val_src, report_dir / VERL_VAL_FILE, records)
     loggers = list(cfg.trainer.logger)
     if "file" not in loggers:
         loggers.append("file")  # the report's metrics JSONL

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from calcx.trainer.run_dir.names import CHECKPOINT_MARKER
 
-MARKER = "calcx_complete.json"
 STEP_DIR = re.compile(r"^global_step_(\d{1,9})$")
 #: what verl's save writes into every step's directory (a critic, when there is one, beside them)
 REQUIRED = ("actor", "data.pt")
@@ -50,7 +50,7 @@ def step_dirs(root: Path) -> list[tuple[int, Path]]:
 def is_complete(step: int, path: Path) -> bool:
     """The directory holds a marker for this very step and what verl's save writes."""
     try:
-        marker = json.loads((path / MARKER).read_text(encoding="utf-8"))
+        marker = json.loads((path / CHECKPOINT_MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     if not isinstance(marker, dict) or marker.get("step") != step:
@@ -85,12 +85,12 @@ def write_marker(path: Path, step: int, seconds: float) -> dict[str, Any]:
     files, size = directory_size(path)
     marker = {"step": step, "save_seconds": round(seconds, 3), "files": files, "bytes": size,
               "written_at": time.time()}
-    tmp = path / f".{MARKER}.tmp"
+    tmp = path / f".{CHECKPOINT_MARKER}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(marker, fh)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path / MARKER)
+    os.replace(tmp, path / CHECKPOINT_MARKER)
     directory = os.open(path, os.O_RDONLY)
     try:
         os.fsync(directory)

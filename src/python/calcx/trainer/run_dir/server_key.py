@@ -1,7 +1,7 @@
 """The server key on the trainer's side: never in the composed config, which verl prints and
 sends to its trackers (wandb, mlflow). `calcx train` writes the key to an owner-only file and
 names that file in the config (`calcx.key_file`); the driver and the Ray workers read it there.
-The file lives in the run's own report directory (`KEY_DIR_NAME`, mode 0700), not in /tmp: a run
+The file lives in the run's own report directory (`calcx.trainer.run_dir.names.KEY_DIR`, mode 0700), not in /tmp: a run
 killed before its cleanup leaves it there, owner-only, where the next start of the run replaces it."""
 
 from __future__ import annotations
@@ -12,14 +12,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-KEY_FILE_NAME = "server.key"
-#: The directory of the key file inside a run's report directory.
-KEY_DIR_NAME = ".server-key"
+from calcx.trainer.run_dir.names import KEY_DIR, KEY_FILE
 
 
 def key_dir(report_dir: Path) -> Path:
     """Where a run keeps its key file."""
-    return Path(report_dir) / KEY_DIR_NAME
+    return Path(report_dir) / KEY_DIR
 
 
 def write_key_file(key: str, directory: Path | None = None) -> Path:
@@ -30,7 +28,7 @@ def write_key_file(key: str, directory: Path | None = None) -> Path:
     else:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(directory, 0o700)
-    path = directory / KEY_FILE_NAME
+    path = directory / KEY_FILE
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -26,7 +26,8 @@ from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from calcx.trainer.config import (
+from calcx.trainer.run_dir.names import WARMUP_CONFIG_NAME, WARMUP_METRICS_FILE
+from calcx.trainer.config.compose import (
     CALCX_OVERRIDES,
     PACKAGE_CONFIG_DIR,
     ConfigError,
@@ -44,8 +45,6 @@ from calcx.trainer.config import (
 
 WARMUP_OVERRIDES = PACKAGE_CONFIG_DIR / "warmup.yaml"
 SFT_CONFIG_NAME = "sft_trainer_engine"
-COMPOSED_NAME = "warmup_config"
-METRICS_FILE = "warmup_metrics.jsonl"
 SFT_MODULE = "verl.trainer.sft_trainer"
 #: where the composed config says which GPU profile's warm-up settings it took
 GPU_PROFILE_KEY = "calcx_gpu_profile"
@@ -119,9 +118,9 @@ def prepare_run(cfg: DictConfig) -> tuple[Path, dict[str, str]]:
     out.mkdir(parents=True, exist_ok=True)
     OmegaConf.update(cfg, "trainer.default_local_dir",
                      str(Path(str(cfg.trainer.default_local_dir)).expanduser().resolve()), merge=False)
-    composed = out / f"{COMPOSED_NAME}.yaml"
+    composed = out / f"{WARMUP_CONFIG_NAME}.yaml"
     OmegaConf.save(cfg, composed, resolve=True)
-    return composed, {"VERL_FILE_LOGGER_PATH": str(out / METRICS_FILE)}
+    return composed, {"VERL_FILE_LOGGER_PATH": str(out / WARMUP_METRICS_FILE)}
 
 
 def warmup_command(composed: Path, nproc_per_node: int, python: str = sys.executable) -> list[str]:
@@ -160,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.print_config:
         sys.stdout.write(OmegaConf.to_yaml(cfg))
         return 0
-    from calcx.trainer.cli import cuda_problem
+    from calcx.trainer.run.cli import cuda_problem
 
     problem = cuda_problem()
     if problem is not None:

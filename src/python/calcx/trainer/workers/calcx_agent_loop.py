@@ -12,7 +12,7 @@ Registered under verl's own hook, `@register(CALCX_AGENT_LOOP)`, as verl's loops
 AgentLoopWorker (a Ray actor in its own process) imports only verl's own loops
 (`verl.experimental.agent_loop`) and the classes named in `agent.agent_loop_config_path`: so that
 config names this class in the packaged agent_loops.yaml, and instantiating it imports this module
-in the worker. The name itself is `calcx.trainer.config.CALCX_AGENT_LOOP`, which composition also
+in the worker. The name itself is `calcx.trainer.config.compose.CALCX_AGENT_LOOP`, which composition also
 makes verl's `default_agent_loop` (config.py cannot import this module: it imports verl).
 
 Imports verl (and so torch and ray): load it only where verl is installed.
@@ -30,16 +30,16 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
 )
 
-from calcx.trainer.config import CALCX_AGENT_LOOP
-from calcx.trainer.rollout_samples import RolloutSamples
-from calcx.trainer.session import run_session_from_config
+from calcx.trainer.config.compose import CALCX_AGENT_LOOP
+from calcx.trainer.rollouts.rollout_samples import RolloutSamples
+from calcx.trainer.rollouts.session import run_session_from_config
 
 logger = logging.getLogger(__name__)
 
 
 def to_agent_loop_outputs(samples: RolloutSamples, *, step: int) -> list[AgentLoopOutput]:
     """One AgentLoopOutput per sample (a recorded call, or calls joined into one sequence by
-    calcx.trainer.call_join); the rollout's reward on each (verl sets it on the last token; GRPO
+    calcx.trainer.rollouts.call_join); the rollout's reward on each (verl sets it on the last token; GRPO
     groups all rows by uid).
 
     `min/max_global_steps` are the oldest and newest policy versions that served the calls (the
@@ -78,7 +78,7 @@ def to_agent_loop_outputs(samples: RolloutSamples, *, step: int) -> list[AgentLo
 class CalcxAgentLoop(AgentLoopBase):
     """Create the rollout on the calcx server, wait for its group, return its recorded calls.
 
-    The work is `calcx.trainer.session.run_session_from_config` (verl-free, tested on CPU against
+    The work is `calcx.trainer.rollouts.session.run_session_from_config` (verl-free, tested on CPU against
     the real server); this class only adapts its samples to verl's AgentLoopOutput."""
 
     # verl 0.9.1's V1 worker (AgentLoopWorkerTQ) takes a list, one output per sample

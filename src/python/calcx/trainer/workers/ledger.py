@@ -1,7 +1,7 @@
 """Tell the server which rollouts each training step trained (its training ledger).
 
 After verl's `trainer.step()` returns, the step's update is done; the task runner reads the
-batch's `calcx_rollout_id`s (every AgentLoopOutput carries its rollout's id, calcx.trainer.calcx_agent_loop)
+batch's `calcx_rollout_id`s (every AgentLoopOutput carries its rollout's id, calcx.trainer.workers.calcx_agent_loop)
 and records them as that step's. The server refuses a rollout already trained into the run's
 surviving weights, so a rollout is trained at most once, and the ledger is what docs/resume.md's
 query reads.

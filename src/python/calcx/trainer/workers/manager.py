@@ -3,7 +3,7 @@
 Selected by `actor_rollout_ref.rollout.agent.agent_loop_manager_class`; verl's V1 TaskRunner
 creates it once the replicas are up and before any prompt is dispatched. The replicas' addresses
 come from verl's global load balancer (`get_all_servers`, "host:port" per replica). After each
-weight sync the trainer's task runner (calcx.trainer.task_runner) has it publish the policy
+weight sync the trainer's task runner (calcx.trainer.workers.task_runner) has it publish the policy
 version the replicas now serve, so the gateway records that version on every call.
 """
 
@@ -13,8 +13,8 @@ import ray
 from verl.trainer.ppo.v1 import AgentLoopManagerTQ
 from verl.utils.ray_utils import auto_await
 
-from calcx.trainer.replicas import register_replicas, register_replicas_async
-from calcx.trainer.server_key import server_key
+from calcx.trainer.workers.replicas import register_replicas, register_replicas_async
+from calcx.trainer.run_dir.server_key import server_key
 
 
 def replica_addresses(llm_client) -> list[str]:

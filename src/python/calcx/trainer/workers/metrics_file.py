@@ -2,7 +2,7 @@
 
 verl 0.9.1's `FileLogger` opens `$VERL_FILE_LOGGER_PATH` with mode "wb", so every start of a run
 erased the steps before it. calcx sets aside the rows after the checkpoint before the run starts
-(calcx.trainer.resume) and has verl append the rest.
+(calcx.trainer.run.resume) and has verl append the rest.
 """
 
 from __future__ import annotations

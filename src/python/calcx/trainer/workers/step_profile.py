@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("calcx profile-step: no CUDA GPU was found on this machine", file=sys.stderr)
         return 3
-    import calcx.trainer.packed_attention  # noqa: F401  (registers calcx_varlen)
+    import calcx.trainer.workers.packed_attention  # noqa: F401  (registers calcx_varlen)
     from transformers import AutoConfig, Qwen2Config
     from transformers import AutoModelForCausalLM
 

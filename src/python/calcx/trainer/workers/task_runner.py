@@ -1,7 +1,7 @@
 """verl 0.9.1's V1 TaskRunner with calcx's duties added: keep the server's policy version current,
 look for finished rollouts more often than verl's 2 s, log the agents' calculator use with
 verl's own metrics (`calcx/{train,val}/...`, from the rollouts' recorded calls:
-`calcx.trainer.tool_use`), and make a run resumable (docs/resume.md): each finished checkpoint
+`calcx.trainer.rollouts.tool_use`), and make a run resumable (docs/resume.md): each finished checkpoint
 marked whole, each step's trained rollouts in the server's ledger, the metrics file appended to.
 
 verl stamps each of its own samples with the weight version the vLLM replica reports; calcx's
@@ -29,12 +29,13 @@ from omegaconf import OmegaConf
 from verl.trainer.main_ppo import TaskRunnerV1
 
 from calcx.api.client import CalcxClient
-from calcx.trainer.checkpoints import mark_after_save
-from calcx.trainer.ledger import batch_rollout_ids, record_after_step, record_step
-from calcx.trainer.metrics_file import install_appending_file_logger
-from calcx.trainer.run_lease import OWNER_KEY
-from calcx.trainer.server_key import server_key
-from calcx.trainer.tool_use import LEDGER_FILE, ToolUseLedger, add_tool_use_metrics
+from calcx.trainer.run_dir.checkpoints import mark_after_save
+from calcx.trainer.workers.ledger import batch_rollout_ids, record_after_step, record_step
+from calcx.trainer.workers.metrics_file import install_appending_file_logger
+from calcx.trainer.config.compose import OWNER_KEY
+from calcx.trainer.run_dir.server_key import server_key
+from calcx.trainer.rollouts.tool_use import ToolUseLedger, add_tool_use_metrics
+from calcx.trainer.run_dir.names import TOOL_USE_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def transfer_queue_rollout_ids(batch: Any) -> list[str]:
 
 
 def record_trained_steps(trainer: Any, config: Any) -> None:
-    """Each step's trained rollouts go to the server's training ledger (calcx.trainer.ledger)."""
+    """Each step's trained rollouts go to the server's training ledger (calcx.trainer.workers.ledger)."""
     run = str(OmegaConf.select(config, "calcx.run", default="") or "")
     if not run:
         logger.warning("calcx.run is empty: the steps' rollouts are not recorded in the server's training ledger")
@@ -100,7 +101,7 @@ class CalcxTaskRunnerBase(_VerlTaskRunner):  # type: ignore[misc,valid-type]
         set_replay_poll(self.trainer.replay_buffer, OmegaConf.select(self.config, "calcx.replay_poll_s", default=None))
         report_dir = OmegaConf.select(self.config, "calcx.report_dir", default=None)
         if report_dir:  # the AgentLoop sessions write each rollout's tool use there
-            add_tool_use_metrics(self.trainer, ToolUseLedger(Path(str(report_dir)) / LEDGER_FILE))
+            add_tool_use_metrics(self.trainer, ToolUseLedger(Path(str(report_dir)) / TOOL_USE_FILE))
         super().init_agent_loop_manager()
         publish = getattr(self.agent_loop_manager, "publish_policy_version", None)
         if publish is None:  # verl's own agent loops (the anchor) read the version from vLLM itself
