@@ -58,9 +58,9 @@ def cases() -> dict[str, str]:
                                      gpu_memory_gib=memory, run_profile=profile)
             found[f"anchor-{name}-{memory:g}gib"] = redacted_yaml(compose_anchor(request))
     for memory in MEMORIES_GIB:
-        request = WarmupRequest(model="models/m", traces="t.parquet", val_traces="v.parquet", gpu_memory_gib=memory,
-                                gpu_profile="auto")
-        found[f"warmup-{memory:g}gib"] = redacted_yaml(compose_warmup(request))
+        warmup = WarmupRequest(model="models/m", traces="t.parquet", val_traces="v.parquet", gpu_memory_gib=memory,
+                               gpu_profile="auto")
+        found[f"warmup-{memory:g}gib"] = redacted_yaml(compose_warmup(warmup))
     found["cli-train"] = printed(train_main, [*FILES, "--print-config"])
     found["cli-train-async"] = printed(train_main, [*FILES, "--async", "--print-config"])
     found["cli-eval-only"] = printed(train_main, [*FILES, "--eval-only", "--model-endpoint", "http://127.0.0.1:1/v1",

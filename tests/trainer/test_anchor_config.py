@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from calcx.anchor import cli as anchor_cli
 from calcx.anchor.config import TOOLS_FILE, compose_anchor
 from calcx.anchor.data import TOOL_AGENT
-from calcx.trainer import cli as trainer_cli
+from calcx.trainer.run import cli as trainer_cli
 from calcx.trainer.config.compose import ComposeRequest, ConfigError, compose
 from gpu_run_dirs import ended_run, store_path
 

@@ -336,7 +336,7 @@ def test_run_profiles_extend_base_first_and_refuse_a_loop() -> None:
 
 def test_both_train_commands_take_profile() -> None:
     from calcx.anchor import cli as anchor_cli
-    from calcx.trainer import cli as trainer_cli
+    from calcx.trainer.run import cli as trainer_cli
 
     calcx_cfg = trainer_cli.compose_from_args(trainer_cli.build_parser().parse_args(["--profile", "gsm8k-h200"]))
     anchor_cfg = anchor_cli.compose_from_args(

@@ -70,7 +70,7 @@ def test_replica_addresses_become_openai_base_urls() -> None:
 def test_report_draws_and_states_calculator_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`calcx/{train,val}/tool_use` go on the reward figure (as lines beside the reward) and into
     report.md; a run without them keeps the old figure and text."""
-    from calcx.trainer import report as report_module
+    from calcx.trainer.run import report as report_module
 
     lines = [{"step": s, "data": {"critic/score/mean": 0.1 * s, "calcx/train/tool_use": 0.5 / s}} for s in (1, 2)]
     lines.append({"step": 2, "data": {"calcx/val/tool_use": 0.25, "calcx/val/tool_parse_failures": 4.0,

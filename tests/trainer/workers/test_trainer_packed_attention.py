@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
 
-from calcx.trainer import packed_attention
+from calcx.trainer.workers import packed_attention
 from calcx.trainer.workers.packed_attention import (
     ATTN_IMPLEMENTATION,
     calcx_varlen_mask,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calcx.trainer import step_profile
+from calcx.trainer.workers import step_profile
 from calcx.trainer.workers.step_profile import QWEN25_15B, micro_batches, row_lengths, update_flops
 
 
