@@ -31,7 +31,7 @@ from calcx.contract.ready import CONTROLLER_READY, SERVER_READY
 from calcx.procs.managed import ManagedProcess, ProcessStartError, live_pids, stop_all
 from calcx.worker.protocol import WORKER_MODULE
 
-CALCX_SRC = Path(__file__).resolve().parents[2]  # .../src/python
+CALCX_SRC = Path(__file__).resolve().parents[3]  # .../src/python
 
 
 class ServicesError(RuntimeError):
