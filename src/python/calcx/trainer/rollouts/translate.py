@@ -48,6 +48,36 @@ def translate_rollout(
     longer than `max_response_length` are cut, with the mask and log-probs cut alike.
     """
     rollout_id = str(rollout.get("rollout_id", "?"))
+    reward, attempt_id = _trainable_verdict(rollout, rollout_id, expected_group_id)
+    ordered, skipped = _latest_attempt_calls(calls, attempt_id)
+    samples: list[CallSample] = []
+    counters = {"prompt_truncated": 0, "response_truncated": 0}
+    for call in ordered:
+        sample = _call_sample(call, rollout_id, reward, max_prompt_length, max_response_length, counters)
+        if sample is None:
+            skipped += 1
+        else:
+            samples.append(sample)
+    if not samples:
+        raise RolloutIncomplete(rollout_id, "no_calls", f"attempt {attempt_id} recorded no usable model call")
+    versions = [s.policy_version for s in samples if s.policy_version is not None]
+    return RolloutSamples(
+        rollout_id=rollout_id,
+        group_id=rollout.get("group_id"),
+        attempt_id=attempt_id,
+        reward=reward,
+        samples=samples,
+        skipped_calls=skipped,
+        min_policy_version=min(versions) if versions else None,
+        max_policy_version=max(versions) if versions else None,
+        counters=counters,
+    )
+
+
+def _trainable_verdict(rollout: Mapping[str, Any], rollout_id: str,
+                       expected_group_id: str | None) -> tuple[float, str]:
+    """(reward, latest attempt id) of a rollout that may be trained on: SUCCEEDED, of the expected
+    group, scored, with attempts; else `RolloutIncomplete` saying which of these it is not."""
     state = rollout.get("state")
     if state != "SUCCEEDED":
         attempts = rollout.get("attempts") or []
@@ -63,76 +93,62 @@ def translate_rollout(
     attempts = rollout.get("attempts") or []
     if not attempts:
         raise RolloutIncomplete(rollout_id, "bad_rollout_record", "SUCCEEDED without attempts")
-    attempt_id = str(attempts[-1]["attempt_id"])
+    return reward, str(attempts[-1]["attempt_id"])
 
-    samples: list[CallSample] = []
-    skipped = 0
-    counters = {"prompt_truncated": 0, "response_truncated": 0}
+
+def _latest_attempt_calls(calls: Sequence[Mapping[str, Any]],
+                          attempt_id: str) -> tuple[list[Mapping[str, Any]], int]:
+    """(the latest attempt's calls by `seq`, less those sent again; how many calls were left out)."""
     ordered = sorted(
         (c for c in calls if str(c.get("attempt_id")) == attempt_id), key=lambda c: int(c.get("seq", 0))
     )
-    skipped += sum(1 for c in calls if str(c.get("attempt_id")) != attempt_id)
     resent = _resent(ordered)
-    skipped += len(resent)
-    for index, call in enumerate(ordered):
-        if index in resent:
-            continue
-        status = call.get("status_code")
-        if status not in (None, 200):
-            skipped += 1
-            continue
-        call_id = str(call.get("call_id", "?"))
-        prompt_ids = _int_list(call.get("prompt_token_ids"), f"call {call_id} prompt_token_ids", rollout_id)
-        response_ids = _int_list(call.get("response_token_ids"), f"call {call_id} response_token_ids", rollout_id)
-        logprobs = call.get("response_logprobs")
-        if not response_ids:
-            skipped += 1
-            continue
-        if not prompt_ids:
-            raise RolloutIncomplete(rollout_id, "bad_call_record", f"call {call_id} has no prompt token ids")
-        if not isinstance(logprobs, list) or len(logprobs) != len(response_ids):
-            raise RolloutIncomplete(
-                rollout_id,
-                "bad_call_record",
-                f"call {call_id}: {len(logprobs) if isinstance(logprobs, list) else 'no'} log-probs "
-                f"for {len(response_ids)} response tokens",
-            )
-        prompt_truncated = len(prompt_ids) > max_prompt_length
-        response_truncated = len(response_ids) > max_response_length
-        if prompt_truncated:
-            prompt_ids = prompt_ids[-max_prompt_length:]
-            counters["prompt_truncated"] += 1
-        if response_truncated:
-            response_ids = response_ids[:max_response_length]
-            logprobs = logprobs[:max_response_length]
-            counters["response_truncated"] += 1
-        version = call.get("policy_version")
-        samples.append(
-            CallSample(
-                call_id=call_id,
-                seq=int(call.get("seq", 0)),
-                prompt_ids=prompt_ids,
-                response_ids=response_ids,
-                response_mask=[1] * len(response_ids),
-                response_logprobs=[float(x) for x in logprobs],
-                reward=reward,
-                policy_version=int(version) if isinstance(version, int) else None,
-                latency_s=float(call.get("latency_s") or 0.0),
-                prompt_truncated=prompt_truncated,
-                response_truncated=response_truncated,
-            )
+    skipped = sum(1 for c in calls if str(c.get("attempt_id")) != attempt_id) + len(resent)
+    return [call for index, call in enumerate(ordered) if index not in resent], skipped
+
+
+def _call_sample(call: Mapping[str, Any], rollout_id: str, reward: float, max_prompt_length: int,
+                 max_response_length: int, counters: dict[str, int]) -> CallSample | None:
+    """One call's sample, cut to the lengths (counted in `counters`); None for a call that is
+    skipped (not answered 200, no token generated); `RolloutIncomplete` for a broken record."""
+    status = call.get("status_code")
+    if status not in (None, 200):
+        return None
+    call_id = str(call.get("call_id", "?"))
+    prompt_ids = _int_list(call.get("prompt_token_ids"), f"call {call_id} prompt_token_ids", rollout_id)
+    response_ids = _int_list(call.get("response_token_ids"), f"call {call_id} response_token_ids", rollout_id)
+    logprobs = call.get("response_logprobs")
+    if not response_ids:
+        return None
+    if not prompt_ids:
+        raise RolloutIncomplete(rollout_id, "bad_call_record", f"call {call_id} has no prompt token ids")
+    if not isinstance(logprobs, list) or len(logprobs) != len(response_ids):
+        raise RolloutIncomplete(
+            rollout_id,
+            "bad_call_record",
+            f"call {call_id}: {len(logprobs) if isinstance(logprobs, list) else 'no'} log-probs "
+            f"for {len(response_ids)} response tokens",
         )
-    if not samples:
-        raise RolloutIncomplete(rollout_id, "no_calls", f"attempt {attempt_id} recorded no usable model call")
-    versions = [s.policy_version for s in samples if s.policy_version is not None]
-    return RolloutSamples(
-        rollout_id=rollout_id,
-        group_id=rollout.get("group_id"),
-        attempt_id=attempt_id,
+    prompt_truncated = len(prompt_ids) > max_prompt_length
+    response_truncated = len(response_ids) > max_response_length
+    if prompt_truncated:
+        prompt_ids = prompt_ids[-max_prompt_length:]
+        counters["prompt_truncated"] += 1
+    if response_truncated:
+        response_ids = response_ids[:max_response_length]
+        logprobs = logprobs[:max_response_length]
+        counters["response_truncated"] += 1
+    version = call.get("policy_version")
+    return CallSample(
+        call_id=call_id,
+        seq=int(call.get("seq", 0)),
+        prompt_ids=prompt_ids,
+        response_ids=response_ids,
+        response_mask=[1] * len(response_ids),
+        response_logprobs=[float(x) for x in logprobs],
         reward=reward,
-        samples=samples,
-        skipped_calls=skipped,
-        min_policy_version=min(versions) if versions else None,
-        max_policy_version=max(versions) if versions else None,
-        counters=counters,
+        policy_version=int(version) if isinstance(version, int) else None,
+        latency_s=float(call.get("latency_s") or 0.0),
+        prompt_truncated=prompt_truncated,
+        response_truncated=response_truncated,
     )
