@@ -85,15 +85,16 @@ def test_report_draws_and_states_calculator_use(tmp_path: Path, monkeypatch: pyt
         return save(fig, ax, title, out, **kwargs)
 
     monkeypatch.setattr(report_module, "_save_reward_axes", spy)
+    TRAINING_REWARD = "training reward (mean of a step's rollouts)"  # verl's critic/score/mean, in words
     text = write_report(tmp_path / "out", metrics_path=metrics, eval_records=None).read_text()
-    assert drawn[-1] == ["training reward (critic/score/mean)", "validation", "train tool use", "validation tool use"]
+    assert drawn[-1] == [TRAINING_REWARD, "validation", "train tool use", "validation tool use"]
     assert "train tool use (share of rollouts with a successful calculator call): first 50.0% (step 1), " \
            "last 25.0% (step 2)" in text
     assert "validation tool use (share of rollouts with a successful calculator call): first 25.0% (step 2)" in text
     assert "tool-call parse failures at the last validation (step 2): 4" in text
 
     text = write_report(tmp_path / "old", metrics_path=_metrics(tmp_path / "old.jsonl"), eval_records=None).read_text()
-    assert drawn[-1] == ["training reward (critic/score/mean)", "validation"] and "tool use" not in text
+    assert drawn[-1] == [TRAINING_REWARD, "validation"] and "tool use" not in text
 
     # several validation sources: one line each, each source's own points
     both = tmp_path / "both.jsonl"
@@ -101,6 +102,26 @@ def test_report_draws_and_states_calculator_use(tmp_path: Path, monkeypatch: pyt
                                                            "val-core/gsm8k-hard/reward/mean@1": h}}) + "\n"
                             for s, g, h in ((1, 0.6, 0.4), (2, 0.7, 0.5))))
     write_report(tmp_path / "both", metrics_path=both, eval_records=None)
-    assert drawn[-1] == ["training reward (critic/score/mean)", "validation (gsm8k)", "validation (gsm8k-hard)"]
+    assert drawn[-1] == [TRAINING_REWARD, "validation (gsm8k)", "validation (gsm8k-hard)"]
     assert report_module.validation_points_by_source(read_metrics(both)) == {
         "gsm8k": [(1, 0.6), (2, 0.7)], "gsm8k-hard": [(1, 0.4), (2, 0.5)]}
+
+
+def test_the_legend_names_the_training_reward_in_words(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The picture's legend says what the line is, not verl's metrics key it was read from."""
+    from calcx.trainer.run import report as report_module
+
+    drawn: list[list[str]] = []
+    save = report_module._save_reward_axes
+
+    def spy(fig, ax, title, out, **kwargs):  # type: ignore[no-untyped-def]
+        drawn.append([line.get_label() for line in ax.get_lines()])
+        return save(fig, ax, title, out, **kwargs)
+
+    monkeypatch.setattr(report_module, "_save_reward_axes", spy)
+    for key in ("critic/score/mean", "critic/rewards/mean", "reward/mean"):
+        metrics = [{"step": 1, key: 0.25}, {"step": 2, key: 0.5}]
+        report_module.plot_reward_curve(metrics, tmp_path / "curve.png")
+        assert drawn[-1][0].startswith("training reward") and "(mean of a step's rollouts)" in drawn[-1][0]
+        assert "/" not in drawn[-1][0]
+    assert drawn[1] == ["training reward after verl's KL penalty (mean of a step's rollouts)"]

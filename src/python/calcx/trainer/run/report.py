@@ -16,8 +16,14 @@ from typing import Any, Iterable, Mapping, Sequence
 from calcx.contract.labels import finite_reward
 from calcx.trainer.run_dir.names import CURVE_FILE, EVAL_FILE, REPORT_FILE
 
-# First key found wins: verl's mean sequence score, then the rehearsal's name.
-REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean", "reward/mean")
+# The training reward's metrics key, first found wins (verl's mean sequence score, then the rehearsal's
+# name), and what the picture's legend calls it
+REWARD_LABELS = {
+    "critic/score/mean": "training reward (mean of a step's rollouts)",
+    "critic/rewards/mean": "training reward after verl's KL penalty (mean of a step's rollouts)",
+    "reward/mean": "training reward (mean of a step's rollouts)",
+}
+REWARD_KEYS = tuple(REWARD_LABELS)
 VAL_KEY_PREFIX = "val-core/"
 # the share of rollouts with >= 1 successful calculator call (calcx.trainer.rollouts.tool_use), drawn beside
 # the reward: (metrics key, legend label)
@@ -101,7 +107,8 @@ def plot_reward_curve(metrics: Sequence[Mapping[str, Any]], out_png: str | Path,
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    ax.plot(steps, values, marker="o", markersize=3, linewidth=1.5, label=f"training reward ({used})")
+    label = REWARD_LABELS.get(used, f"training reward ({used})")  # `key`: any metric the caller names
+    ax.plot(steps, values, marker="o", markersize=3, linewidth=1.5, label=label)
     _plot_validation_by_source(ax, metrics)
     return _save_reward_axes(fig, ax, title, out, tool_use=_plot_tool_use(ax, metrics))
 
