@@ -92,3 +92,15 @@ def test_sigterm_and_the_named_errors_end_a_run_with_a_status_and_one_line(capsy
         run_interruptible("calcx x", a_bug, (ValueError,))
     assert capsys.readouterr().err.splitlines() == ["calcx x: interrupted; all ended", "calcx x: row 3: no question"]
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_every_trainer_command_of_calcx_names_a_module_that_exists() -> None:
+    """`calcx train`, `calcx warmup` and `calcx profile-step` are found by module name
+    (calcx.cli's table): a module moved without its entry there would fail only when run."""
+    probe = ("import importlib.util; from calcx.cli import SUBCOMMANDS\n"
+             "names = [m for m, _ in SUBCOMMANDS.values() if m.startswith('calcx.trainer.')]\n"
+             "missing = [m for m in names if importlib.util.find_spec(m) is None]\n"
+             "print(len(names), missing)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=ENV, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(" ", 1) == ["3", "[]\n"]
