@@ -40,7 +40,7 @@ from calcx.common.stats import percentile, union_length  # noqa: E402
 from calcx.data.generator import generate_split  # noqa: E402
 from calcx.data.io import write_jsonl  # noqa: E402
 from calcx.rehearse.stack import Stack, StackConfig  # noqa: E402
-from calcx.trainer.group import GroupSpec, settle_group  # noqa: E402
+from calcx.trainer.rollouts.group import GroupSpec, settle_group  # noqa: E402
 
 STAGES = (
     ("request -> created", "request", "created"),

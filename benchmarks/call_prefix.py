@@ -8,7 +8,7 @@ tokens. This reads a calcx store (the server's SQLite file, or the slim copy a G
 and prints, by partition (train/val): rollouts, consecutive call pairs and how many of them are
 such prefixes, and the tokens a rollout trains as samples a call against the tokens of its last
 call's prompt and answer (what one sequence holds when every call continues the one before: the
-bound of what joining saves; calcx.trainer.call_join joins only calls that do).
+bound of what joining saves; calcx.trainer.rollouts.call_join joins only calls that do).
 
     python benchmarks/call_prefix.py STORE.db [--json]
     python benchmarks/call_prefix.py STORE.db --render MODEL_DIR   # also: rendered as the gateway sends them
@@ -94,7 +94,7 @@ def rendered(db_path: str, model_dir: str) -> dict[str, int]:
     # by name: this script's resolve (the server's) has neither transformers nor the trainer's modules;
     # --render needs a Python with both (the trainer's); the messages go to the template as vLLM hands them
     tokenizer = importlib.import_module("transformers").AutoTokenizer.from_pretrained(model_dir)
-    as_rendered = importlib.import_module("calcx.trainer.warmup_dataset").as_rendered
+    as_rendered = importlib.import_module("calcx.trainer.warmup.dataset").as_rendered
 
     def render(request: dict[str, Any], rewrite: bool) -> list[int]:
         messages = as_generated(request["messages"]) if rewrite else request["messages"]

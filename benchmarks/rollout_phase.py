@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "src" / "python"))
 from calcx.api.client import AsyncCalcxClient, CalcxClient  # noqa: E402
 from calcx.data.generator import generate_split  # noqa: E402
 from calcx.rehearse.stack import Stack, StackConfig  # noqa: E402
-from calcx.trainer.group import GroupSpec  # noqa: E402
+from calcx.trainer.rollouts.group import GroupSpec  # noqa: E402
 
 
 def specs_for(rows: list[dict[str, Any]], group: int, step: int) -> list[GroupSpec]:

@@ -1,6 +1,6 @@
 """Token lengths of a warm-up traces file, rendered as `calcx warmup` renders them.
 
-Each row goes through the warm-up's own dataset class (calcx.trainer.warmup_dataset.
+Each row goes through the warm-up's own dataset class (calcx.trainer.warmup.dataset.
 AgentTraceDataset) with the model's tokenizer and chat template, its length bound lifted so that
 every row is measured; the figures are compared with warmup.yaml's `data.max_length`, past which
 the warm-up stops with a DataError.
@@ -46,7 +46,7 @@ def gguf_tokenizer(path: str) -> Any:
 
 
 def warmup_max_length() -> int:
-    from calcx.trainer.warmup import WARMUP_OVERRIDES
+    from calcx.trainer.warmup.sft import WARMUP_OVERRIDES
 
     return int(yaml.safe_load(WARMUP_OVERRIDES.read_text(encoding="utf-8"))["overrides"]["data"]["max_length"])
 
@@ -58,7 +58,7 @@ def percentile(values: list[int], q: float) -> int:
 
 
 def measure(path: str, tokenizer: Any, max_length: int) -> dict[str, Any]:
-    from calcx.trainer.warmup_dataset import AgentTraceDataset
+    from calcx.trainer.warmup.dataset import AgentTraceDataset
 
     dataset = AgentTraceDataset(path, tokenizer, {"max_length": sys.maxsize})
     lengths, trained, turns, ids, over = [], [], [], [], []

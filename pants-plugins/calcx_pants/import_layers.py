@@ -2,10 +2,13 @@
 column of docs/architecture.md's package table (the one copy of that rule).
 
 A package may import the calcx packages its row names in backticks (`everything above`: those of
-the earlier rows; `the parts`: all), its own modules and `calcx` itself. Imports inside functions
-and `TYPE_CHECKING` blocks count: they are dependencies all the same. The rows are the layers in
-order: a row that may import a later row (by name, or `the parts` before the last row) fails too,
-since the later row may import it back and the table would allow a package loop.
+the earlier rows; `the parts`: all), its own modules and `calcx` itself. A row may be a
+sub-package (`calcx.trainer.rollouts`): a module belongs to the longest row its name begins with,
+and so does what it imports. A row's "never a, b" names the outside packages it must not import
+(their top-level names: `never verl, torch, ray`). Imports inside functions and `TYPE_CHECKING`
+blocks count: they are dependencies all the same. The rows are the layers in order: a row that
+may import a later row (by name, or `the parts` before the last row) fails too, since the later
+row may import it back and the table would allow a package loop.
 
 `./pants lint ::` runs it (the `import-layers` linter of this plugin, register.py); standard
 library only and Python 3.9 (Pants' own interpreter), so it also runs on its own:
@@ -18,13 +21,14 @@ from __future__ import annotations
 import ast
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
 DOC = "docs/architecture.md"
 SOURCES = "src/python/calcx"
 TABLE_HEADING = "## Python packages"
-_PACKAGE = re.compile(r"`(calcx(?:\.\w+)?)`")
+_PACKAGE = re.compile(r"`(calcx(?:\.\w+)*)`")
+_NEVER = re.compile(r"\bnever ([\w.]+(?:,\s*[\w.]+)*)")
 
 
 def read_rows(doc: str) -> list[tuple[int, str, str]]:
@@ -56,6 +60,15 @@ def read_rules(doc: str) -> dict[str, frozenset[str]]:
     return rules
 
 
+def read_forbidden(doc: str) -> dict[str, frozenset[str]]:
+    """package -> the outside packages (top-level names) its row says it must never import."""
+    forbidden: dict[str, frozenset[str]] = {}
+    for _, name, may_import in read_rows(doc):
+        found = {part.strip() for match in _NEVER.findall(may_import) for part in match.split(",")}
+        forbidden[name] = frozenset(found)
+    return forbidden
+
+
 def forward_references(doc: str) -> list[str]:
     """One line per row that may import a later row: the table's order is its layering, and a
     row that reaches down the table lets a package loop through (`everything above` never does)."""
@@ -73,16 +86,35 @@ def forward_references(doc: str) -> list[str]:
     return found
 
 
-def package_of(relative: PurePosixPath) -> str:
-    """calcx.<first part> of a path below src/python/calcx (calcx.cli for cli.py)."""
-    first = relative.parts[0]
-    if first == "__init__.py":
-        return "calcx"
-    return "calcx." + (first[: -len(".py")] if first.endswith(".py") else first)
+def row_of(module: str, rows: Iterable[str]) -> str:
+    """The longest row `module` is or lies in; else calcx.<its first part> (a package without a
+    row), or `calcx` itself."""
+    parts = module.split(".")
+    names = set(rows)
+    for end in range(len(parts), 1, -1):
+        if ".".join(parts[:end]) in names:
+            return ".".join(parts[:end])
+    return ".".join(parts[:2])
 
 
-def imported_modules(relative: PurePosixPath, text: str) -> Iterator[tuple[int, str]]:
-    """(line, absolute module) of every calcx import in the file, relative ones resolved."""
+def package_of(relative: PurePosixPath, rows: Iterable[str] = ()) -> str:
+    """The row of a path below src/python/calcx (calcx.cli for cli.py, calcx.trainer.run for
+    trainer/run/launch.py where that row exists, else calcx.trainer)."""
+    parts = list(relative.with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return row_of(".".join(["calcx", *parts]), rows) if parts else "calcx"
+
+
+def imported_modules(relative: PurePosixPath, text: str, rows: Iterable[str] = ()) -> Iterator[tuple[int, str]]:
+    """(line, absolute module) of every calcx import in the file, relative ones resolved (`from
+    calcx.trainer import run` is calcx.trainer.run where that is a row)."""
+    yield from ((line, m) for line, m in all_imports(relative, text, rows) if m == "calcx" or m.startswith("calcx."))
+
+
+def all_imports(relative: PurePosixPath, text: str, rows: Iterable[str] = ()) -> Iterator[tuple[int, str]]:
+    """(line, absolute module) of every import in the file, relative ones resolved."""
+    names = set(rows)
     here = ("calcx", *relative.with_suffix("").parts)
     package = here if here[-1] == "__init__" else here[:-1]
     for node in ast.walk(ast.parse(text, str(relative))):
@@ -92,10 +124,11 @@ def imported_modules(relative: PurePosixPath, text: str) -> Iterator[tuple[int, 
             base = list(package[: len(package) - node.level + 1]) if node.level else []
             if base and base[-1] == "__init__":
                 base.pop()
-            modules = [".".join([*base, *(node.module.split(".") if node.module else [])])]
+            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            modules = [f"{module}.{a.name}" if f"{module}.{a.name}" in names else module for a in node.names]
         else:
             continue
-        yield from ((node.lineno, m) for m in modules if m == "calcx" or m.startswith("calcx."))
+        yield from ((node.lineno, m) for m in modules)
 
 
 def check(doc: str, sources: Mapping[str, str]) -> list[str]:
@@ -103,17 +136,23 @@ def check(doc: str, sources: Mapping[str, str]) -> list[str]:
     package without a row. `sources`: path from the repository root (src/python/calcx/...) -> the
     file's text."""
     rules = read_rules(doc)
+    forbidden = read_forbidden(doc)
     found = forward_references(doc)
     for path in sorted(sources):
         relative = PurePosixPath(path).relative_to(SOURCES)
-        source = package_of(relative)
+        source = package_of(relative, rules)
         if source == "calcx":
             continue
         if source not in rules:
             found.append(f"{path}: package {source} has no row in {DOC}'s table")
             continue
-        for line, module in imported_modules(relative, sources[path]):
-            target = ".".join(module.split(".")[:2])
+        for line, module in all_imports(relative, sources[path], rules):
+            if module != "calcx" and not module.startswith("calcx."):
+                if module.split(".")[0] in forbidden[source]:
+                    found.append(f"{path}:{line}: {source} imports {module}; {DOC} says it never imports "
+                                 f"{', '.join(sorted(forbidden[source]))}")
+                continue
+            target = row_of(module, rules) if module != "calcx" else "calcx"
             if target in ("calcx", source) or target in rules[source]:
                 continue
             allowed = ", ".join(sorted(rules[source])) or "no calcx package"

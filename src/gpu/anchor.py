@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from calcx.anchor.data import prompt_messages  # noqa: E402
 from calcx.anchor.reward import compute_score  # noqa: E402,F401  (verl loads it from this file by name)
-from calcx.trainer.data import verl_record  # noqa: E402
+from calcx.trainer.run.data import verl_record  # noqa: E402
 
 # verl 0.9.1's registered single-turn agent loop (its default)
 SINGLE_TURN_AGENT = "single_turn_agent"

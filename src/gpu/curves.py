@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from calcx.trainer.report import (  # noqa: E402
+from calcx.trainer.run.report import (  # noqa: E402
     TOOL_USE_SERIES,
     metric_series,
     read_metrics,

@@ -7,7 +7,7 @@ waited for agents is measured from the recorded model calls: the generation phas
 of the intervals in which at least one call was inside vLLM, over the whole step; and the store's
 agent table follows the step table: per step, the training rollouts, the share with a successful
 calculator call, tool calls per rollout, tool-call parse failures (a `<tool_call>` in the text that
-vLLM's parser did not turn into a call; all three counted by `calcx.trainer.tool_use`, as the
+vLLM's parser did not turn into a call; all three counted by `calcx.trainer.rollouts.tool_use`, as the
 trainer's `calcx/train/...` metrics are), failed attempts (retried as new ones) and the largest policy-version lag of a call:
 how many weight syncs behind the weights its rollout's step starts from (step - 1) the version that
 answered it was (the server records the version it serves at the time of each call). With
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from calcx.common.stats import mean_and_standard_error, union_length  # noqa: E402
 from calcx.contract.labels import origin_of, scored_reward  # noqa: E402
-from calcx.trainer.tool_use import ToolUse, rollout_tool_use, tool_use_metrics  # noqa: E402
+from calcx.trainer.rollouts.tool_use import ToolUse, rollout_tool_use, tool_use_metrics  # noqa: E402
 
 
 def read_metrics(path: Path) -> dict[int, dict]:
@@ -161,7 +161,7 @@ def wait_table(steps: dict[int, dict], waits: dict[int, dict[str, float]]) -> st
 
 def agent_stats(db: Path) -> dict[int, dict[str, float]]:
     """Per training step, from the recorded calls and attempts of the step's rollouts (`step_rollouts`:
-    a resumed run's, not the killed run's of the same step). Calculator use is counted by `calcx.trainer.tool_use` (what the trainer logs as
+    a resumed run's, not the killed run's of the same step). Calculator use is counted by `calcx.trainer.rollouts.tool_use` (what the trainer logs as
     `calcx/train/...`), over each rollout's latest attempt that recorded calls."""
     con = sqlite3.connect(db)
     step_of = {rid: step for step, ids in step_rollouts(con).items() for rid in ids}

@@ -125,3 +125,47 @@ def test_check_takes_the_contents_the_lint_rule_hands_it() -> None:
         "src/python/calcx/a/__init__.py:1: calcx.a imports calcx.b; docs/architecture.md lets it import no calcx package"
     ]
     assert layers.report([]).startswith("imports of src/python/calcx follow")
+
+
+def test_a_module_belongs_to_the_longest_row_it_lies_in() -> None:
+    rows = ["calcx.trainer", "calcx.trainer.rollouts", "calcx.trainer.run"]
+    assert layers.package_of(layers.PurePosixPath("trainer/rollouts/group.py"), rows) == "calcx.trainer.rollouts"
+    assert layers.package_of(layers.PurePosixPath("trainer/run/__init__.py"), rows) == "calcx.trainer.run"
+    assert layers.package_of(layers.PurePosixPath("trainer/__init__.py"), rows) == "calcx.trainer"
+    assert layers.package_of(layers.PurePosixPath("trainer/run_dir/names.py"), rows) == "calcx.trainer"  # no row of its own
+    assert layers.package_of(layers.PurePosixPath("cli.py"), rows) == "calcx.cli"
+
+
+def test_sub_package_rows_are_layers_of_their_own() -> None:
+    doc = (
+        "## Python packages\n\n| package | what | may import |\n|---|---|---|\n"
+        "| `calcx.t` | the index | standard library |\n"
+        "| `calcx.t.low` | below | standard library; never verl, torch |\n"
+        "| `calcx.t.high` | above | verl, `calcx.t.low` |\n"
+    )
+    sources = {
+        "src/python/calcx/t/low/a.py": "from calcx.t import high\nimport torch.nn\n",
+        "src/python/calcx/t/high/b.py": "import verl\nfrom calcx.t.low.a import x\nfrom ..low import a\n",
+    }
+    assert layers.read_forbidden(doc)["calcx.t.low"] == {"verl", "torch"}
+    assert layers.check(doc, sources) == [
+        "src/python/calcx/t/low/a.py:1: calcx.t.low imports calcx.t.high; docs/architecture.md lets it import no calcx package",
+        "src/python/calcx/t/low/a.py:2: calcx.t.low imports torch.nn; docs/architecture.md says it never imports torch, verl",
+    ]
+
+
+def test_the_trainers_rollouts_importing_verl_fails(repo_copy: Path) -> None:
+    """calcx.trainer.rollouts runs in verl's workers and in the eval-only driver alike: no verl there."""
+    _plant(repo_copy, "trainer/rollouts/translate.py", "\n\ndef _late():\n    from verl.protocol import DataProto\n")
+    found = layers.violations(repo_copy)
+    assert len(found) == 1 and "calcx/trainer/rollouts/translate.py:" in found[0]
+    assert "calcx.trainer.rollouts imports verl.protocol" in found[0] and "never imports ray, torch, verl" in found[0]
+    run = subprocess.run([sys.executable, str(SCRIPT), str(repo_copy)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "calcx.trainer.rollouts imports verl.protocol" in run.stdout
+
+
+def test_the_trainers_workers_importing_the_driver_fails(repo_copy: Path) -> None:
+    """The driver starts verl's workers (launch imports the task runner), never the other way."""
+    _plant(repo_copy, "trainer/workers/task_runner.py", "\nfrom calcx.trainer import run as _driver\n")
+    found = layers.violations(repo_copy)
+    assert len(found) == 1 and "calcx.trainer.workers imports calcx.trainer.run;" in found[0]

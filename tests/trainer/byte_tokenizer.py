@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from calcx.trainer.config import NAMED_TEMPLATES
+from calcx.trainer.config.compose import NAMED_TEMPLATES
 
 
 def byte_tokenizer() -> Any:

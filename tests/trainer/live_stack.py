@@ -17,7 +17,7 @@ import pytest
 
 from calcx.contract.ready import STUB_LLM_READY
 from calcx.procs.managed import ManagedProcess
-from calcx.trainer.services import CALCX_SRC
+from calcx.trainer.run.services import CALCX_SRC
 
 DEFAULT_SERVICES_PYTHON = "/opt/calcx-dev/bin/python"
 SERVICES_PYTHON = os.environ.get("CALCX_SERVICES_PYTHON") or (
@@ -64,7 +64,7 @@ def start_server(work: Path, key: str, *extra: str) -> tuple[ManagedProcess, str
 def agent_loop(cfg: Any) -> Any:
     """verl's CalcxAgentLoop as its worker makes it, without verl's tokenizer machinery: `run()`
     needs only the composed config."""
-    from calcx.trainer.calcx_agent_loop import CalcxAgentLoop
+    from calcx.trainer.workers.calcx_agent_loop import CalcxAgentLoop
 
     loop = CalcxAgentLoop.__new__(CalcxAgentLoop)
     loop.config = cfg

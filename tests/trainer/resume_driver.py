@@ -25,8 +25,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from calcx.trainer.resume import plan_resume, settle_previous_run
-from calcx.trainer.server_key import server_key
+from calcx.trainer.run.resume import plan_resume, settle_previous_run
+from calcx.trainer.run_dir.server_key import server_key
 
 # torch, torchdata and verl are imported once the previous run is settled (as `calcx train` settles
 # it before Ray starts), so that a killed run's rollouts are still in flight when it is
@@ -89,8 +89,8 @@ class Driver:
         return [int(i) for i in batch["index"]]
 
     async def _rollouts(self, problems: list[int]) -> list[str]:
-        from calcx.trainer.group import GroupSpec
-        from calcx.trainer.session import run_session
+        from calcx.trainer.rollouts.group import GroupSpec
+        from calcx.trainer.rollouts.session import run_session
 
         sessions, uids = [], []
         for index in problems:
@@ -142,7 +142,7 @@ class Driver:
         tracker.close()
 
     def fit(self) -> None:
-        from calcx.trainer.metrics_file import appending_file_logger
+        from calcx.trainer.workers.metrics_file import appending_file_logger
 
         self._load_checkpoint()
         logger = appending_file_logger()("calcx", self.args.run)
@@ -179,8 +179,8 @@ def main() -> None:
     plan = plan_resume(cfg, report_dir)
     settle_previous_run(args.server, key, plan)
     from calcx.api.client import CalcxClient
-    from calcx.trainer.checkpoints import mark_after_save
-    from calcx.trainer.ledger import record_after_step, record_step
+    from calcx.trainer.run_dir.checkpoints import mark_after_save
+    from calcx.trainer.workers.ledger import record_after_step, record_step
 
     driver = Driver(cfg, args, rows, key)
     client = CalcxClient(args.server, key)

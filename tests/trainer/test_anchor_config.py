@@ -19,8 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from calcx.anchor import cli as anchor_cli
 from calcx.anchor.config import TOOLS_FILE, compose_anchor
 from calcx.anchor.data import TOOL_AGENT
-from calcx.trainer import cli as trainer_cli
-from calcx.trainer.config import ComposeRequest, ConfigError, compose
+from calcx.trainer.run import cli as trainer_cli
+from calcx.trainer.config.compose import ComposeRequest, ConfigError, compose
 from gpu_run_dirs import ended_run, store_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,7 +112,7 @@ def test_verl_checks_the_anchor_config_and_loads_its_parts() -> None:
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.config import RolloutConfig
 
-    from calcx.trainer.launch import validate_with_verl
+    from calcx.trainer.run.launch import validate_with_verl
 
     cfg = compose_anchor(ComposeRequest(dotlist=["data.max_prompt_length=2048", "data.max_response_length=1024"]))
     validate_with_verl(cfg)
@@ -256,7 +256,7 @@ def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path
     assert anchor_cfg.trainer.total_training_steps == 20 and anchor_cfg.trainer.v1.trainer_mode == "sync"
     assert anchor_cfg.trainer.experiment_name == "toolagentloop"
     assert anchor_cfg.calcx.report_dir == str(tmp_path / "results" / "anchor")
-    from calcx.trainer.launch import validate_with_verl
+    from calcx.trainer.run.launch import validate_with_verl
 
     validate_with_verl(anchor_cfg)
 

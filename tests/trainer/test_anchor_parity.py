@@ -30,8 +30,8 @@ from calcx.anchor.data import TOOL_AGENT, anchor_records
 from calcx.data.__main__ import main as data_main
 from calcx.data.io import read_rows
 from byte_tokenizer import byte_tokenizer
-from calcx.trainer.config import ComposeRequest
-from calcx.trainer.services import CALCX_SRC
+from calcx.trainer.config.compose import ComposeRequest
+from calcx.trainer.run.services import CALCX_SRC
 from live_stack import SERVICES_PYTHON, needs_services
 
 

@@ -20,7 +20,7 @@ from mcp_server_calculator.calculator import evaluate
 from calcx.agent.calculator_inprocess import calculator_tool_entry, openai_tool
 from calcx.agent.calculator_limits import bounded_evaluate
 from calcx.anchor.config import TOOLS_FILE
-from calcx.trainer.services import CALCX_SRC
+from calcx.trainer.run.services import CALCX_SRC
 from live_stack import SERVICES_PYTHON, needs_services
 
 # arithmetic the model writes, including what the calculator refuses

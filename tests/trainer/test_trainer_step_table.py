@@ -135,7 +135,7 @@ def test_step_table_says_what_the_calls_of_left_out_rollouts_came_back_with(tmp_
 
 
 def test_step_tables_count_calculator_use_as_the_trainer_does(tmp_path: Path) -> None:
-    """The agent table reads the store with `calcx.trainer.tool_use` (the trainer's own counting):
+    """The agent table reads the store with `calcx.trainer.rollouts.tool_use` (the trainer's own counting):
     a successful call, a refused one, a `<tool_call>` left as text, and only the latest attempt;
     the metrics file's `calcx/{train,val}/...` columns come out as logged."""
     import sqlite3

@@ -9,7 +9,7 @@ from pathlib import Path
 from benchmarks.trace_lengths import measure
 from calcx.agent.calculator_inprocess import calculator_tool_entry
 from calcx.data.traces import build_trace, write_traces
-from calcx.trainer.warmup_dataset import tokenize_trace
+from calcx.trainer.warmup.dataset import tokenize_trace
 from byte_tokenizer import byte_tokenizer
 
 SHORT = {"id": "gsm8k-train-1", "question": "Natalia sold 48 clips in April and half as many in May. How many in May?",

@@ -123,7 +123,7 @@ KV = MemoryKV()
 def load_v1() -> types.SimpleNamespace:
     """verl's `replay_buffer` and `agent_loop_tq` modules, imported from its files over `KV`.
 
-    Also makes `from verl.trainer.ppo.v1 import AgentLoopManagerTQ` work (calcx.trainer.manager)."""
+    Also makes `from verl.trainer.ppo.v1 import AgentLoopManagerTQ` work (calcx.trainer.workers.manager)."""
     sys.modules["transfer_queue"] = KV.module()
     name = "verl.trainer.ppo.v1"
     package = sys.modules.get(name)

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from calcx.trainer.cli import (DEFAULT_MODEL, add_data_arguments, add_profile_argument, config_files,
+from calcx.trainer.run.cli import (DEFAULT_MODEL, add_data_arguments, add_profile_argument, config_files,
                               ready_to_train, run_command, run_interruptible)
 
 NO_GPU_MESSAGE = ("calcx anchor train: no CUDA GPU was found on this machine ({why}). The anchor trains "
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def compose_from_args(args: argparse.Namespace):
     from calcx.anchor.config import compose_anchor
-    from calcx.trainer.config import ComposeRequest
+    from calcx.trainer.config.compose import ComposeRequest
 
     return compose_anchor(ComposeRequest(
         model=args.model, train_files=config_files(args.train_file), val_files=config_files(args.val_file),
@@ -62,8 +62,8 @@ def _train(args: argparse.Namespace) -> int:
     if not ready_to_train(NO_GPU_MESSAGE):
         return 3
     from calcx.anchor.launch import run_anchor
-    from calcx.trainer import data as data_mod
-    from calcx.trainer.config import ConfigError
+    from calcx.trainer.run import data as data_mod
+    from calcx.trainer.config.compose import ConfigError
 
     def train() -> int:
         train_src, val_src = list(args.train_file), list(args.val_file)

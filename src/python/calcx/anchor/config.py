@@ -3,7 +3,7 @@ config/anchor.yaml on top, under the same flags and command line, so every setti
 share (batch, samples per prompt, lengths, learning rate, packing, micro-batches, engine) is
 calcx train's by construction.
 
-Like calcx.trainer.config, this never imports verl (`--print-config` stays light).
+Like calcx.trainer.config.compose, this never imports verl (`--print-config` stays light).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from calcx.trainer.config import ComposeRequest, ConfigError, agent_tool_rounds, compose
+from calcx.trainer.config.compose import ComposeRequest, ConfigError, agent_tool_rounds, compose
 
 CONFIG_DIR = Path(__file__).resolve().parent / "config"
 ANCHOR_OVERRIDES = CONFIG_DIR / "anchor.yaml"

@@ -2,7 +2,7 @@
 
 verl's loop opens the chat itself from `prompt`, so `prompt` holds what calcx's agent opens its
 chat with: AutoGen's system message (the one `calcx.agent_prompt` names), then the user turn `build_task(question)` (the question and
-the answer-format instruction). The other columns are calcx train's (calcx.trainer.data): one
+the answer-format instruction). The other columns are calcx train's (calcx.trainer.run.data): one
 `data_source`, ground truth and row index for both runs. No `tools_kwargs`: the calculator keeps
 no per-trajectory state, so verl's default (nothing to pass to `create`) is all it needs.
 """
@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from calcx.agent.answer import prompt_messages
 from calcx.contract.env import AGENT_PROMPT_DEFAULT
-from calcx.trainer.data import verl_record
+from calcx.trainer.run.data import verl_record
 
 # verl 0.9.1 registers its ToolAgentLoop under this name
 TOOL_AGENT = "tool_agent"

@@ -7,11 +7,11 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from calcx.anchor.data import anchor_records
-from calcx.trainer.config import agent_prompt
-from calcx.trainer.data import Sources
-from calcx.trainer.launch import run_then_report, run_verl
-from calcx.trainer.report import write_report
-from calcx.trainer.run_settings import prepare_run
+from calcx.trainer.config.compose import agent_prompt
+from calcx.trainer.run.data import Sources
+from calcx.trainer.run.launch import run_then_report, run_verl
+from calcx.trainer.run.report import write_report
+from calcx.trainer.run.run_settings import prepare_run
 
 
 def run_anchor(cfg: DictConfig, *, train_src: Sources, val_src: Sources) -> int:

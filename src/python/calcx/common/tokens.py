@@ -3,7 +3,7 @@
 A later call continues an earlier one when its prompt tokens begin with the earlier call's prompt
 tokens followed by the tokens the model generated for it: then the later call adds only the tokens
 between (a tool's answer, the next turn's header) and its own answer. The trainer joins such calls
-(calcx.trainer.call_join); benchmarks/call_prefix.py counts them in a store. Plain lists of ints.
+(calcx.trainer.rollouts.call_join); benchmarks/call_prefix.py counts them in a store. Plain lists of ints.
 """
 
 from __future__ import annotations

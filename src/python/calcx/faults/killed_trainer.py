@@ -4,7 +4,7 @@ The doomed trainer is a real process (`python -m calcx.faults.killed_trainer`): 
 train` it labels its rollouts with its run's name, creates them, and waits on them; it is
 SIGKILLed while some run and others are queued, with the server and controller living on. The
 restarted run first cancels what its predecessor left (`POST /v1/cancel` with the run, what
-`calcx.trainer.leftovers` does), then creates and drives its own rollouts. Checked: nothing lost
+`calcx.trainer.rollouts.leftovers` does), then creates and drives its own rollouts. Checked: nothing lost
 (every rollout of both runs terminal), no leftover attempt started after the cancel (the old
 queue does not run first, nothing of the dead run is run or trained again), the controller
 stopped the leftover running attempts (FAILED `cancelled_by_api`), and the new run's rollouts each ran

@@ -9,7 +9,7 @@ in its next call, and Hermes/ChatML chat templates (Qwen2.5's own, calcx's `herm
 content, a line break, then the calls: the turn now carries two line breaks where the model wrote
 one, tokenizes differently from what it generated, and no later call's prompt continues the earlier
 call's tokens. Dropping that one line break renders the turn as generated, so the model reads back
-what it wrote and the trainer can keep a rollout's calls as one sequence (calcx.trainer.call_join).
+what it wrote and the trainer can keep a rollout's calls as one sequence (calcx.trainer.rollouts.call_join).
 Measured on an H200 run's calls: benchmarks/RESULTS.md, "One sequence a rollout".
 
 Qwen2.5's chat template, as its GGUF carries it, shows the call format as

@@ -1,4 +1,10 @@
-"""calcx.trainer: Hydra config over verl 0.9.1, the verl AgentLoop bridge to the calcx server, the run report.
+"""calcx.trainer: GRPO training of the Calc-X agent on verl 0.9.1, one sub-package per place its
+code runs (docs/architecture.md, the package table):
 
-Modules that import verl (agent_loop, manager, launch) are loaded only on the training path.
+- `run_dir`: the run's directory, as every process of a run reads and writes it;
+- `rollouts`: rollouts on the calcx server into training samples (no verl, torch or ray);
+- `config`: the composed config (code beside its YAML files; verl's YAML read, never imported);
+- `workers`: what verl loads inside its Ray workers (agent loop, task runner, attention);
+- `run`: the `calcx train` driver process;
+- `warmup`: `calcx warmup`, the supervised warm-up.
 """

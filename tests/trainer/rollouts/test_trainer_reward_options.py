@@ -1,0 +1,156 @@
+"""`calcx.reward` options: the bounded tool bonus, void turns out of the loss, and unreadable tool
+calls trained as the agent's own mistake. Samples are made by `translate_rollout` from calls shaped
+as the gateway records them; advantages by verl's own GRPO estimator."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from calcx.trainer.config.compose import ComposeRequest, ConfigError, compose
+from calcx.trainer.rollouts.reward_options import (
+    RewardOptionError,
+    RewardOptions,
+    apply_reward_options,
+    is_void_turn,
+    shaped_reward,
+)
+from calcx.trainer.rollouts.tool_use import ToolUse, rollout_tool_use
+from calcx.trainer.rollouts.translate import translate_rollout
+
+USER = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
+CALC = {"id": "c1", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "6*7"}'}}
+
+
+def _call(seq: int, messages: list, content: str | None, tool_calls: list | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {"call_id": f"k{seq}", "seq": seq, "attempt_id": "a1", "status_code": 200,
+            "prompt_token_ids": [1, 2, 3], "response_token_ids": [4, 5], "response_logprobs": [-0.1, -0.2],
+            "request": {"messages": messages}, "response": {"choices": [{"message": message}]}}
+
+
+def _rollout(reward: float) -> dict[str, Any]:
+    return {"rollout_id": "r", "state": "SUCCEEDED", "group_id": "g", "reward": reward,
+            "attempts": [{"attempt_id": "a1"}]}
+
+
+def _samples(reward: float, calls: list[dict]):
+    return translate_rollout(_rollout(reward), calls, max_prompt_length=64, max_response_length=64)
+
+
+def tool_then_answer(answer_text: str = "### ANSWER: 42 ###") -> list[dict]:
+    tool_msg = {"role": "tool", "tool_call_id": "c1", "content": "42"}
+    return [_call(0, USER, None, [CALC]),
+            _call(1, [*USER, {"role": "assistant", "tool_calls": [CALC]}, tool_msg], answer_text)]
+
+
+def test_options_default_off_and_bad_values_are_named() -> None:
+    assert RewardOptions.from_config(None) == RewardOptions() and not RewardOptions().active
+    assert RewardOptions.from_config({"tool_bonus": 0.5, "mask_void_turns": True}) == RewardOptions(0.5, True)
+    for bad in (1.0, -0.1, "0.5", True, float("nan")):
+        with pytest.raises(RewardOptionError, match="calcx.reward.tool_bonus"):
+            RewardOptions.from_config({"tool_bonus": bad})
+    with pytest.raises(RewardOptionError, match="calcx.reward.mask_void_turns"):
+        RewardOptions.from_config({"mask_void_turns": "yes"})
+    with pytest.raises(RewardOptionError, match="no option tool_bonsu"):
+        RewardOptions.from_config({"tool_bonsu": 0.1})
+
+
+def test_calcx_yaml_holds_the_options_off_and_compose_refuses_a_bad_one() -> None:
+    cfg = compose(ComposeRequest())
+    assert dict(cfg.calcx.reward) == {"tool_bonus": 0.0, "mask_void_turns": False}
+    assert compose(ComposeRequest(dotlist=["calcx.reward.tool_bonus=0.3"])).calcx.reward.tool_bonus == 0.3
+    with pytest.raises(ConfigError, match="calcx.reward.tool_bonus must be a number in"):
+        compose(ComposeRequest(dotlist=["calcx.reward.tool_bonus=1.5"]))
+
+
+def test_bonus_orders_wrong_below_right_below_right_with_the_tool() -> None:
+    options = RewardOptions(tool_bonus=0.4)
+    used, unused = ToolUse(1, 1, 0), ToolUse(0, 0, 0)
+    wrong_with_tool, wrong = shaped_reward(0.0, used, options), shaped_reward(0.0, unused, options)
+    right, right_with_tool = shaped_reward(1.0, unused, options), shaped_reward(1.0, used, options)
+    assert wrong_with_tool == wrong == 0.0 < right == 1.0 < right_with_tool == pytest.approx(1.4)
+    assert shaped_reward(1.0, ToolUse(2, 0, 1), options) == 1.0  # calls that failed earn nothing
+    assert shaped_reward(1.0, used, RewardOptions()) == 1.0  # off: today's recipe
+
+
+@pytest.mark.parametrize("bonus", [0.1, 0.5, 0.99])
+def test_grpo_never_gives_a_wrong_answer_a_positive_advantage(bonus: float) -> None:
+    """Every group of 4 over {wrong, wrong + tool, right, right + tool}, through verl's estimator."""
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    options = RewardOptions(tool_bonus=bonus)
+    kinds = [(0.0, False), (0.0, True), (1.0, False), (1.0, True)]
+    for group in itertools.product(kinds, repeat=4):
+        scores = torch.zeros(4, 3)
+        scores[:, -1] = torch.tensor([shaped_reward(r, ToolUse(int(t), int(t), 0), options) for r, t in group])
+        adv, _ = compute_grpo_outcome_advantage(scores, torch.ones(4, 3), np.array(["g"] * 4, dtype=object))
+        per_row = adv[:, 0].tolist()
+        for (reward, tool), value in zip(group, per_row):
+            if reward == 0.0:
+                assert value <= 1e-6, (group, per_row)
+        right_tool = [v for (r, t), v in zip(group, per_row) if r == 1.0 and t]
+        right_plain = [v for (r, t), v in zip(group, per_row) if r == 1.0 and not t]
+        if right_tool and right_plain:
+            assert min(right_tool) > max(right_plain), (group, per_row)
+
+
+def test_bonus_reaches_every_sample_of_a_right_rollout_with_a_successful_call() -> None:
+    calls = tool_then_answer()
+    samples = _samples(1.0, calls)
+    shaped = apply_reward_options(samples, calls, rollout_tool_use(calls), RewardOptions(tool_bonus=0.25))
+    assert shaped.reward == 1.25 and [s.reward for s in shaped.samples] == [1.25, 1.25]
+    assert [s.reward for s in samples.samples] == [1.0, 1.0]  # the input is left as it was
+    assert apply_reward_options(samples, calls, rollout_tool_use(calls), RewardOptions()) is samples
+
+
+def test_an_unreadable_tool_call_is_the_agents_own_failure() -> None:
+    """vLLM's parser left the `<tool_call>` as text: the rollout is trained with the agent's reward
+    (not left out as incomplete), counted as a parse failure, and earns no bonus."""
+    broken = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "6*7"</tool_call>'
+    # the second call carries the first's text back (a request repeated word for word would be a resend)
+    calls = [_call(0, USER, broken), _call(1, [*USER, {"role": "assistant", "content": broken}], "### ANSWER: 42 ###")]
+    use = rollout_tool_use(calls)
+    assert use == ToolUse(calls=0, successful=0, parse_failures=1)
+    samples = _samples(1.0, calls)  # no RolloutIncomplete
+    shaped = apply_reward_options(samples, calls, use, RewardOptions(tool_bonus=0.5, mask_void_turns=True))
+    assert [s.reward for s in shaped.samples] == [1.0, 1.0]
+    assert [s.response_mask for s in shaped.samples] == [[1, 1], [1, 1]]  # a tool call, even a broken one, is no void turn
+
+
+def test_void_turns_leave_the_loss() -> None:
+    musing = [USER[0], {"role": "user", "content": "q, asked before the agent's retry"}]  # not a resend of USER
+    calls = [_call(0, musing, "Let me think about the clips."), *[{**c, "call_id": f"k{c['seq'] + 1}",
+                                                                   "seq": c["seq"] + 1}
+                                                                for c in tool_then_answer("So it is 42.")]]
+    samples = _samples(0.0, calls)
+    shaped = apply_reward_options(samples, calls, rollout_tool_use(calls), RewardOptions(mask_void_turns=True))
+    # the musing turn and the closing turn without ### ANSWER are out; the tool call stays in
+    assert [s.response_mask for s in shaped.samples] == [[0, 0], [1, 1], [0, 0]]
+    assert shaped.counters["void_turns_masked"] == 2 and [s.reward for s in shaped.samples] == [0.0] * 3
+    assert shaped.counters["void_rollouts_kept"] == 0
+    assert not is_void_turn(json.dumps({"choices": [{"message": {"content": "### ANSWER: 7 ###"}}]}))
+    assert is_void_turn({"choices": [{"message": {"content": "", "tool_calls": []}}]})
+
+
+def test_a_rollout_of_only_void_turns_keeps_them_in_the_loss() -> None:
+    """Masking them all would leave the rollout without a trained token (verl's token-mean loss
+    over such rows divides by zero); it never answered, so it trains as the wrong answer it is."""
+    musing = [USER[0], {"role": "user", "content": "q, asked again"}]
+    calls = [_call(0, USER, "Let me think about the clips."), _call(1, musing, "So it is probably 42.")]
+    samples = _samples(0.0, calls)
+    shaped = apply_reward_options(samples, calls, rollout_tool_use(calls), RewardOptions(mask_void_turns=True))
+    assert [s.response_mask for s in shaped.samples] == [[1, 1], [1, 1]]
+    assert shaped.counters["void_turns_masked"] == 0 and shaped.counters["void_rollouts_kept"] == 1
+    [alone] = calls[:1]
+    single = apply_reward_options(_samples(0.0, [alone]), [alone], rollout_tool_use([alone]),
+                                  RewardOptions(mask_void_turns=True))
+    assert [s.response_mask for s in single.samples] == [[1, 1]] and single.counters["void_rollouts_kept"] == 1
+    assert all(any(s.response_mask) for s in shaped.samples + single.samples)
