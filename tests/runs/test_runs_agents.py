@@ -87,7 +87,9 @@ def test_calculator_use_failures_and_lag_are_counted_as_the_trainer_does(tmp_pat
         con.execute("insert into rollouts (rollout_id, spec, state, latest_attempt, created_at) "
                     "values (?, '{}', 'SUCCEEDED', 1, 0)", (rid,))
     con.execute("insert into attempts (rollout_id, attempt_no, state, created_at) "
-                "values ('calcx-train-s1-u-2', 1, 'FAILED', 0), ('calcx-train-s1-u-2', 2, 'SUCCEEDED', 0)")
+                "values ('calcx-train-s1-u-2', 1, 'FAILED', 0), ('calcx-train-s1-u-2', 2, 'SUCCEEDED', 0), "
+                "('calcx-train-s1-u-0', 1, 'SUCCEEDED', 0), ('calcx-train-s3-u-0', 1, 'SUCCEEDED', 0), "
+                "('calcx-val-s1-v', 1, 'FAILED', 0)")  # a validation rollout is not a step's
     con.commit()
     with StoreReader(tmp_path / "calcx.db") as store:
         stats = agents.agent_stats(store)

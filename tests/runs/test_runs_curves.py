@@ -31,12 +31,22 @@ def _size(png: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def test_a_third_panel_shows_calculator_use_when_a_run_logged_it(tmp_path: Path) -> None:
+def test_a_third_panel_shows_calculator_use_when_a_run_logged_it(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from matplotlib.figure import Figure
+
+    saved, panels = Figure.savefig, []
+
+    def savefig(fig: Figure, *args: object, **kwargs: object) -> None:
+        panels.append([ax.get_title() for ax in fig.axes])
+        saved(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
     out = curves.draw([("today", _run(tmp_path / "a.jsonl", False)), ("recipe", _run(tmp_path / "b.jsonl", True))],
                       tmp_path / "both.png", "t")
-    assert _size(out) == (1600, 400)
+    assert _size(out) == (1600, 400) and panels[-1][2] == "calculator use (share of rollouts)"
     out = curves.draw([("today", _run(tmp_path / "a.jsonl", False))], tmp_path / "old.png", "t")
-    assert _size(out) == (1100, 400)
+    assert _size(out) == (1100, 400) and len(panels[-1]) == 2
 
 
 def test_the_command_draws_labelled_runs_and_refuses_a_missing_file(tmp_path: Path,
