@@ -7,6 +7,7 @@ import json
 import struct
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ def test_a_third_panel_shows_calculator_use_when_a_run_logged_it(tmp_path: Path,
 
     saved, panels = Figure.savefig, []
 
-    def savefig(fig: Figure, *args: object, **kwargs: object) -> None:
+    def savefig(fig: Figure, *args: Any, **kwargs: Any) -> None:
         panels.append([ax.get_title() for ax in fig.axes])
         saved(fig, *args, **kwargs)
 
