@@ -14,7 +14,7 @@ from pathlib import Path
 
 from verl_v1_cpu import load_v1
 
-from calcx.runs import steps as step_table
+from calcx.runs import steps
 
 
 def test_step_table_counts_the_groups_verl_evicted(tmp_path: Path) -> None:
@@ -37,7 +37,7 @@ def test_step_table_counts_the_groups_verl_evicted(tmp_path: Path) -> None:
     # as verl's file logger writes a step's metrics
     log = tmp_path / "metrics.jsonl"
     log.write_text(json.dumps({"step": 1, "data": {"timing_s/step": 2.0, **metrics}}) + "\n")
-    rows = step_table.step_table(step_table.read_metrics(log), None).splitlines()
+    rows = steps.step_table(steps.read_metrics(log), None).splitlines()
     head = [c.strip() for c in rows[0].strip(" |").split("|")]
     cells = [c.strip() for c in rows[2].strip(" |").split("|")]
     assert cells[head.index("evicted samples: failed")] == "2"
@@ -55,7 +55,7 @@ def test_step_table_counts_staleness_evictions_apart_from_failures(tmp_path: Pat
     log = tmp_path / "metrics.jsonl"
     log.write_text(json.dumps({"step": 3, "data": {"timing_s/step": 2.0, stale_key: 27, failed_key: 1,
                                                    "perf/mfu/actor": 0.2512}}) + "\n")
-    rows = step_table.step_table(step_table.read_metrics(log), None).splitlines()
+    rows = steps.step_table(steps.read_metrics(log), None).splitlines()
     head = [c.strip() for c in rows[0].strip(" |").split("|")]
     cells = [c.strip() for c in rows[2].strip(" |").split("|")]
     assert cells[head.index("evicted samples: stale")] == "27"
