@@ -31,7 +31,7 @@
 #                                                # e.g. `launch 20 anchor:10:600 async`; CAMPAIGN_OVERRIDES=
 #                                                # "K=V ..." hands each of its runs these overrides
 #   src/gpu/h200_run.sh watch SECONDS [OUT]    # the campaign's runs after it ends or SECONDS pass
-#   src/gpu/h200_run.sh status NAME [OUT]      # progress and step tables; OUT gets NAME.tar.gz and
+#   src/gpu/h200_run.sh status NAME [OUT]      # progress and step tables (calcx runs table); OUT gets NAME.tar.gz and
 #                                                # NAME-store.tar.gz (see pack: pieces when large)
 #   src/gpu/h200_run.sh wait NAME SECONDS [OUT]  # status after the run ends or SECONDS pass
 #   src/gpu/h200_run.sh stop NAME|campaign     # end the run (its whole process group), or all
@@ -341,7 +341,7 @@ case "$stage" in
         table_args+=(--sessions "$dir/session_times.jsonl")
       fi
       if [[ -f "$dir/starts.jsonl" ]]; then table_args+=(--starts "$dir/starts.jsonl"); fi
-      "$PYTHON" "$here/step_table.py" "$dir/metrics.jsonl" "${table_args[@]}" > "$dir/steps.md" 2>&1 || true
+      calcx runs table "$dir/metrics.jsonl" "${table_args[@]}" > "$dir/steps.md" 2>&1 || true
       cat "$dir/steps.md"
     fi
     if [[ -n "$out" ]]; then
@@ -349,7 +349,7 @@ case "$stage" in
       cp "$RESULTS/machine.txt" "$dir/" 2>/dev/null || true
       if [[ -f "$db" ]]; then
         # the store without its token ids and log-probs (the bulk of it): every row, clock and recorded
-        # request and answer stays, so step_table.py --calls can be run on it again at home
+        # request and answer stays, so `calcx runs table --calls` can be run on it again at home
         rm -f "$dir/store-slim.db"
         "$PYTHON" - "$db" "$dir/store-slim.db" <<'PY'
 import sqlite3, sys

@@ -198,18 +198,20 @@ def test_help_lists_the_command_and_training_without_a_gpu_fails_fast(tmp_path: 
 
 # -- the GPU run's command lines -----------------------------------------------------------------------
 FAKE_PYTHON = """#!/bin/bash
-# the machine's python3, as h200_run.sh calls it: its torch directory, the step table, or the PEX
+# the machine's python3, as h200_run.sh calls it: its torch directory, a script on stdin, or the PEX
+# (its `runs` command, the step tables, as the calcx command from the sources)
 case "$1" in
   -c) echo /machine/torch/site-packages ;;
-  *step_table.py|-) exec "$REAL_PYTHON" "$@" ;;
-  *) shift; printf '%s\\n' "$@" > "$ARGV_DIR/run.argv.tmp" && mv "$ARGV_DIR/run.argv.tmp" "$ARGV_DIR/run.argv" ;;
+  -) exec "$REAL_PYTHON" "$@" ;;
+  *) if [[ "$2" == runs ]]; then shift; PYTHONPATH="$CALCX_SOURCES" exec "$REAL_PYTHON" -m calcx.cli "$@"; fi
+     shift; printf '%s\\n' "$@" > "$ARGV_DIR/run.argv.tmp" && mv "$ARGV_DIR/run.argv.tmp" "$ARGV_DIR/run.argv" ;;
 esac
 """
 
 
 def _script(work: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "WORK": str(work), "PYTHON": str(work / "python3"), "REAL_PYTHON": sys.executable,
-           "ARGV_DIR": str(work)}
+           "ARGV_DIR": str(work), "CALCX_SOURCES": ENV["PYTHONPATH"]}
     return subprocess.run(["bash", str(RUN_SCRIPT), *args], capture_output=True, text=True, timeout=120, env=env)
 
 

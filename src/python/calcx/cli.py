@@ -25,7 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "ledger": ("calcx.server.ledger_audit", "check a run's training ledger: each rollout trained at most once, steps whole"),
     "k8s": ("calcx.k8s.build", "render and validate the Kubernetes manifests"),
     "model": ("calcx.model.__main__", "convert a GGUF file into a Hugging Face model directory"),
-    "runs": ("calcx.runs.__main__", "the committed GPU runs' records: results/INDEX.md from each run.yaml"),
+    "runs": ("calcx.runs.__main__", "GPU runs: results/INDEX.md from each run.yaml; a run's step tables; curves"),
 }
 
 

@@ -83,7 +83,7 @@ def test_a_tool_call_the_parser_left_as_text_is_a_parse_failure() -> None:
 
 
 def test_store_rows_as_bytes_read_the_same() -> None:
-    """step_table reads the SQLite store, where request and response are JSON bytes."""
+    """`calcx runs table` reads the SQLite store, where request and response are JSON bytes."""
     calls = agent_calls({"c1": "24.0"}, [tool_call("c1", "48/2")])
     as_bytes = [{**c, "request": json.dumps(c["request"]).encode(), "response": json.dumps(c["response"]).encode()}
                 for c in calls]

@@ -1,5 +1,5 @@
 """How a rollout used the calculator, read from its recorded model calls: the one source of the
-tool-use figures (the trainer's `calcx/{train,val}/...` metrics, `src/gpu/step_table.py`, the
+tool-use figures (the trainer's `calcx/{train,val}/...` metrics, `calcx runs table`, the
 reward options).
 
 A recorded call holds the OpenAI request the agent sent and the response vLLM gave. A tool call
