@@ -63,7 +63,7 @@ def test_summary_counts_failures_by_reason() -> None:
     assert "timeout 2" in format_summary(s) and "4/5 terminal" in format_summary(s)
 
 
-def test_the_server_and_controller_get_no_credential_and_no_key_on_their_command_line(
+def test_no_part_the_stack_starts_gets_a_credential_or_the_key_on_its_command_line(
         tmp_path: Path, monkeypatch) -> None:
     from calcx.rehearse.stack import Stack, StackConfig
 
@@ -73,12 +73,14 @@ def test_the_server_and_controller_get_no_credential_and_no_key_on_their_command
     stack = Stack(StackConfig(workdir=tmp_path / "work"))
     try:
         stack.start_server()
+        stack.start_stub()  # dumpable: an agent of the same user could read its environ
         stack.start_controller()
-        for part in (stack.server, *stack.controllers):
+        for part in (stack.server, stack.stub, *stack.controllers):
             assert part is not None
             environ = Path(f"/proc/{part.pid}/environ").read_bytes().split(b"\0")
             names = {item.split(b"=", 1)[0].decode() for item in environ if item}
-            assert not names & set(credentials) and "CALCX_KEY" in names, names & set(credentials)
+            assert not names & set(credentials), (part.name, names & set(credentials))
+            assert ("CALCX_KEY" in names) == (part is not stack.stub), part.name
             assert stack.config.key.encode() not in Path(f"/proc/{part.pid}/cmdline").read_bytes()
     finally:
         stack.stop()

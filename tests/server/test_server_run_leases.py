@@ -98,6 +98,21 @@ def test_a_take_over_fences_the_old_trainer_off(url: str) -> None:
         assert new.renew_lease(RUN, "trainer-b").live
 
 
+def test_a_trainer_taken_over_cannot_cancel_the_runs_rollouts_by_id(url: str) -> None:
+    with CalcxClient(url, KEY) as old, CalcxClient(url, KEY) as new:
+        old.acquire_lease(RUN, "trainer-a")
+        new.acquire_lease(RUN, "trainer-b", take_over=True)
+        new.create_rollout({"rollout_id": "new-work", "row": {"question": "q", "result": "1"},
+                            "labels": {RUN_LABEL: RUN}})
+        new.create_rollout({"rollout_id": "unlabelled", "row": {"question": "q", "result": "1"}})
+
+        refused = _refused(old.cancel, rollout_ids=["unlabelled", "new-work"], owner="trainer-a")
+        assert (refused.status, refused.code) == (409, "lease_lost") and "'trainer-b'" in refused.message
+        assert [new.get_rollout(rid).state for rid in ("new-work", "unlabelled")] == ["QUEUED", "QUEUED"]  # nothing cancelled
+        # the holder cancels its own work by id
+        assert [r.rollout_id for r in new.cancel(rollout_ids=["new-work"], owner="trainer-b")] == ["new-work"]
+
+
 def test_a_lapsed_or_released_lease_needs_no_take_over_and_still_fences(tmp_path: Path) -> None:
     server = start_server_thread(str(tmp_path / "calcx.db"), KEY, run_lease_s=0.3)
     try:

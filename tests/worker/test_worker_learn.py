@@ -21,3 +21,20 @@ def test_learn_imports_submodules_of_loaded_packages_and_nothing_new(tmp_path: P
     server._learn(["planted_by_an_agent", "xml.dom.minidom", "xml..dom", "xml.dom.minidom; import os"])
     assert "xml.dom.minidom" in sys.modules  # below a package the worker had: learned
     assert "planted_by_an_agent" not in sys.modules and not canary.exists()
+
+
+def test_learn_never_runs_a_packages_main_module(tmp_path: Path, monkeypatch) -> None:
+    # a package's __main__ is its script, run at import: mcp_server_calculator's serves MCP on the
+    # worker's own stdin, and the worker would fork no agent again
+    canary = tmp_path / "ran"
+    package = tmp_path / "scripted_package"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(f"open({str(canary)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("scripted_package", "scripted_package.__main__"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    __import__("scripted_package")  # loaded before the worker serves, like its preload
+    server = ZygoteServer(str(tmp_path / "worker.sock"), agent_entry=None, calc_module=None, control_fd=None)
+    server._learn(["scripted_package.__main__"])
+    assert "scripted_package.__main__" not in sys.modules and not canary.exists()

@@ -21,9 +21,10 @@ from calcx.procs.managed import ManagedProcess, ProcessStartError, live_pids, st
 
 
 def services_env(extra: dict[str, str]) -> dict[str, str]:
-    """The server's and controller's environment: the allowlisted part of ours
-    (calcx.contract.env.service_base_env: no tracker, hub or cloud credentials), calcx's source
-    root on PYTHONPATH, plus `extra` (the key among it)."""
+    """The environment of every part the stack starts (server, stub LLM, controller): the
+    allowlisted part of ours (calcx.contract.env.service_base_env: no tracker, hub or cloud
+    credentials), calcx's source root on PYTHONPATH, plus `extra` (the key among it). The stub
+    too: it is not made non-dumpable, so an agent of the same user can read its /proc environ."""
     return {**service_base_env(python_env()), **extra}
 
 
@@ -99,7 +100,7 @@ class Stack:
         c = self.config
         cmd = [c.python, "-m", "calcx.stub_llm", "--host", "127.0.0.1", "--port", "0", "--mode", c.stub_mode,
                "--model-name", c.model_name, *[a for f in c.script_files for a in ("--script", f)], *c.stub_args]
-        self.stub = ManagedProcess("stub-llm", cmd, self.workdir / "stub.log", python_env()).start(STUB_LLM_READY, timeout_s)
+        self.stub = ManagedProcess("stub-llm", cmd, self.workdir / "stub.log", services_env({})).start(STUB_LLM_READY, timeout_s)
         assert self.stub.match is not None
         self.stub_url = self.stub.match.group(1).rstrip("/")
         if not self.stub_url.endswith("/v1"):

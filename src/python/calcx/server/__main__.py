@@ -32,6 +32,8 @@ TUNED_SETTINGS: tuple[tuple[str, str], ...] = (
     ("max_event_body_bytes", "largest event body accepted; past it 413"),
     ("max_in_flight_per_attempt", "requests in flight at once with one attempt's URLs (gateway, events); past it 429"),
     ("max_connections", "connections and requests the server holds at once; past it 503 at once"),
+    ("request_head_timeout_s", "a connection that has not sent a whole request head (line and headers) this long "
+     "after it opened, or after its next request's first byte, is closed"),
     ("lease_s", "claim lease; controllers heartbeat within it"),
     ("run_lease_s", "a run's lease; its trainer renews it within it, and a second start of the run is refused "
      "while it is live"),
@@ -172,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings_from_args(args, key=key, port=port, public_url=public_url)
     app = create_app(settings)
     server = CalcxUvicornServer(uvicorn_config(app, log_level=settings.log_level, access_log=settings.access_log,
-                                               limit_concurrency=settings.max_connections))
+                                               limit_concurrency=settings.max_connections,
+                                               request_head_timeout_s=settings.request_head_timeout_s))
     # Printed once listening is certain, so a parent process can read the address from stdout.
     print(server_ready_line(f"http://{shown_host}:{port}", public_url, args.db), flush=True)
     try:

@@ -12,6 +12,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from calcx.common.serving import ThreadedServer, bind_socket, url_of
+from calcx.server.request_head import head_deadline_protocol
 from calcx.server.settings import DEFAULTS, ServerSettings
 
 
@@ -25,12 +26,15 @@ class CalcxUvicornServer(uvicorn.Server):
         await super().shutdown(sockets=sockets)
 
 
-def uvicorn_config(app: FastAPI, *, log_level: str = "warning", access_log: bool = False, **kwargs: Any) -> uvicorn.Config:
-    """Settings for throughput: no access log, long keep-alive for controllers and agents."""
+def uvicorn_config(app: FastAPI, *, log_level: str = "warning", access_log: bool = False,
+                   request_head_timeout_s: float = DEFAULTS.request_head_timeout_s, **kwargs: Any) -> uvicorn.Config:
+    """Settings for throughput: no access log, long keep-alive for controllers and agents; a
+    deadline on each request's head (calcx.server.request_head)."""
     return uvicorn.Config(
         app,
         log_level=log_level,
         access_log=access_log,
+        http=head_deadline_protocol(request_head_timeout_s),
         timeout_keep_alive=30,
         timeout_graceful_shutdown=5,
         backlog=2048,
@@ -66,7 +70,8 @@ def start_server_thread(
             public_url=public_url or url_of(sock), **settings,
         )
         app = create_app(server_settings)
-        return ServerThread(app, sock, limit_concurrency=server_settings.max_connections).start()
+        return ServerThread(app, sock, limit_concurrency=server_settings.max_connections,
+                            request_head_timeout_s=server_settings.request_head_timeout_s).start()
     except BaseException:
         sock.close()
         raise

@@ -27,6 +27,10 @@ class ServerSettings:
     # connections and requests the HTTP server holds at once (uvicorn's limit_concurrency): past
     # it a new request is answered 503 at once, before the app sees it
     max_connections: int = 4096
+    # a connection that has not sent a whole request head (line and headers) this long after it
+    # opened, or after its next request's first byte, is closed (calcx.server.request_head): one
+    # that trickles its head would otherwise hold one of max_connections for ever
+    request_head_timeout_s: float = 10.0
     # JSON bodies nested deeper than this are refused (422): a tool's JSON schema nests a few
     # levels; thousands would exhaust the parser's stack
     max_json_depth: int = 64

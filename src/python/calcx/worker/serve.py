@@ -78,9 +78,12 @@ class ZygoteServer(Forking):
         self.child_nice = child_nice
 
     def _may_learn(self, name: str) -> bool:
-        """A dotted module name below a package the worker had loaded before it served."""
+        """A dotted module name below a package the worker had loaded before it served, with no
+        dunder part: a package's `__main__` is its script and runs at import (some serve on the
+        worker's own stdin, e.g. `mcp_server_calculator.__main__`)."""
         parts = name.split(".")
-        return all(part.isidentifier() for part in parts) and parts[0] in self.learnable
+        return (all(part.isidentifier() and not part.startswith("__") for part in parts)
+                and parts[0] in self.learnable)
 
     def _learn(self, modules: list[Any]) -> None:
         """Import what a child had to import lazily, so that later children find it loaded."""

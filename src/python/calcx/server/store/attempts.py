@@ -203,7 +203,9 @@ class Attempts:
     ) -> list[tuple[str, str]]:
         """FAIL (reason cancelled_by_api) the QUEUED and RUNNING latest attempts of the rollouts
         labelled `run`, or of `rollout_ids`; returns them. Terminal ones are left as they are. A
-        cancel by run is fenced by the run's lease (`owner`, calcx.server.store.run_leases)."""
+        cancel by run is fenced by the run's lease (`owner`, calcx.server.store.run_leases); a
+        cancel by id that names an owner by the lease of each run it would cancel rollouts of, so a
+        trainer taken over cannot withdraw its successor's work by id either."""
         now = self._db.clock()
         with self._db.tx() as db:
             if run is not None:
@@ -224,6 +226,9 @@ class Attempts:
                         f"AND rollout_id IN ({marks}) ORDER BY seq",
                         chunk,
                     ).fetchall()
+                if owner is not None:
+                    for labelled in _runs_of(db, [rid for rid, _ in rows]):
+                        self._leases.fence(db, labelled, owner)
             for rid, no in rows:
                 _finish_locked(db, rid, no, "FAILED", FailureReason.CANCELLED_BY_API, None, None, detail, now)
         return [(rid, str(no)) for rid, no in rows]
@@ -295,3 +300,16 @@ def _finish_locked(
         "INSERT INTO terminal (rollout_id, attempt_no, created_at) VALUES (?,?,?)", (rollout_id, attempt_no, now)
     )
     return int(cur.lastrowid or 0)
+
+
+def _runs_of(db: sqlite3.Connection, rollout_ids: Sequence[str]) -> list[str]:
+    """The distinct run labels (`labels.run`) of these rollouts, unlabelled ones left out."""
+    runs: set[str] = set()
+    for start in range(0, len(rollout_ids), _CHUNK):
+        chunk = list(rollout_ids[start : start + _CHUNK])
+        marks = ",".join("?" * len(chunk))
+        runs.update(run for (run,) in db.execute(
+            f"SELECT DISTINCT json_extract(spec, ?) FROM rollouts WHERE rollout_id IN ({marks})",
+            [f'$.labels."{RUN_LABEL}"', *chunk],
+        ) if isinstance(run, str))
+    return sorted(runs)
