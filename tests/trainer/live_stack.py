@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import pytest
 
+from calcx.api.client import AsyncCalcxClient
 from calcx.contract.ready import STUB_LLM_READY
 from calcx.procs.managed import ManagedProcess
 from calcx.trainer.run.services import CALCX_SRC
@@ -70,3 +71,12 @@ def agent_loop(cfg: Any) -> Any:
     loop.config = cfg
     loop.rollout_config = cfg.actor_rollout_ref.rollout
     return loop
+
+
+async def stack_rollouts(stack: dict) -> dict[str, dict]:
+    """Every rollout the stack's server holds, by id, as JSON (what a test reads back after a run)."""
+    client = AsyncCalcxClient(stack["services"].server_url, stack["services"].key)
+    try:
+        return {r.rollout_id: r.model_dump(mode="json") for r in await client.all_rollouts()}
+    finally:
+        await client.aclose()

@@ -28,7 +28,7 @@ from calcx.trainer.run.report import count_incomplete
 from calcx.trainer.run_dir.server_key import write_key_file
 from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
 from calcx.trainer.rollouts.rollout_samples import RolloutIncomplete
-from live_stack import SERVICES_PYTHON, agent_loop, alive, needs_services, start_stub
+from live_stack import SERVICES_PYTHON, agent_loop, alive, needs_services, stack_rollouts, start_stub
 
 pytestmark = [needs_services, pytest.mark.timeout(420)]
 N = 4
@@ -105,14 +105,6 @@ async def _forwarded(stack: dict, rollout_id: str) -> list[dict]:
         await client.aclose()
 
 
-async def _rollouts(stack: dict) -> dict[str, dict]:
-    client = AsyncCalcxClient(stack["services"].server_url, stack["services"].key)
-    try:
-        return {r.rollout_id: r.model_dump(mode="json") for r in await client.all_rollouts()}
-    finally:
-        await client.aclose()
-
-
 def test_grpo_groups_through_the_agent_loop(stack: dict, tmp_path: Path) -> None:
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
@@ -125,7 +117,7 @@ def test_grpo_groups_through_the_agent_loop(stack: dict, tmp_path: Path) -> None
                                     _group(cfg, broken, "uid-broken", 1))
 
     results = asyncio.run(scenario())
-    rollouts = asyncio.run(_rollouts(stack))
+    rollouts = asyncio.run(stack_rollouts(stack))
 
     rows, index = [], []
     for uid, sessions, reward in (("uid-good", results[0], 1.0), ("uid-wrong", results[1], 0.0)):
@@ -212,7 +204,7 @@ def test_reward_options_shape_training_rollouts_not_validation(stack: dict, tmp_
     assert all(isinstance(outputs, list) and outputs for outputs in train), train
     assert {out.reward_score for outputs in train for out in outputs} == {1.5}
     assert {sample.reward for sample in val.samples} == {1.0}
-    rollouts = asyncio.run(_rollouts(stack))
+    rollouts = asyncio.run(stack_rollouts(stack))
     assert {rollouts[f"calcx-train-s3-uid-bonus-{i}"]["reward"] for i in range(N)} == {1.0}
 
 
@@ -269,7 +261,7 @@ def test_rollouts_are_sampled_as_the_trainer_says(stack: dict, tmp_path: Path) -
     sessions, counts = asyncio.run(scenario())
     assert all(isinstance(s, list) and s for s in sessions), sessions
     assert counts == {"sessions": 1, "succeeded": 1, "incomplete": 0}
-    rollouts = asyncio.run(_rollouts(stack))
+    rollouts = asyncio.run(stack_rollouts(stack))
     train = {"temperature": 0.8, "top_p": 0.95, "top_k": 40}
     greedy = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
     val_ids = [rid for rid in rollouts if rid.startswith("calcx-val-s5-")]

@@ -67,6 +67,21 @@ def test_replica_addresses_become_openai_base_urls() -> None:
         openai_endpoints(["", " "])
 
 
+def _legends_drawn(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The legend labels of each reward figure the report draws from now on, in order."""
+    from calcx.trainer.run import report as report_module
+
+    drawn: list[list[str]] = []
+    save = report_module._save_reward_axes
+
+    def spy(fig, ax, title, out, **kwargs):  # type: ignore[no-untyped-def]
+        drawn.append([line.get_label() for line in ax.get_lines()])
+        return save(fig, ax, title, out, **kwargs)
+
+    monkeypatch.setattr(report_module, "_save_reward_axes", spy)
+    return drawn
+
+
 def test_report_draws_and_states_calculator_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`calcx/{train,val}/tool_use` go on the reward figure (as lines beside the reward) and into
     report.md; a run without them keeps the old figure and text."""
@@ -77,14 +92,7 @@ def test_report_draws_and_states_calculator_use(tmp_path: Path, monkeypatch: pyt
                                       "val-core/gsm8k/reward/mean@1": 0.5}})
     metrics = tmp_path / "m.jsonl"
     metrics.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    drawn: list[list[str]] = []
-    save = report_module._save_reward_axes
-
-    def spy(fig, ax, title, out, **kwargs):  # type: ignore[no-untyped-def]
-        drawn.append([line.get_label() for line in ax.get_lines()])
-        return save(fig, ax, title, out, **kwargs)
-
-    monkeypatch.setattr(report_module, "_save_reward_axes", spy)
+    drawn = _legends_drawn(monkeypatch)
     TRAINING_REWARD = "training reward (mean of a step's rollouts)"  # verl's critic/score/mean, in words
     text = write_report(tmp_path / "out", metrics_path=metrics, eval_records=None).read_text()
     assert drawn[-1] == [TRAINING_REWARD, "validation", "train tool use", "validation tool use"]
@@ -111,14 +119,7 @@ def test_the_legend_names_the_training_reward_in_words(tmp_path: Path, monkeypat
     """The picture's legend says what the line is, not verl's metrics key it was read from."""
     from calcx.trainer.run import report as report_module
 
-    drawn: list[list[str]] = []
-    save = report_module._save_reward_axes
-
-    def spy(fig, ax, title, out, **kwargs):  # type: ignore[no-untyped-def]
-        drawn.append([line.get_label() for line in ax.get_lines()])
-        return save(fig, ax, title, out, **kwargs)
-
-    monkeypatch.setattr(report_module, "_save_reward_axes", spy)
+    drawn = _legends_drawn(monkeypatch)
     for key in ("critic/score/mean", "critic/rewards/mean", "reward/mean"):
         metrics = [{"step": 1, key: 0.25}, {"step": 2, key: 0.5}]
         report_module.plot_reward_curve(metrics, tmp_path / "curve.png")

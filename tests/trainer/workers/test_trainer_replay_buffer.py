@@ -31,7 +31,7 @@ from calcx.trainer.config.compose import ComposeRequest, compose
 from calcx.trainer.run.data import verl_records
 from calcx.trainer.run_dir.server_key import write_key_file
 from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
-from live_stack import SERVICES_PYTHON, alive, needs_services, start_stub
+from live_stack import SERVICES_PYTHON, alive, needs_services, stack_rollouts, start_stub
 from verl_v1_cpu import load_v1
 
 pytestmark = [needs_services, pytest.mark.timeout(480)]
@@ -146,14 +146,6 @@ async def _register(stack: dict) -> None:
         await client.aclose()
 
 
-async def _rollouts(stack: dict) -> dict[str, dict]:
-    client = AsyncCalcxClient(stack["services"].server_url, stack["services"].key)
-    try:
-        return {r.rollout_id: r.model_dump(mode="json") for r in await client.all_rollouts()}
-    finally:
-        await client.aclose()
-
-
 def test_incomplete_group_is_evicted_counted_and_refilled(stack: dict, tmp_path: Path) -> None:
     v1 = load_v1()
     kv = v1.kv
@@ -196,7 +188,7 @@ def test_incomplete_group_is_evicted_counted_and_refilled(stack: dict, tmp_path:
         return sampled
 
     batch, metrics = asyncio.run(scenario())
-    rollouts = asyncio.run(_rollouts(stack))
+    rollouts = asyncio.run(stack_rollouts(stack))
 
     # the crashing member was retried as a new attempt, then given up: FAILED, never a reward
     crashed = rollouts[CRASHING]

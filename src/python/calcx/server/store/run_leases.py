@@ -40,9 +40,7 @@ class RunLeases:
         with db.tx() as conn:
             row = _row(conn, run)
             if row is None:
-                _make_room(conn, mono, max_leases)
-                conn.execute(f"INSERT INTO run_leases ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL, NULL)",
-                             (run, owner, now, now, mono + lease_s))
+                _insert(conn, run, owner, now, mono, lease_s, max_leases)
             elif row[1] == owner:
                 conn.execute("UPDATE run_leases SET renewed_at = ?, expires_at = ?, released_at = NULL "
                              "WHERE run = ?", (now, mono + lease_s, run))
@@ -70,9 +68,7 @@ class RunLeases:
         with db.tx() as conn:
             row = _row(conn, run)
             if row is None:
-                _make_room(conn, mono, max_leases)
-                conn.execute(f"INSERT INTO run_leases ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL, NULL)",
-                             (run, owner, now, now, mono + lease_s))
+                _insert(conn, run, owner, now, mono, lease_s, max_leases)
             elif row[1] != owner:
                 raise self._lost(row, run, owner)
             else:
@@ -136,6 +132,13 @@ def _row(conn: sqlite3.Connection, run: str) -> tuple[Any, ...] | None:
 
 def _live(row: Sequence[Any], mono: float) -> bool:
     return row[5] is None and row[4] > mono
+
+
+def _insert(conn: sqlite3.Connection, run: str, owner: str, now: float, mono: float, lease_s: float, max_leases: int) -> None:
+    """A new lease row for `run`, held by `owner` from now, after making room past `max_leases`."""
+    _make_room(conn, mono, max_leases)
+    conn.execute(f"INSERT INTO run_leases ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL, NULL)",
+                 (run, owner, now, now, mono + lease_s))
 
 
 def _make_room(conn: sqlite3.Connection, mono: float, max_leases: int) -> None:
