@@ -70,9 +70,9 @@ def test_a_line_names_the_phase_that_took_most_of_the_step() -> None:
     metrics = {"critic/score/mean": 0.5, "timing_s/step": 10.0, "timing_s/gen": 5.5, "timing_s/old_log_prob": 1.1,
                "timing_s/update_actor": 2.9, "timing_s/update_weights": 0.5}
     assert progress_line(3, metrics, total_steps=None, step_seconds=[12.0, 10.0]) == (
-        "calcx train: step 3 | reward 0.500 | 11.0 s/step (this step 10.0 s, generation 55%)")
-    slow_update = {**metrics, "timing_s/update_actor": 6.0}
-    assert progress_line(3, slow_update, total_steps=None, step_seconds=[10.0]).endswith("(this step 10.0 s, update 60%)")
+        "calcx train: step 3 | reward 0.500 | 11.0 s/step | step 3: 10.0 s (generation 5.5 s)")
+    slow_update = {**metrics, "timing_s/update_actor": 6.0, "timing_s/testing": 40.0}  # validation is not in the step
+    assert progress_line(3, slow_update, total_steps=None, step_seconds=[10.0]).endswith("| step 3: 10.0 s (update 6.0 s)")
 
 
 def test_the_watch_runs_beside_training_and_never_stops_it(tmp_path: Path) -> None:

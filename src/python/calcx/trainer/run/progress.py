@@ -4,10 +4,11 @@ verl's `file` logger appends one JSON line per `logger.log` call to the metrics 
 metrics; validation's in the same line, or alone before training). `ProgressWatch` follows that
 file from the driver, beside verl's own console logger, and for each new line prints
 
-    calcx train: step 12/40 | reward 0.512 | val acc 0.620 | tool use 31% (val 40%) | 31.2 s/step | ~15 min left
+    calcx train: step 12/40 | reward 0.512 | val acc 0.620 | tool use 31% (val 40%) | 31.2 s/step |
+        step 12: 30.4 s (generation 21.7 s) | ~15 min left
 
 (the validation fields only when that step validated; `s/step` is the mean of verl's
-`timing_s/step` over the last steps), and at every line with validation metrics redraws
+`timing_s/step` over the last steps; then this step's time and its longest phase), and at every line with validation metrics redraws
 `reward_curve.png` in the report directory (written beside and renamed, so a viewer never sees half
 a file). A file verl truncates (a new run in the same directory) starts the watch over.
 """
@@ -51,20 +52,30 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-# verl's timed phases of a step, as the console line names them
+# verl's timed phases inside a step (its `timing_s/step`), as the console line and the step table name
+# them; validation (`timing_s/testing`) runs outside the step's time
 STEP_PHASES = (("timing_s/gen", "generation"), ("timing_s/old_log_prob", "old log-prob"),
-               ("timing_s/update_actor", "update"), ("timing_s/update_weights", "weight sync"))
+               ("timing_s/ref", "ref log-prob"), ("timing_s/values", "values"), ("timing_s/adv", "advantage"),
+               ("timing_s/update_critic", "critic update"), ("timing_s/update_actor", "update"),
+               ("timing_s/update_weights", "weight sync"), ("timing_s/save_checkpoint", "checkpoint"))
 
 
-def _dominant_phase(metrics: Mapping[str, Any]) -> str:
-    """` (this step: 12.1 s, generation 55%)`: the step's own time and the phase that took most of
-    it ("" when verl logged no phase)."""
-    total = _number(metrics.get("timing_s/step"))
+def dominant_phase(metrics: Mapping[str, Any]) -> tuple[str, float] | None:
+    """The phase of the step that took longest and its seconds (None when verl logged no phase)."""
     phases = [(seconds, name) for key, name in STEP_PHASES if (seconds := _number(metrics.get(key))) is not None]
-    if not total or not phases:
-        return ""
+    if not phases:
+        return None
     seconds, name = max(phases)
-    return f" (this step {total:.1f} s, {name} {seconds / total:.0%})"
+    return name, seconds
+
+
+def _step_time(step: int, metrics: Mapping[str, Any]) -> str:
+    """`step 7: 11.3 s (generation 6.1 s)`: the step's own time and its longest phase ("" when verl
+    timed no phase)."""
+    total, phase = _number(metrics.get(STEP_TIME_KEY)), dominant_phase(metrics)
+    if total is None or phase is None:
+        return ""
+    return f"step {step}: {total:.1f} s ({phase[0]} {phase[1]:.1f} s)"
 
 
 def progress_line(step: int, metrics: Mapping[str, Any], *, total_steps: int | None,
@@ -98,7 +109,9 @@ def progress_line(step: int, metrics: Mapping[str, Any], *, total_steps: int | N
         parts.append(shown)
     if step_seconds:
         mean = sum(step_seconds) / len(step_seconds)
-        parts.append(f"{mean:.1f} s/step" + _dominant_phase(metrics))
+        parts.append(f"{mean:.1f} s/step")
+        if this_step := _step_time(step, metrics):
+            parts.append(this_step)
         if total_steps and step < total_steps:
             parts.append(f"~{_duration(mean * (total_steps - step))} left")
     return f"{PROGRESS_PREFIX} " + " | ".join(parts)
