@@ -19,7 +19,9 @@ import contextlib
 import json
 import os
 import threading
+import time
 from collections import deque
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -38,6 +40,15 @@ PROGRESS_PREFIX = "calcx train:"
 STEP_TIME_KEY = "timing_s/step"
 MEAN_OVER_STEPS = 5
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a metrics line past this is not verl's: skipped
+# the start-up's boundaries the driver sees, said once each with the time (calcx.runs.startup reads
+# them from train.log): verl started, the validation before training logged, the first step logged
+VERL_STARTING, VALIDATED, FIRST_STEP = "verl starting", "validation before training logged", "first step logged"
+
+
+def phase_line(event: str, now: float | None = None) -> str:
+    """`calcx train: 2026-12-03 14:18:04 UTC first step logged`."""
+    stamp = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)
+    return f"{PROGRESS_PREFIX} {stamp:%Y-%m-%d %H:%M:%S} UTC {event}"
 
 
 def _number(value: Any) -> float | None:
@@ -148,6 +159,12 @@ class ProgressWatch:
         self._offset = 0
         self._metrics: list[dict[str, Any]] = []
         self._step_seconds: deque[float] = deque(maxlen=MEAN_OVER_STEPS)
+        self._said: set[str] = set()
+
+    def _say_once(self, event: str) -> None:
+        if event not in self._said:
+            self._said.add(event)
+            self.emit(phase_line(event))
 
     def poll(self) -> list[str]:
         """Print (and return) one line per complete new metrics line; redraw the curve after lines
@@ -176,6 +193,9 @@ class ProgressWatch:
             seconds = _number(flat.get(STEP_TIME_KEY))
             if seconds is not None:
                 self._step_seconds.append(seconds)
+                self._say_once(FIRST_STEP)
+            elif step == 0:
+                self._say_once(VALIDATED)
             self._metrics.append({**flat, "step": step})
             line = progress_line(step, flat, total_steps=self.total_steps, step_seconds=list(self._step_seconds))
             self.emit(line)
@@ -188,6 +208,7 @@ class ProgressWatch:
     @contextlib.contextmanager
     def running(self, interval_s: float = 2.0) -> Iterator["ProgressWatch"]:
         """Poll in a daemon thread while the block runs; a last poll when it ends."""
+        self._say_once(VERL_STARTING)
         stop = threading.Event()
 
         def loop() -> None:
