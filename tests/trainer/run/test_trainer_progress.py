@@ -103,7 +103,7 @@ def test_the_watch_runs_beside_training_and_never_stops_it(tmp_path: Path) -> No
 def test_the_start_ups_boundaries_are_said_once_with_the_time(tmp_path: Path) -> None:
     """The validation before training (step 0) and the first timed step, each said once, in UTC."""
     assert phase_line("first step logged", now=1_796_307_484.5) == "calcx train: 2026-12-03 14:18:04 UTC first step logged"
-    metrics, shown = tmp_path / "metrics.jsonl", []
+    metrics, shown = tmp_path / "metrics.jsonl", list[str]()
     watch = ProgressWatch(metrics, tmp_path, total_steps=None, emit=shown.append)
     _log(metrics, 0, {"val-core/gsm8k/reward/mean@1": 0.2})
     _log(metrics, 0, {"val-aux/num_turns/mean": 2.0})  # a second validation-only line says nothing more
