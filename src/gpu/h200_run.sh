@@ -94,7 +94,7 @@ tooluse_profile() { echo "$TOOLUSE_PROFILE${1#tooluse}"; }
 started_modes() {
   local mode
   for mode in "${MODES[@]}"; do echo "$mode"; done
-  for mode in "$RESULTS"/tooluse-*/ "$RESULTS"/calculator*/; do [[ -d "$mode" ]] && basename "$mode"; done
+  for mode in "$RESULTS"/tooluse-*/ "$RESULTS"/calculator*/ "$RESULTS"/sync-*/; do [[ -d "$mode" ]] && basename "$mode"; done
   return 0
 }
 # the calculator recipe (calcx.yaml's gsm8k-h200-calculator): RL from the base model, trained on GSM8K and
@@ -102,6 +102,10 @@ started_modes() {
 CALCULATOR_PROFILE=gsm8k-h200-calculator
 is_calculator() { [[ "$1" == calculator || "$1" == calculator-* ]]; }
 calculator_profile() { echo "$CALCULATOR_PROFILE${1#calculator}"; }
+# `sync-X`: a sync run of the base model on the run profile RUN_PROFILE-X (another setting of the default
+# recipe beside it, e.g. sync-bypass: gsm8k-h200-bypass); its results in $RESULTS/sync-X
+is_sync_variant() { [[ "$1" == sync-* ]]; }
+sync_profile() { echo "$RUN_PROFILE${1#sync}"; }
 # the data every run validates on: the held-out GSM8K rows and, when carried, their hard-arithmetic
 # versions (accuracy by source: gsm8k, gsm8k-hard); the hard split's training rows feed the calculator runs
 val_files() { echo "$IN/gsm8k/test.parquet"; [[ -f "$IN/gsm8k/test-hard.parquet" ]] && echo "$IN/gsm8k/test-hard.parquet"; return 0; }
@@ -178,13 +182,16 @@ case "$stage" in
     for spec in "$@"; do  # before setup's minutes
       mode="${spec%%:*}"
       [[ "$spec" =~ ^[a-z][a-z0-9.-]*(:[0-9]+(:[0-9]+)?)?$ ]] || { echo "campaign: $spec is not MODE[:STEPS[:MAX_S]]" >&2; exit 2; }
-      [[ " ${MODES[*]} " == *" $mode "* ]] || is_tooluse "$mode" || is_calculator "$mode" \
-        || { echo "campaign: mode $mode is not one of: ${MODES[*]} tooluse-X calculator calculator-X" >&2; exit 2; }
+      [[ " ${MODES[*]} " == *" $mode "* ]] || is_tooluse "$mode" || is_calculator "$mode" || is_sync_variant "$mode" \
+        || { echo "campaign: mode $mode is not one of: ${MODES[*]} sync-X tooluse-X calculator calculator-X" >&2; exit 2; }
       if [[ "$mode" == tooluse-* ]] && ! grep -qxF "  $(tooluse_profile "$mode"):" "$here/../python/calcx/trainer/config/calcx.yaml"; then
         echo "campaign: mode $mode needs the run profile $(tooluse_profile "$mode") in calcx.yaml" >&2; exit 2
       fi
       if is_calculator "$mode" && ! grep -qxF "  $(calculator_profile "$mode"):" "$here/../python/calcx/trainer/config/calcx.yaml"; then
         echo "campaign: mode $mode needs the run profile $(calculator_profile "$mode") in calcx.yaml" >&2; exit 2
+      fi
+      if is_sync_variant "$mode" && ! grep -qxF "  $(sync_profile "$mode"):" "$here/../python/calcx/trainer/config/calcx.yaml"; then
+        echo "campaign: mode $mode needs the run profile $(sync_profile "$mode") in calcx.yaml" >&2; exit 2
       fi
     done
     "$0" setup
@@ -231,6 +238,7 @@ case "$stage" in
     [[ "$name" == anchor ]] && { cmd=(anchor train); run="$ANCHOR_RUN_NAME"; profile="$ANCHOR_PROFILE"; }
     if is_tooluse "$name"; then model="$WARMUP_DIR/model"; profile="$(tooluse_profile "$name")"; fi
     if is_calculator "$name"; then profile="$(calculator_profile "$name")"; fi
+    if is_sync_variant "$name"; then profile="$(sync_profile "$name")"; fi
     mapfile -t train < <(train_files "$name"); mapfile -t val < <(val_files)
     # in $WORK, not in the checkout the script is run from: verl's checkpoints (checkpoints/PROJECT/RUN)
     # and the trainer's other working files stay out of a tree that may be refreshed during the run

@@ -1,6 +1,6 @@
-"""The step tables from a metrics file alone (`calcx.runs.steps`): verl's staleness as logged, the
-trainer's tool-use columns, the GPU's idle share (never negative) and its summary over the steps that
-paid no start-up, a restarted run's first steps read from its starts file, and the summary lines."""
+"""The step tables from a metrics file alone (`calcx.runs.steps`): verl's staleness as logged, each
+step's dominant phase, the trainer's tool-use columns, the GPU's idle share (never negative) and its
+summary over the steps that paid no start-up, a restarted run's first steps read from its starts file, and the summary lines."""
 
 from __future__ import annotations
 
@@ -34,6 +34,24 @@ def test_a_steps_lines_are_merged_and_its_staleness_is_verls_own(tmp_path: Path)
     assert [_cells(r)[column] for r in rows[2:]] == ["0", "1", "-"]
     assert [_cells(r)[head.index("val accuracy")] for r in rows[2:]] == ["-", "-", "0.375"]
     assert [_cells(r)[head.index("GPU idle waiting for agents")] for r in rows[2:]] == ["n/a"] * 3
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_each_step_names_its_dominant_phase() -> None:
+    """From the committed default run of 2026-12-03: step 1 spent 6.17 of its 13.37 s generating;
+    validation (`timing_s/testing`, 42 s at step 10) runs outside the step and is never its phase; a
+    step without phase timings shows "-"."""
+    metrics = steps.read_metrics(REPO / "results" / "runs" / "2026-12-03-gsm8k-h200" / "metrics.jsonl")
+    rows = steps.step_table(metrics, None).splitlines()
+    column = _cells(rows[0]).index("dominant phase")
+    by_step = {int(_cells(r)[0]): _cells(r)[column] for r in rows[2:]}
+    assert by_step[1] == "generation 6.2 s (46%)"
+    assert by_step[10] == "generation 3.6 s (42%)"
+    slow_update = {4: {"timing_s/step": 10.0, "timing_s/gen": 3.0, "timing_s/update_actor": 6.0}, 5: {"timing_s/step": 1.0}}
+    rows = steps.step_table(slow_update, None).splitlines()
+    assert [_cells(r)[column] for r in rows[2:]] == ["update 6.0 s (60%)", "-"]
 
 
 def test_evictions_and_mfu_are_read_under_verls_names() -> None:

@@ -68,7 +68,7 @@ def test_the_tables_come_in_the_order_steps_md_holds_them(tmp_path: Path, capsys
 def test_metrics_alone_print_the_step_table_without_a_store(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["runs", "table", str(_metrics(tmp_path / "metrics.jsonl"))]) == 0
     printed = capsys.readouterr().out
-    assert "| 2 | 10.00 | 4.00 |" in printed and "| step | rollouts |" not in printed
+    assert "| 2 | 10.00 | generation 4.0 s (40%) | 4.00 |" in printed and "| step | rollouts |" not in printed
     assert "GPU idle" not in printed.split("\n\n")[-1] and "validation per problem" not in printed
 
 

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -21,6 +20,7 @@ from calcx.anchor.config import TOOLS_FILE, compose_anchor
 from calcx.anchor.data import TOOL_AGENT
 from calcx.trainer.run import cli as trainer_cli
 from calcx.trainer.config.compose import ComposeRequest, ConfigError, compose
+from config_leaves import differing
 from gpu_run_dirs import ended_run, store_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,22 +70,6 @@ ANCHOR_SETTINGS = {
     "actor_rollout_ref.rollout.agent.agent_loop_manager_class": None,
     "reward.custom_reward_function.path": "pkg://calcx.anchor.reward",
 }
-
-
-def leaves(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, DictConfig):
-        node = OmegaConf.to_container(node, resolve=False)
-    if isinstance(node, dict) and node:
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(leaves(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: node}
-
-
-def differing(a: DictConfig, b: DictConfig) -> set[str]:
-    la, lb = leaves(a), leaves(b)
-    return {k for k in la.keys() | lb.keys() if la.get(k, "<absent>") != lb.get(k, "<absent>")}
 
 
 def assert_shared(calcx_cfg: DictConfig, anchor_cfg: DictConfig, *, besides: frozenset[str] = frozenset()) -> None:
@@ -398,3 +382,23 @@ def test_a_second_tool_use_run_starts_from_the_same_warm_up_with_its_own_profile
     assert cfg.actor_rollout_ref.model.path.endswith("warmup/model")
     assert cfg.calcx.report_dir == str(tmp_path / "results" / "tooluse-lr5e-6-joined")
     assert (cfg.actor_rollout_ref.actor.optim.lr, cfg.calcx.join_calls, cfg.calcx.agent_tool_rounds) == (5e-6, True, 8)
+
+
+def test_a_sync_variant_runs_the_default_recipe_on_its_own_run_profile(tmp_path: Path) -> None:
+    """`sync-X` runs the run profile gsm8k-h200-X beside `sync` (`launch 20 sync sync-bypass`), from the
+    base model on GSM8K alone; a sync-X without its profile stops the campaign before setup."""
+    _fake_python(tmp_path)
+    argv = _started(tmp_path, "sync-bypass")
+    assert argv[0] == "train" and argv[argv.index("--profile") + 1] == "gsm8k-h200-bypass"
+    cfg = _train_config(argv)
+    assert cfg.calcx.run_profile_applied == "gsm8k-h200-bypass"
+    assert cfg.algorithm.rollout_correction.bypass_mode is True
+    assert cfg.calcx.report_dir == str(tmp_path / "results" / "sync-bypass")
+    assert str(cfg.data.train_files).endswith("train.parquet") and "hard" not in str(cfg.data.train_files)
+    assert not cfg.actor_rollout_ref.model.path.endswith("warmup/model")
+    unknown = _script(tmp_path, "campaign", "20", "sync", "sync-bogus")
+    assert unknown.returncode == 2 and "needs the run profile gsm8k-h200-bogus in calcx.yaml" in unknown.stderr
+    assert not (tmp_path / "results" / "machine.txt").exists()  # refused before setup
+    (tmp_path / "results" / "campaign.pid").write_text("999999999\n")
+    (tmp_path / "results" / "campaign.log").write_text("")
+    assert "run sync-bypass:" in _script(tmp_path, "watch", "1").stdout  # watched like the others

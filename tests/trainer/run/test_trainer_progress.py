@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from calcx.trainer.run.progress import ProgressWatch, progress_line, total_training_steps
+from calcx.trainer.run.progress import ProgressWatch, phase_line, progress_line, total_training_steps
 
 
 def _log(path: Path, step: int, data: dict[str, Any], *, end: str = "\n") -> None:
@@ -70,9 +70,9 @@ def test_a_line_names_the_phase_that_took_most_of_the_step() -> None:
     metrics = {"critic/score/mean": 0.5, "timing_s/step": 10.0, "timing_s/gen": 5.5, "timing_s/old_log_prob": 1.1,
                "timing_s/update_actor": 2.9, "timing_s/update_weights": 0.5}
     assert progress_line(3, metrics, total_steps=None, step_seconds=[12.0, 10.0]) == (
-        "calcx train: step 3 | reward 0.500 | 11.0 s/step (this step 10.0 s, generation 55%)")
-    slow_update = {**metrics, "timing_s/update_actor": 6.0}
-    assert progress_line(3, slow_update, total_steps=None, step_seconds=[10.0]).endswith("(this step 10.0 s, update 60%)")
+        "calcx train: step 3 | reward 0.500 | 11.0 s/step | step 3: 10.0 s (generation 5.5 s)")
+    slow_update = {**metrics, "timing_s/update_actor": 6.0, "timing_s/testing": 40.0}  # validation is not in the step
+    assert progress_line(3, slow_update, total_steps=None, step_seconds=[10.0]).endswith("| step 3: 10.0 s (update 6.0 s)")
 
 
 def test_the_watch_runs_beside_training_and_never_stops_it(tmp_path: Path) -> None:
@@ -92,9 +92,27 @@ def test_the_watch_runs_beside_training_and_never_stops_it(tmp_path: Path) -> No
         writer = threading.Thread(target=verl)
         writer.start()
         writer.join()
-    assert [line.split(" | ")[0] for line in shown[:4]] == [f"calcx train: step {s}" for s in (1, 2, 3, 4)]
+    phases = [line for line in shown if line.endswith((" UTC verl starting", " UTC first step logged"))]
+    assert [line.rsplit(" UTC ", 1)[1] for line in phases] == ["verl starting", "first step logged"], shown
+    steps = [line for line in shown if line not in phases]
+    assert [line.split(" | ")[0] for line in steps[:4]] == [f"calcx train: step {s}" for s in (1, 2, 3, 4)]
     assert all("left" not in line for line in shown)  # no total: no estimate
-    assert any(line.startswith("calcx train: progress watch: ") for line in shown[4:]), shown
+    assert any(line.startswith("calcx train: progress watch: ") for line in steps[4:]), shown
+
+
+def test_the_start_ups_boundaries_are_said_once_with_the_time(tmp_path: Path) -> None:
+    """The validation before training (step 0) and the first timed step, each said once, in UTC."""
+    assert phase_line("first step logged", now=1_796_307_484.5) == "calcx train: 2026-12-03 14:18:04 UTC first step logged"
+    metrics, shown = tmp_path / "metrics.jsonl", list[str]()
+    watch = ProgressWatch(metrics, tmp_path, total_steps=None, emit=shown.append)
+    _log(metrics, 0, {"val-core/gsm8k/reward/mean@1": 0.2})
+    _log(metrics, 0, {"val-aux/num_turns/mean": 2.0})  # a second validation-only line says nothing more
+    _log(metrics, 1, _step(1, 10.0))
+    _log(metrics, 2, _step(2, 10.0))
+    watch.poll()
+    events = [line.split(" UTC ", 1)[1] for line in shown if " UTC " in line]
+    assert events == ["validation before training logged", "first step logged"]
+    assert shown.index(next(line for line in shown if line.endswith("first step logged"))) == 3  # before step 1's line
 
 
 def test_step_count_and_line_without_measurements() -> None:

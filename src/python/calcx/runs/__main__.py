@@ -3,6 +3,7 @@
     calcx runs index [--check]                      results/INDEX.md from results/runs/*/run.yaml
     calcx runs table METRICS.jsonl [--calls DB ...]  a run's step tables (its steps.md)
     calcx runs curves --out PNG LABEL=METRICS.jsonl...  runs side by side in one picture
+    calcx runs startup [LABEL=]TRAIN_LOG...              each run's start-up phases, in seconds
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from calcx.runs import table
+from calcx.runs import startup, table
 from calcx.runs.index import records, render_index
 from calcx.runs.record import RecordError
 
@@ -64,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     pictures.add_argument("runs", nargs="+", metavar="LABEL=METRICS.jsonl")
     pictures.add_argument("--out", type=Path, required=True)
     pictures.add_argument("--title", default=CURVES_TITLE)
-    for command in (index, tables, pictures):
+    starts = sub.add_parser("startup", help="runs' start-up phases (seconds) from their train.log",
+                            description=startup.__doc__)
+    starts.add_argument("logs", nargs="+", metavar="[LABEL=]TRAIN_LOG")
+    for command in (index, tables, pictures, starts):
         command.set_defaults(parser=command)  # a refusal names the subcommand and shows its usage
     return parser
 
@@ -76,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         return table.print_tables(args)
     if args.command == "curves":
         return _curves(args)
+    if args.command == "startup":
+        logs = dict(spec.split("=", 1) if "=" in spec else (Path(spec).parent.name or spec, spec) for spec in args.logs)
+        print(startup.startup_table({label: Path(path) for label, path in logs.items()}))
+        return 0
     return _index(args)
 
 

@@ -10,6 +10,8 @@ import statistics
 from collections.abc import Mapping
 from pathlib import Path
 
+from calcx.trainer.run.progress import dominant_phase
+
 Metrics = Mapping[int, Mapping]  # step -> that step's metrics
 
 TOOL_USE_COLUMNS = (("equal-reward groups", "calcx/train/equal_reward_groups", "{:.0%}"),
@@ -109,10 +111,18 @@ def _validation_values(m: Mapping) -> list[float]:
     return [v for k, v in m.items() if k.startswith("val-core/") and k.endswith("mean@1")]
 
 
+def _dominant(m: Mapping) -> str:
+    """`generation 6.2 s (46%)`: the step's longest phase and its share of the step."""
+    phase, total = dominant_phase(m), m.get("timing_s/step")
+    if phase is None or not total:
+        return "-"
+    return f"{phase[0]} {phase[1]:.1f} s ({phase[1] / total:.0%})"
+
+
 def step_table(steps: Metrics, busy: Mapping[int, float] | None) -> str:
     """One row a step. Evicted samples are counted by why verl left them out: a group with a failed
     attempt (`rollout_failure`) or one older than the allowed staleness (`off_policy`, async)."""
-    head = ["step", "step s", "rollout (gen) s", "old log-prob s", "update s", "weight sync s",
+    head = ["step", "step s", "dominant phase", "rollout (gen) s", "old log-prob s", "update s", "weight sync s",
             "tokens/s", "update MFU", "GPU mem peak GB", "GPU idle waiting for agents", "mean reward",
             "val accuracy", "trajectory staleness max", "evicted samples: failed", "evicted samples: stale"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
@@ -125,7 +135,7 @@ def step_table(steps: Metrics, busy: Mapping[int, float] | None) -> str:
             share = idle_share(m, busy.get(step))
             idle = "n/a" if share is None else f"{share:.0%}"
         val = _validation_values(m)
-        cells = [str(step), f"{m['timing_s/step']:.2f}", f"{m.get('timing_s/gen', float('nan')):.2f}",
+        cells = [str(step), f"{m['timing_s/step']:.2f}", _dominant(m), f"{m.get('timing_s/gen', float('nan')):.2f}",
                  f"{m.get('timing_s/old_log_prob', float('nan')):.2f}", f"{m.get('timing_s/update_actor', float('nan')):.2f}",
                  f"{m.get('timing_s/update_weights', float('nan')):.2f}", f"{m.get('perf/throughput', float('nan')):.0f}",
                  _percent(m.get("perf/mfu/actor")),

@@ -4,10 +4,11 @@ verl's `file` logger appends one JSON line per `logger.log` call to the metrics 
 metrics; validation's in the same line, or alone before training). `ProgressWatch` follows that
 file from the driver, beside verl's own console logger, and for each new line prints
 
-    calcx train: step 12/40 | reward 0.512 | val acc 0.620 | tool use 31% (val 40%) | 31.2 s/step | ~15 min left
+    calcx train: step 12/40 | reward 0.512 | val acc 0.620 | tool use 31% (val 40%) | 31.2 s/step |
+        step 12: 30.4 s (generation 21.7 s) | ~15 min left
 
 (the validation fields only when that step validated; `s/step` is the mean of verl's
-`timing_s/step` over the last steps), and at every line with validation metrics redraws
+`timing_s/step` over the last steps; then this step's time and its longest phase), and at every line with validation metrics redraws
 `reward_curve.png` in the report directory (written beside and renamed, so a viewer never sees half
 a file). A file verl truncates (a new run in the same directory) starts the watch over.
 """
@@ -18,7 +19,9 @@ import contextlib
 import json
 import os
 import threading
+import time
 from collections import deque
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -37,6 +40,15 @@ PROGRESS_PREFIX = "calcx train:"
 STEP_TIME_KEY = "timing_s/step"
 MEAN_OVER_STEPS = 5
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a metrics line past this is not verl's: skipped
+# the start-up's boundaries the driver sees, said once each with the time (calcx.runs.startup reads
+# them from train.log): verl started, the validation before training logged, the first step logged
+VERL_STARTING, VALIDATED, FIRST_STEP = "verl starting", "validation before training logged", "first step logged"
+
+
+def phase_line(event: str, now: float | None = None) -> str:
+    """`calcx train: 2026-12-03 14:18:04 UTC first step logged`."""
+    stamp = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)
+    return f"{PROGRESS_PREFIX} {stamp:%Y-%m-%d %H:%M:%S} UTC {event}"
 
 
 def _number(value: Any) -> float | None:
@@ -51,20 +63,30 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-# verl's timed phases of a step, as the console line names them
+# verl's timed phases inside a step (its `timing_s/step`), as the console line and the step table name
+# them; validation (`timing_s/testing`) runs outside the step's time
 STEP_PHASES = (("timing_s/gen", "generation"), ("timing_s/old_log_prob", "old log-prob"),
-               ("timing_s/update_actor", "update"), ("timing_s/update_weights", "weight sync"))
+               ("timing_s/ref", "ref log-prob"), ("timing_s/values", "values"), ("timing_s/adv", "advantage"),
+               ("timing_s/update_critic", "critic update"), ("timing_s/update_actor", "update"),
+               ("timing_s/update_weights", "weight sync"), ("timing_s/save_checkpoint", "checkpoint"))
 
 
-def _dominant_phase(metrics: Mapping[str, Any]) -> str:
-    """` (this step: 12.1 s, generation 55%)`: the step's own time and the phase that took most of
-    it ("" when verl logged no phase)."""
-    total = _number(metrics.get("timing_s/step"))
+def dominant_phase(metrics: Mapping[str, Any]) -> tuple[str, float] | None:
+    """The phase of the step that took longest and its seconds (None when verl logged no phase)."""
     phases = [(seconds, name) for key, name in STEP_PHASES if (seconds := _number(metrics.get(key))) is not None]
-    if not total or not phases:
-        return ""
+    if not phases:
+        return None
     seconds, name = max(phases)
-    return f" (this step {total:.1f} s, {name} {seconds / total:.0%})"
+    return name, seconds
+
+
+def _step_time(step: int, metrics: Mapping[str, Any]) -> str:
+    """`step 7: 11.3 s (generation 6.1 s)`: the step's own time and its longest phase ("" when verl
+    timed no phase)."""
+    total, phase = _number(metrics.get(STEP_TIME_KEY)), dominant_phase(metrics)
+    if total is None or phase is None:
+        return ""
+    return f"step {step}: {total:.1f} s ({phase[0]} {phase[1]:.1f} s)"
 
 
 def progress_line(step: int, metrics: Mapping[str, Any], *, total_steps: int | None,
@@ -98,7 +120,9 @@ def progress_line(step: int, metrics: Mapping[str, Any], *, total_steps: int | N
         parts.append(shown)
     if step_seconds:
         mean = sum(step_seconds) / len(step_seconds)
-        parts.append(f"{mean:.1f} s/step" + _dominant_phase(metrics))
+        parts.append(f"{mean:.1f} s/step")
+        if this_step := _step_time(step, metrics):
+            parts.append(this_step)
         if total_steps and step < total_steps:
             parts.append(f"~{_duration(mean * (total_steps - step))} left")
     return f"{PROGRESS_PREFIX} " + " | ".join(parts)
@@ -135,6 +159,12 @@ class ProgressWatch:
         self._offset = 0
         self._metrics: list[dict[str, Any]] = []
         self._step_seconds: deque[float] = deque(maxlen=MEAN_OVER_STEPS)
+        self._said: set[str] = set()
+
+    def _say_once(self, event: str) -> None:
+        if event not in self._said:
+            self._said.add(event)
+            self.emit(phase_line(event))
 
     def poll(self) -> list[str]:
         """Print (and return) one line per complete new metrics line; redraw the curve after lines
@@ -163,6 +193,9 @@ class ProgressWatch:
             seconds = _number(flat.get(STEP_TIME_KEY))
             if seconds is not None:
                 self._step_seconds.append(seconds)
+                self._say_once(FIRST_STEP)
+            elif step == 0:
+                self._say_once(VALIDATED)
             self._metrics.append({**flat, "step": step})
             line = progress_line(step, flat, total_steps=self.total_steps, step_seconds=list(self._step_seconds))
             self.emit(line)
@@ -175,6 +208,7 @@ class ProgressWatch:
     @contextlib.contextmanager
     def running(self, interval_s: float = 2.0) -> Iterator["ProgressWatch"]:
         """Poll in a daemon thread while the block runs; a last poll when it ends."""
+        self._say_once(VERL_STARTING)
         stop = threading.Event()
 
         def loop() -> None:
