@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from calcx.trainer.run.data import Sources
 from calcx.trainer.run.progress import ProgressWatch, total_training_steps
 from calcx.trainer.run.report import count_incomplete, write_report
-from calcx.trainer.run.resume import ResumePlan, plan_resume, settle_previous_run
+from calcx.trainer.run.resume import ResumeStart, start_resume, settle_previous_run
 from calcx.trainer.run.run_settings import prepare_run
 from calcx.trainer.run_dir.server_key import key_dir, remove_key_file, server_key, write_key_file
 from calcx.trainer.run.services import LocalServices, ServicesConfig
@@ -85,8 +85,8 @@ def preflight(server_url: str, key: str) -> None:
         raise LaunchError(f"calcx server at {server_url} is not usable: {exc}; {hint}") from exc
 
 
-def _settle_run(cfg: DictConfig, server_url: str, key: str, resume: Callable[[], ResumePlan] | None,
-                owner: str) -> ResumePlan | None:
+def _settle_run(cfg: DictConfig, server_url: str, key: str, resume: Callable[[], ResumeStart] | None,
+                owner: str) -> ResumeStart | None:
     """Once this start holds its run's lease: plan the resume (checkpoint, report rows), then cancel
     what an earlier run of the same name left (a killed trainer's QUEUED and RUNNING rollouts), so
     that it neither runs first nor is trained; with a resume plan, also roll back the training
@@ -144,7 +144,7 @@ class RolloutServer:
     key_file: Path
     url: str | None = None
     #: this start's resume plan (None: --eval-only), made once it held the run's lease
-    plan: ResumePlan | None = None
+    plan: ResumeStart | None = None
     #: the owner id of the run's lease this process holds (its ledger writes name it)
     owner: str = ""
 
@@ -165,7 +165,7 @@ def server_args(cfg: DictConfig, given: Sequence[str]) -> list[str]:
 
 @contextlib.contextmanager
 def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
-                     resume: Callable[[], ResumePlan] | None = None, *, owner: str = "", take_over: bool = False,
+                     resume: Callable[[], ResumeStart] | None = None, *, owner: str = "", take_over: bool = False,
                      on_lost: Callable[[str], None] = stop_taken_over) -> Iterator[RolloutServer]:
     """Start the server and controller unless `calcx.server_url` is set (then `key` is its key);
     take the run's lease (`owner`, `take_over`) before anything of the run is touched, then
@@ -254,7 +254,7 @@ def run_training(cfg: DictConfig, *, train_src: Sources, val_src: Sources, eval_
     report_dir, metrics_path = settings.report_dir, settings.metrics_path
     # a training run continues from its newest whole checkpoint (docs/resume.md), chosen once the
     # run's lease is held: a second start of a live run must not move its files
-    resume = None if eval_only else (lambda: plan_resume(cfg, report_dir))
+    resume = None if eval_only else (lambda: start_resume(cfg, report_dir))
     with rollout_services(cfg, report_dir, key, resume, take_over=take_over) as server:
         settings.with_server(server.key_file, server.url, server.owner).apply(cfg)
 
