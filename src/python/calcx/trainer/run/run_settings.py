@@ -5,7 +5,8 @@ adds what only this machine and this start know: the model directory made absolu
 verl-layout data files, the report directory, the file logger and its metrics file, the Ray
 workers' environment, `--eval-only`'s switches, and the calcx server's URL and key file (known once
 the rollout services are up). `prepare_run` checks and resolves all of them into `RunSettings`;
-`RunSettings.apply` writes them into the config at once.
+`RunSettings.apply` writes them into the config at once. The driver keeps the frozen settings and
+reads its own values (model directory, server URL and key file, paths) from them, not from the config.
 """
 
 from __future__ import annotations
