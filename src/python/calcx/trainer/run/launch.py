@@ -140,7 +140,7 @@ class RolloutServer:
 
     key_file: Path
     url: str | None = None
-    #: this start's resume plan (None: --eval-only), made once it held the run's lease
+    #: what this start continues from (None: --eval-only), settled once it held the run's lease
     plan: ResumeStart | None = None
     #: the owner id of the run's lease this process holds (its ledger writes name it)
     owner: str = ""
