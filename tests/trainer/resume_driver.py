@@ -1,7 +1,7 @@
 """A CPU stand-in for verl's V1 driver inside `calcx train`, for the kill-and-resume tests.
 
 verl's trainer needs a GPU; this process does what its driver does around calcx, with calcx's
-own resume code: `plan_resume` and `settle_previous_run` at start; verl's data loader
+own resume code: `start_resume` and `settle_previous_run` at start; verl's data loader
 (`StatefulDataLoader` over verl's `create_rl_sampler`, position saved in `data.pt` and loaded from
 the chosen checkpoint, epochs renewed as verl's `_fetch_one_gen_batch` does); each step's GRPO
 groups through `run_session` (real server, controller, agents, stub model); `step()` returning
@@ -25,7 +25,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from calcx.trainer.run.resume import plan_resume, settle_previous_run
+from calcx.trainer.run.resume import start_resume, settle_previous_run
 from calcx.trainer.run_dir.server_key import server_key
 
 # torch, torchdata and verl are imported once the previous run is settled (as `calcx train` settles
@@ -176,7 +176,7 @@ def main() -> None:
     report_dir = Path(args.report_dir)
     os.environ["VERL_FILE_LOGGER_PATH"] = str(report_dir / "metrics.jsonl")
     key = server_key({"key_file": args.key_file})
-    plan = plan_resume(cfg, report_dir)
+    plan = start_resume(cfg, report_dir)
     settle_previous_run(args.server, key, plan)
     from calcx.api.client import CalcxClient
     from calcx.trainer.run_dir.checkpoints import mark_after_save

@@ -14,7 +14,7 @@ from calcx.contract.labels import RUN_LABEL
 from calcx.trainer.run_dir.checkpoints import write_marker
 from calcx.trainer.config.compose import ComposeRequest, compose
 from calcx.trainer.run.launch import rollout_services
-from calcx.trainer.run.resume import plan_resume, supersede_rows
+from calcx.trainer.run.resume import start_resume, supersede_rows
 from calcx.trainer.run_dir.names import STARTS_FILE, SUPERSEDED_DIR
 from live_stack import needs_services, start_server
 
@@ -45,14 +45,14 @@ def test_a_named_run_resumes_from_its_newest_whole_checkpoint(tmp_path: Path) ->
     chosen = _save(root, 4, whole=True)
     _save(root, 6, whole=False)  # killed while saving
     (root / "latest_checkpointed_iteration.txt").write_text("")
-    plan = plan_resume(cfg, tmp_path / "report")
+    plan = start_resume(cfg, tmp_path / "report")
     assert (plan.run, plan.step, plan.checkpoint.path) == ("r1", 4, chosen)  # type: ignore[union-attr]
     assert (cfg.trainer.resume_mode, cfg.trainer.resume_from_path) == ("resume_path", str(chosen))
     assert cfg.trainer.default_local_dir == str(root) and not cfg.trainer.val_before_train
     assert plan.removed == [root / "global_step_6"] and not (root / "global_step_6").exists()
     assert (root / "global_step_2").exists()
     # each start says where it begins, a fresh one too (the step table leaves a restart's first step out)
-    fresh = plan_resume(_cfg(tmp_path, "trainer.resume_mode=disable"), tmp_path / "report")
+    fresh = start_resume(_cfg(tmp_path, "trainer.resume_mode=disable"), tmp_path / "report")
     assert fresh.step == 0
     assert [(s["first_step"], s["checkpoint"]) for s in _lines(tmp_path / "report" / STARTS_FILE)] == [
         (5, str(chosen)), (1, None)]
@@ -70,7 +70,7 @@ def test_without_a_whole_checkpoint_the_run_starts_fresh_and_verl_never_reads_it
     report = tmp_path / "report"
     report.mkdir()
     (report / "metrics.jsonl").write_text('{"step": 0, "data": {}}\n{"step": 1, "data": {}}\n')
-    plan = plan_resume(cfg, report)
+    plan = start_resume(cfg, report)
     assert plan.checkpoint is None and cfg.trainer.resume_mode == "disable" and cfg.trainer.val_before_train
     assert plan.summary().startswith(f"starting run 'r1' at step 1 (no complete checkpoint under {tmp_path / 'ckpt'})")
     assert (report / "metrics.jsonl").read_text() == ""  # a fresh start: the old run's rows set aside
@@ -81,15 +81,15 @@ def test_verls_other_resume_modes_are_kept(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     older, newer = _save(root, 2, whole=True), _save(root, 4, whole=True)
     cfg = _cfg(tmp_path, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={older}")
-    plan = plan_resume(cfg, tmp_path / "report")
+    plan = start_resume(cfg, tmp_path / "report")
     assert plan.step == 2 and cfg.trainer.resume_from_path == str(older) and newer.exists()  # a whole one stays
     cfg = _cfg(tmp_path, "trainer.resume_mode=disable")
-    assert plan_resume(cfg, tmp_path / "report").checkpoint is None and cfg.trainer.resume_mode == "disable"
+    assert start_resume(cfg, tmp_path / "report").checkpoint is None and cfg.trainer.resume_mode == "disable"
 
 
 def test_an_asynchronous_save_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="async_save"):
-        plan_resume(_cfg(tmp_path, "actor_rollout_ref.actor.checkpoint.async_save=true"), tmp_path)
+        start_resume(_cfg(tmp_path, "actor_rollout_ref.actor.checkpoint.async_save=true"), tmp_path)
 
 
 @pytest.mark.parametrize("setting", ["trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=2",
@@ -98,13 +98,13 @@ def test_an_asynchronous_save_is_refused(tmp_path: Path) -> None:
 def test_checkpoint_retention_other_than_calcxs_own_is_refused_before_anything_starts(tmp_path: Path,
                                                                                     setting: str) -> None:
     with pytest.raises(ValueError, match="keep_checkpoints"):
-        plan_resume(_cfg(tmp_path, setting), tmp_path)
+        start_resume(_cfg(tmp_path, setting), tmp_path)
 
 
 def test_the_default_keeps_two_whole_checkpoints(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
     assert cfg.calcx.keep_checkpoints == 2
-    plan_resume(cfg, tmp_path)  # accepted as it is
+    start_resume(cfg, tmp_path)  # accepted as it is
 
 
 def test_rows_after_the_checkpoint_are_set_aside_not_lost(tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ def test_calcx_train_settles_the_previous_run_on_the_server_and_says_so(
             client.record_trained("r1", 5, ["s5"])
             cfg = _cfg(tmp_path, f"calcx.server_url={url}")
             _save(tmp_path / "ckpt", 4, whole=True)
-            with rollout_services(cfg, tmp_path / "report", KEY, lambda: plan_resume(cfg, tmp_path / "report")) as run:
+            with rollout_services(cfg, tmp_path / "report", KEY, lambda: start_resume(cfg, tmp_path / "report")) as run:
                 plan = run.plan
                 assert plan is not None
             assert (client.get_rollout("s6-queued").state, plan.cancelled, plan.rolled_back) == ("FAILED", 1, [5])

@@ -41,7 +41,11 @@ def test_resolving_changes_nothing_and_applying_writes_every_value(tmp_path: Pat
     assert os.environ[FILE_LOGGER_ENV] == str(settings.metrics_path)
     assert (settings.report_dir / "verl_train.parquet").is_file() and (settings.report_dir / "verl_val.parquet").is_file()
 
-    settings.with_server(tmp_path / "k" / "server.key", "http://127.0.0.1:9").apply(cfg)
+    served = settings.with_server(tmp_path / "k" / "server.key", "http://127.0.0.1:9")
+    served.apply(cfg)
+    # the driver reads its own values from the settings, the same ones verl reads from the config
+    assert (served.server_url, served.key_file) == ("http://127.0.0.1:9", tmp_path / "k" / "server.key")
+    assert served.model_path == cfg.actor_rollout_ref.model.path
     assert cfg.data.train_files == str(settings.report_dir / "verl_train.parquet")
     assert cfg.data.val_files == str(settings.report_dir / "verl_val.parquet")
     assert cfg.calcx.report_dir == str(settings.report_dir)
@@ -55,8 +59,9 @@ def test_resolving_changes_nothing_and_applying_writes_every_value(tmp_path: Pat
 def test_the_configured_server_and_the_users_worker_env_are_kept(tmp_path: Path, data: Path) -> None:
     cfg = _cfg(tmp_path, "calcx.server_url=http://127.0.0.1:7", f"+{WORKER_ENV_KEY}.PYTHONPATH=/mine")
     settings = prepare_run(cfg, train_src=data, val_src=data)
-    settings.with_server(tmp_path / "server.key").apply(cfg)
-    assert cfg.calcx.server_url == "http://127.0.0.1:7"
+    served = settings.with_server(tmp_path / "server.key")
+    served.apply(cfg)
+    assert cfg.calcx.server_url == "http://127.0.0.1:7" == served.server_url
     assert dict(OmegaConf.select(cfg, WORKER_ENV_KEY)) == {"PYTHONPATH": "/mine",
                                                            FILE_LOGGER_ENV: str(settings.metrics_path)}
 

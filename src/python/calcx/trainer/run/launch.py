@@ -23,9 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 from calcx.trainer.run.data import Sources
 from calcx.trainer.run.progress import ProgressWatch, total_training_steps
 from calcx.trainer.run.report import count_incomplete, write_report
-from calcx.trainer.run.resume import ResumePlan, plan_resume, settle_previous_run
-from calcx.trainer.run.run_settings import prepare_run
-from calcx.trainer.run_dir.server_key import key_dir, remove_key_file, server_key, write_key_file
+from calcx.trainer.run.resume import ResumeStart, start_resume, settle_previous_run
+from calcx.trainer.run.run_settings import RunSettings, prepare_run
+from calcx.trainer.run_dir.server_key import key_dir, remove_key_file, write_key_file
 from calcx.trainer.run.services import LocalServices, ServicesConfig
 from calcx.trainer.run_dir.names import INCOMPLETE_GROUPS_FILE, SERVICES_DIR
 
@@ -85,8 +85,8 @@ def preflight(server_url: str, key: str) -> None:
         raise LaunchError(f"calcx server at {server_url} is not usable: {exc}; {hint}") from exc
 
 
-def _settle_run(cfg: DictConfig, server_url: str, key: str, resume: Callable[[], ResumePlan] | None,
-                owner: str) -> ResumePlan | None:
+def _settle_run(run: str, server_url: str, key: str, resume: Callable[[], ResumeStart] | None,
+                owner: str) -> ResumeStart | None:
     """Once this start holds its run's lease: plan the resume (checkpoint, report rows), then cancel
     what an earlier run of the same name left (a killed trainer's QUEUED and RUNNING rollouts), so
     that it neither runs first nor is trained; with a resume plan, also roll back the training
@@ -97,7 +97,6 @@ def _settle_run(cfg: DictConfig, server_url: str, key: str, resume: Callable[[],
     if plan is not None:
         settle_previous_run(server_url, key, plan, owner)
         return plan
-    run = str(cfg.calcx.get("run") or "")
     if run:
         cancel_previous_run(server_url, key, run, owner)
     return None
@@ -112,18 +111,16 @@ def stop_taken_over(message: str) -> None:
 
 
 @contextlib.contextmanager
-def held_run(cfg: DictConfig, server_url: str, key: str, owner: str, take_over: bool,
+def held_run(run: str, wait_s: float, server_url: str, key: str, owner: str, take_over: bool,
              on_lost: Callable[[str], None]) -> Iterator[None]:
     """The run's lease (calcx.trainer.run.run_lease) for the block, renewed while it runs and released
     after; nothing without a run name (nothing of the run is touched then)."""
     from calcx.api.client import CalcxClient
-    from calcx.trainer.run.run_lease import DEFAULT_WAIT_S, LeaseKeeper, RunLeaseRefused, take_run_lease
+    from calcx.trainer.run.run_lease import LeaseKeeper, RunLeaseRefused, take_run_lease
 
-    run = str(cfg.calcx.get("run") or "")
     if not run:
         yield
         return
-    wait_s = float(cfg.calcx.get("run_lease_wait_s", DEFAULT_WAIT_S))
     with CalcxClient(server_url, key, timeout=30.0) as client:
         try:
             lease = take_run_lease(client, run, owner, take_over=take_over, wait_s=wait_s)
@@ -143,8 +140,8 @@ class RolloutServer:
 
     key_file: Path
     url: str | None = None
-    #: this start's resume plan (None: --eval-only), made once it held the run's lease
-    plan: ResumePlan | None = None
+    #: what this start continues from (None: --eval-only), settled once it held the run's lease
+    plan: ResumeStart | None = None
     #: the owner id of the run's lease this process holds (its ledger writes name it)
     owner: str = ""
 
@@ -165,20 +162,22 @@ def server_args(cfg: DictConfig, given: Sequence[str]) -> list[str]:
 
 @contextlib.contextmanager
 def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
-                     resume: Callable[[], ResumePlan] | None = None, *, owner: str = "", take_over: bool = False,
+                     resume: Callable[[], ResumeStart] | None = None, *, owner: str = "", take_over: bool = False,
                      on_lost: Callable[[str], None] = stop_taken_over) -> Iterator[RolloutServer]:
     """Start the server and controller unless `calcx.server_url` is set (then `key` is its key);
     take the run's lease (`owner`, `take_over`) before anything of the run is touched, then
     `resume` (the resume plan) and the previous run's leftovers; say where they are. The config is
     not changed here (RunSettings.with_server writes it)."""
-    from calcx.trainer.run.run_lease import new_owner
+    from calcx.trainer.run.run_lease import DEFAULT_WAIT_S, new_owner
 
     owner = owner or new_owner()
+    run = str(cfg.calcx.get("run") or "")
+    wait_s = float(cfg.calcx.get("run_lease_wait_s", DEFAULT_WAIT_S)) if run else 0.0
     if cfg.calcx.get("server_url"):
         url = str(cfg.calcx.server_url)
         preflight(url, key)
-        with held_run(cfg, url, key, owner, take_over, on_lost):
-            plan = _settle_run(cfg, url, key, resume, owner)
+        with held_run(run, wait_s, url, key, owner, take_over, on_lost):
+            plan = _settle_run(run, url, key, resume, owner)
             key_file = write_key_file(key, key_dir(report_dir))
             try:
                 yield RolloutServer(key_file=key_file, plan=plan, owner=owner)
@@ -195,23 +194,22 @@ def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
     try:
         services.start_server()
         # the lease before the controller: a second start of a live run claims none of its work
-        with held_run(cfg, services.server_url, services.key, owner, take_over, on_lost):
+        with held_run(run, wait_s, services.server_url, services.key, owner, take_over, on_lost):
             services.start_controller()
             log.info("calcx train: server %s and controller started (logs in %s)", services.server_url,
                      services.workdir)
-            plan = _settle_run(cfg, services.server_url, services.key, resume, owner)
+            plan = _settle_run(run, services.server_url, services.key, resume, owner)
             yield RolloutServer(key_file=key_file, url=services.server_url, plan=plan, owner=owner)
     finally:
         services.stop()
         remove_key_file(key_file)
 
 
-def register_endpoint(cfg: DictConfig, endpoint: str) -> None:
+def register_endpoint(settings: RunSettings, endpoint: str) -> None:
     """`--model-endpoint`: an OpenAI-compatible server (vLLM, the stub) plays the policy."""
     from calcx.trainer.workers.replicas import register_replicas
 
-    register_replicas(str(cfg.calcx.server_url), server_key(cfg.calcx),
-                      str(cfg.actor_rollout_ref.model.path), [endpoint], policy_version=0)
+    register_replicas(settings.server_url, settings.server_key(), settings.model_path, [endpoint], policy_version=0)
 
 
 def run_verl(cfg: DictConfig) -> None:
@@ -233,15 +231,16 @@ def run_eval_driver(cfg: DictConfig, val_src: Sources) -> dict[str, int]:
                                       groups_in_flight=int(cfg.calcx.get("controller_concurrency") or 32)))
 
 
-def finish_report(cfg: DictConfig, report_dir: Path, metrics_path: Path) -> Path:
+def finish_report(settings: RunSettings, title: str) -> Path:
     """Read the last validation step back from the server and write eval.md, reward_curve.png, report.md."""
     from calcx.trainer.run.evaluation import collect_eval
 
-    collection = collect_eval(str(cfg.calcx.server_url), server_key(cfg.calcx))
+    collection = collect_eval(settings.server_url, settings.server_key())
+    report_dir = settings.report_dir
     return write_report(
-        report_dir, metrics_path=metrics_path, eval_records=collection.records,
+        report_dir, metrics_path=settings.metrics_path, eval_records=collection.records,
         incomplete_groups=count_incomplete(report_dir / INCOMPLETE_GROUPS_FILE),
-        allow_no_reward=True, eval_note=collection.note(), title=f"Calc-X run {cfg.trainer.experiment_name}",
+        allow_no_reward=True, eval_note=collection.note(), title=title,
     )
 
 
@@ -254,13 +253,14 @@ def run_training(cfg: DictConfig, *, train_src: Sources, val_src: Sources, eval_
     report_dir, metrics_path = settings.report_dir, settings.metrics_path
     # a training run continues from its newest whole checkpoint (docs/resume.md), chosen once the
     # run's lease is held: a second start of a live run must not move its files
-    resume = None if eval_only else (lambda: plan_resume(cfg, report_dir))
+    resume = None if eval_only else (lambda: start_resume(cfg, report_dir))
     with rollout_services(cfg, report_dir, key, resume, take_over=take_over) as server:
-        settings.with_server(server.key_file, server.url, server.owner).apply(cfg)
+        settings = settings.with_server(server.key_file, server.url, server.owner)
+        settings.apply(cfg)  # what verl and its workers read; the driver keeps using `settings`
 
         def run() -> None:
             if model_endpoint is not None:
-                register_endpoint(cfg, model_endpoint)
+                register_endpoint(settings, model_endpoint)
                 counts = run_eval_driver(cfg, val_src)
                 log.info("calcx train --eval-only: %s", counts)
             else:
@@ -269,7 +269,8 @@ def run_training(cfg: DictConfig, *, train_src: Sources, val_src: Sources, eval_
                     run_verl(cfg)
 
         def report() -> str:
-            return f"report in {finish_report(cfg, report_dir, metrics_path)} (eval table {report_dir / 'eval.md'})"
+            written = finish_report(settings, f"Calc-X run {cfg.trainer.experiment_name}")
+            return f"report in {written} (eval table {report_dir / 'eval.md'})"
 
         run_then_report("calcx train", run, report)
     return 0

@@ -5,7 +5,8 @@ adds what only this machine and this start know: the model directory made absolu
 verl-layout data files, the report directory, the file logger and its metrics file, the Ray
 workers' environment, `--eval-only`'s switches, and the calcx server's URL and key file (known once
 the rollout services are up). `prepare_run` checks and resolves all of them into `RunSettings`;
-`RunSettings.apply` writes them into the config at once.
+`RunSettings.apply` writes them into the config at once. The driver keeps the frozen settings and
+reads its own values (model directory, server URL and key file, paths) from them, not from the config.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from calcx.trainer.config.compose import OWNER_KEY, resolve_model_path
 from calcx.trainer.run.data import Sources, to_verl_parquet, verl_records
 from calcx.trainer.run.services import CALCX_SRC
+from calcx.trainer.run_dir.server_key import server_key
 from calcx.trainer.run_dir.names import METRICS_FILE, VERL_TRAIN_FILE, VERL_VAL_FILE
 
 WORKER_ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
@@ -31,11 +33,15 @@ Records = Callable[[Sequence[dict[str, Any]]], list[dict[str, Any]]]
 
 @dataclass(frozen=True)
 class RunSettings:
-    """Dotted config key -> value, in the order they are written, and the run's two paths."""
+    """Dotted config key -> value, in the order they are written (what verl and its workers read),
+    and what the driver itself uses: the run's two paths and, once known, the server's URL and key file."""
 
     report_dir: Path
     metrics_path: Path
     values: Mapping[str, Any]
+    model_path: str = ""  # the model directory, absolute
+    server_url: str = ""  # the configured server (`calcx.server_url`), or the one this run started
+    key_file: Path | None = None
 
     def with_server(self, key_file: Path, url: str | None = None, owner: str = "") -> "RunSettings":
         """The owner-only file that holds the calcx server's key, the URL of a server this run
@@ -43,7 +49,12 @@ class RunSettings:
         writers in Ray's workers name it)."""
         server = {"calcx.server_url": url} if url is not None else {}
         lease = {OWNER_KEY: owner} if owner else {}
-        return dataclasses.replace(self, values={**self.values, **server, **lease, "calcx.key_file": str(key_file)})
+        return dataclasses.replace(self, values={**self.values, **server, **lease, "calcx.key_file": str(key_file)},
+                                   server_url=url if url is not None else self.server_url, key_file=key_file)
+
+    def server_key(self) -> str:
+        """The calcx server's key, read from the key file."""
+        return server_key({"key_file": self.key_file})
 
     def apply(self, cfg: DictConfig) -> None:
         """Write every value into `cfg` (one `open_dict`: some keys are new to verl's schema)."""
@@ -99,4 +110,5 @@ def prepare_run(cfg: DictConfig, *, train_src: Sources, val_src: Sources, record
     }
     if validate_only:
         values.update({"trainer.val_before_train": True, "trainer.val_only": True})
-    return RunSettings(report_dir=report_dir, metrics_path=metrics_path, values=values)
+    return RunSettings(report_dir=report_dir, metrics_path=metrics_path, values=values, model_path=model_path,
+                       server_url=str(cfg.calcx.get("server_url") or ""))
