@@ -202,6 +202,23 @@ def convert(gguf: str | Path, out: str | Path, *, dtype: str = "bfloat16", sha25
         f"{config.hidden_size}, vocab {config.vocab_size} ({time.monotonic() - started:.1f} s)")
 
     started = time.monotonic()
+    fresh = _rebuild(loaded, torch, dtype, gguf)
+    del loaded
+    parameters = sum(p.numel() for p in fresh.parameters())
+    log(f"rebuild: {type(fresh).__name__}, {parameters:,} parameters as {dtype} "
+        f"({time.monotonic() - started:.1f} s)")
+
+    started = time.monotonic()
+    _save(fresh, tokenizer, template, metadata.special_ids, out)
+    written = _size(out)
+    log(f"save: {out} ({written / 1e6:.1f} MB) ({time.monotonic() - started:.1f} s)")
+    return Converted(out, config.model_type, parameters, written)
+
+
+def _rebuild(loaded: Any, torch: Any, dtype: str, gguf: Path) -> Any:
+    """The model transformers read from the GGUF, rebuilt as a plain model of its class in `dtype`
+    (no quantization config left), its weights checked to fit the class one for one."""
+    config = loaded.config
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
     # every weight is loaded right after: building without transformers' random initialisation
@@ -217,22 +234,22 @@ def convert(gguf: str | Path, out: str | Path, *, dtype: str = "bfloat16", sha25
         raise ConvertError(f"{gguf}: the weights read do not fit {type(fresh).__name__}: missing {missing}, "
                            f"unexpected {unexpected}; this architecture is not supported as is")
     fresh.load_state_dict(weights, strict=True)
-    del loaded, weights
+    del weights
     target = getattr(torch, dtype)
     fresh.to(target)
     fresh.config.dtype = target
-    parameters = sum(p.numel() for p in fresh.parameters())
-    log(f"rebuild: {type(fresh).__name__}, {parameters:,} parameters as {dtype} "
-        f"({time.monotonic() - started:.1f} s)")
+    return fresh
 
-    started = time.monotonic()
+
+def _save(model: Any, tokenizer: Any, template: str, special_ids: dict[str, int], out: Path) -> None:
+    """The model directory written beside `out` and moved into place whole (never half a model)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     partial.chmod(0o755)  # mkdtemp's 0700 would hide the model from a server running as another user
     try:
-        fresh.save_pretrained(partial, safe_serialization=True)
+        model.save_pretrained(partial, safe_serialization=True)
         tokenizer.chat_template = template
-        set_special_tokens(tokenizer, metadata.special_ids)
+        set_special_tokens(tokenizer, special_ids)
         tokenizer.save_pretrained(partial)
         if out.exists():
             shutil.rmtree(out)
@@ -240,6 +257,3 @@ def convert(gguf: str | Path, out: str | Path, *, dtype: str = "bfloat16", sha25
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    written = _size(out)
-    log(f"save: {out} ({written / 1e6:.1f} MB) ({time.monotonic() - started:.1f} s)")
-    return Converted(out, config.model_type, parameters, written)
