@@ -102,7 +102,8 @@ def test_rollouts_that_cannot_be_trained_on_are_incomplete_not_zero(change, reas
 
 def test_non_200_and_empty_calls_are_skipped() -> None:
     rollout, calls = _two_turn_rollout("u1", 0, 1.0)
-    calls.append(_call(rollout["rollout_id"], "2", 2, [5, 6], [7], status=502))
+    # its own request, so it is left out for its status, not as one the empty call resends
+    calls.append(_call(rollout["rollout_id"], "2", 2, [5, 6, 8], [7], status=502))
     calls.append(_call(rollout["rollout_id"], "2", 3, [5, 6], []))
     out = _translate(rollout, calls, max_prompt_length=4096, max_response_length=2048)
     assert len(out.samples) == 2 and out.skipped_calls == 3
