@@ -58,8 +58,10 @@ class RolloutShape:
 
 def message_of(response: Mapping[str, Any] | None) -> Mapping[str, Any]:
     """The assistant message of a recorded response ({} when there is none)."""
+    if response is None:
+        return {}
     try:
-        message = response["choices"][0]["message"]  # type: ignore[index]
+        message = response["choices"][0]["message"]
     except (TypeError, KeyError, IndexError):
         return {}
     return message if isinstance(message, Mapping) else {}
