@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from calcx.api.models import RolloutCreate
+from calcx.api.models import RecordedCall, RolloutCreate
 from calcx.contract.failures import FailureReason
 from calcx.server.store import CallRecord, RolloutStore
 from calcx.server.store.reader import StoreReader
@@ -50,8 +50,11 @@ def test_it_reads_what_the_store_wrote_beside_the_live_connection(tmp_path: Path
                                                        ("calcx-train-s1-b", "FAILED"), ("calcx-train-s1-b", "QUEUED")]
             assert set(reader.last_finished()) == {"calcx-train-s1-a", "calcx-train-s1-b"}
             answered = list(reader.answered_calls())
-            assert [(rid, no, seq, json.loads(req)) for rid, no, seq, req, _, _ in answered] == [
-                ("calcx-train-s1-a", 1, 0, {"n": "calcx-train-s1-a"}), ("calcx-train-s1-b", 1, 0, {"n": "calcx-train-s1-b"})]
+            assert [(c.rollout_id, c.attempt_id, c.seq, c.request) for c in answered] == [
+                ("calcx-train-s1-a", "1", 0, {"n": "calcx-train-s1-a"}), ("calcx-train-s1-b", "1", 0, {"n": "calcx-train-s1-b"})]
+            # the same models the API answers with
+            assert answered == [c for rid in ("calcx-train-s1-a", "calcx-train-s1-b")
+                                for c in map(RecordedCall.model_validate, store.calls.query(rid)) if c.status_code == 200]
             assert [(rid, latency) for rid, _, latency in reader.answered_call_times()] == [
                 ("calcx-train-s1-a", 1.5), ("calcx-train-s1-b", 1.5)]
             assert reader.call_outcomes("calcx-train-s1-a") == [(200, b'{"choices": []}', True)]
@@ -59,6 +62,19 @@ def test_it_reads_what_the_store_wrote_beside_the_live_connection(tmp_path: Path
             assert reader.call_outcomes("nope") == []
     finally:
         store.close()
+
+
+def test_a_record_that_is_not_a_json_object_reads_as_no_message(tmp_path: Path) -> None:
+    """Rows written by hand (tests, an older gateway) may hold text that is no JSON object: the
+    request reads as {}, the response as None, so counting tool use finds nothing in them."""
+    _written(tmp_path / "calcx.db").close()
+    con = sqlite3.connect(tmp_path / "calcx.db")
+    con.execute("UPDATE calls SET request = '[1]', response = 'not json' WHERE rollout_id = 'calcx-train-s1-a'")
+    con.commit()
+    con.close()
+    with StoreReader(tmp_path / "calcx.db") as reader:
+        first = next(iter(reader.answered_calls()))
+    assert (first.rollout_id, first.request, first.response) == ("calcx-train-s1-a", {}, None)
 
 
 def test_it_never_writes(tmp_path: Path) -> None:

@@ -5,13 +5,13 @@ as the gateway records them; advantages by verl's own GRPO estimator."""
 from __future__ import annotations
 
 import itertools
-import json
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from calcx.api.models import RecordedCall, Rollout
 from calcx.trainer.config.compose import ComposeRequest, ConfigError, compose
 from calcx.trainer.rollouts.reward_options import (
     RewardOptionError,
@@ -27,25 +27,26 @@ USER = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
 CALC = {"id": "c1", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "6*7"}'}}
 
 
-def _call(seq: int, messages: list, content: str | None, tool_calls: list | None = None) -> dict[str, Any]:
+def _call(seq: int, messages: list, content: str | None, tool_calls: list | None = None) -> RecordedCall:
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = tool_calls
-    return {"call_id": f"k{seq}", "seq": seq, "attempt_id": "a1", "status_code": 200,
-            "prompt_token_ids": [1, 2, 3], "response_token_ids": [4, 5], "response_logprobs": [-0.1, -0.2],
-            "request": {"messages": messages}, "response": {"choices": [{"message": message}]}}
+    return RecordedCall(call_id=seq, rollout_id="r", seq=seq, attempt_id="a1", status_code=200,
+                        prompt_token_ids=[1, 2, 3], response_token_ids=[4, 5], response_logprobs=[-0.1, -0.2],
+                        request={"messages": messages}, response={"choices": [{"message": message}]},
+                        latency_s=0.1, created_at=1.0)
 
 
-def _rollout(reward: float) -> dict[str, Any]:
-    return {"rollout_id": "r", "state": "SUCCEEDED", "group_id": "g", "reward": reward,
-            "attempts": [{"attempt_id": "a1"}]}
+def _rollout(reward: float) -> Rollout:
+    return Rollout(rollout_id="r", state="SUCCEEDED", group_id="g", reward=reward, row={}, created_at=1.0,
+                   attempts=[{"attempt_id": "a1", "state": "SUCCEEDED", "created_at": 1.0}])
 
 
-def _samples(reward: float, calls: list[dict]):
+def _samples(reward: float, calls: list[RecordedCall]):
     return translate_rollout(_rollout(reward), calls, max_prompt_length=64, max_response_length=64)
 
 
-def tool_then_answer(answer_text: str = "### ANSWER: 42 ###") -> list[dict]:
+def tool_then_answer(answer_text: str = "### ANSWER: 42 ###") -> list[RecordedCall]:
     tool_msg = {"role": "tool", "tool_call_id": "c1", "content": "42"}
     return [_call(0, USER, None, [CALC]),
             _call(1, [*USER, {"role": "assistant", "tool_calls": [CALC]}, tool_msg], answer_text)]
@@ -127,8 +128,7 @@ def test_an_unreadable_tool_call_is_the_agents_own_failure() -> None:
 
 def test_void_turns_leave_the_loss() -> None:
     musing = [USER[0], {"role": "user", "content": "q, asked before the agent's retry"}]  # not a resend of USER
-    calls = [_call(0, musing, "Let me think about the clips."), *[{**c, "call_id": f"k{c['seq'] + 1}",
-                                                                   "seq": c["seq"] + 1}
+    calls = [_call(0, musing, "Let me think about the clips."), *[c.model_copy(update={"call_id": c.seq + 1, "seq": c.seq + 1})
                                                                 for c in tool_then_answer("So it is 42.")]]
     samples = _samples(0.0, calls)
     shaped = apply_reward_options(samples, calls, rollout_tool_use(calls), RewardOptions(mask_void_turns=True))
@@ -136,7 +136,7 @@ def test_void_turns_leave_the_loss() -> None:
     assert [s.response_mask for s in shaped.samples] == [[0, 0], [1, 1], [0, 0]]
     assert shaped.counters["void_turns_masked"] == 2 and [s.reward for s in shaped.samples] == [0.0] * 3
     assert shaped.counters["void_rollouts_kept"] == 0
-    assert not is_void_turn(json.dumps({"choices": [{"message": {"content": "### ANSWER: 7 ###"}}]}))
+    assert not is_void_turn({"choices": [{"message": {"content": "### ANSWER: 7 ###"}}]})
     assert is_void_turn({"choices": [{"message": {"content": "", "tool_calls": []}}]})
 
 

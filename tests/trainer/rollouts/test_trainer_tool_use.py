@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from calcx.api.models import RecordedCall
 from calcx.trainer.run_dir.names import TOOL_USE_FILE
 from calcx.trainer.rollouts.tool_use import (
     RolloutShape,
@@ -42,12 +43,12 @@ def response(content: str | None = None, tool_calls: list | None = None) -> dict
     return {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}]}
 
 
-def recorded(seq: int, messages: list, answer: dict | None, attempt: str = "a1", status: int = 200) -> dict[str, Any]:
-    return {"seq": seq, "attempt_id": attempt, "status_code": status,
-            "request": {"model": "m", "messages": messages}, "response": answer}
+def recorded(seq: int, messages: list, answer: dict | None, attempt: str = "a1", status: int = 200) -> RecordedCall:
+    return RecordedCall(call_id=seq, rollout_id="r", attempt_id=attempt, seq=seq, status_code=status,
+                        request={"model": "m", "messages": messages}, response=answer, latency_s=0.1, created_at=1.0)
 
 
-def agent_calls(results: dict[str, str], calls: list[dict]) -> list[dict[str, Any]]:
+def agent_calls(results: dict[str, str], calls: list[dict]) -> list[RecordedCall]:
     """A tool-calling turn, then the reflection turn that sees the tool answers."""
     first = response(None, calls)
     tool_messages = [{"role": "tool", "tool_call_id": cid, "content": text} for cid, text in results.items()]
@@ -82,20 +83,12 @@ def test_a_tool_call_the_parser_left_as_text_is_a_parse_failure() -> None:
     assert use == ToolUse(calls=0, successful=0, parse_failures=2) and not use.used_calculator
 
 
-def test_store_rows_as_bytes_read_the_same() -> None:
-    """`calcx runs table` reads the SQLite store, where request and response are JSON bytes."""
-    calls = agent_calls({"c1": "24.0"}, [tool_call("c1", "48/2")])
-    as_bytes = [{**c, "request": json.dumps(c["request"]).encode(), "response": json.dumps(c["response"]).encode()}
-                for c in calls]
-    assert rollout_tool_use(as_bytes) == rollout_tool_use(calls) == ToolUse(1, 1, 0)
-
-
 def test_only_the_answered_calls_of_the_trained_attempt_count() -> None:
     first = agent_calls({"c1": "24.0"}, [tool_call("c1", "48/2")])
-    old = [{**c, "attempt_id": "a0"} for c in first]
+    old = [c.model_copy(update={"attempt_id": "a0"}) for c in first]
     failed = recorded(2, [SYSTEM, USER], None, attempt="a1", status=502)
     kept = attempt_calls([*old, failed, *reversed(first)], "a1")
-    assert [c["seq"] for c in kept] == [0, 1] and all(c["attempt_id"] == "a1" for c in kept)
+    assert [c.seq for c in kept] == [0, 1] and all(c.attempt_id == "a1" for c in kept)
 
 
 def test_metrics_of_a_step() -> None:

@@ -5,21 +5,23 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from calcx.api.models import RecordedCall, Rollout
 from calcx.trainer.run.report import count_incomplete
 from calcx.trainer.rollouts.rollout_request import rollout_id_for
-from calcx.trainer.rollouts.rollout_samples import RolloutIncomplete
+from calcx.trainer.rollouts.rollout_samples import RolloutIncomplete, RolloutSamples
 from calcx.trainer.rollouts.translate import translate_rollout
 
 
 def _call(rid: str, aid: str, seq: int, prompt: list[int], response: list[int], *, status: int = 200,
           version: int = 3) -> dict:
     return {
-        "call_id": f"{rid}-{aid}-{seq}", "rollout_id": rid, "attempt_id": aid, "seq": seq,
+        "call_id": int(aid) * 100 + seq, "rollout_id": rid, "attempt_id": aid, "seq": seq,
         "request": {"messages": [{"role": "user", "content": str(prompt)}]}, "response": {"choices": []},
         "prompt_token_ids": prompt, "response_token_ids": response,
         "response_logprobs": [-0.1 * (i + 1) for i in range(len(response))],
@@ -34,8 +36,15 @@ def _rollout(rid: str, group: str, reward: float | None, attempts: list[tuple[st
         "rollout_id": rid, "group_id": group, "row": {"id": "q1", "question": "2+3?", "result": "5",
                                                       "chain": "", "source": "ape210k"},
         "state": state, "reward": reward, "max_attempts": 3, "policy_version": 3, "labels": {},
-        "attempts": [{"attempt_id": a, "state": s, "reason": r} for a, s, r in attempts], "events": [],
+        "attempts": [{"attempt_id": a, "state": s, "reason": r, "created_at": 1.0} for a, s, r in attempts],
+        "events": [], "created_at": 1.0,
     }
+
+
+def _translate(rollout: dict, calls: list[dict], **lengths: Any) -> RolloutSamples:
+    """`translate_rollout` on the models the client reads these answers as."""
+    return translate_rollout(Rollout.model_validate(rollout), [RecordedCall.model_validate(c) for c in calls],
+                             **lengths)
 
 
 def _two_turn_rollout(uid: str, session: int, reward: float) -> tuple[dict, list[dict]]:
@@ -54,7 +63,7 @@ def _two_turn_rollout(uid: str, session: int, reward: float) -> tuple[dict, list
 
 def test_latest_attempt_calls_become_ordered_samples_with_the_reward() -> None:
     rollout, calls = _two_turn_rollout("u1", 0, 1.0)
-    out = translate_rollout(rollout, calls, max_prompt_length=4096, max_response_length=2048, expected_group_id="u1")
+    out = _translate(rollout, calls, max_prompt_length=4096, max_response_length=2048, expected_group_id="u1")
     assert out.attempt_id == "2" and out.group_id == "u1" and out.skipped_calls == 1
     assert [s.seq for s in out.samples] == [0, 1]
     first, second = out.samples
@@ -68,7 +77,7 @@ def test_latest_attempt_calls_become_ordered_samples_with_the_reward() -> None:
 
 def test_lengths_are_capped_keeping_the_prompt_end() -> None:
     rollout, calls = _two_turn_rollout("u1", 0, 0.0)
-    out = translate_rollout(rollout, calls, max_prompt_length=4, max_response_length=3)
+    out = _translate(rollout, calls, max_prompt_length=4, max_response_length=3)
     second = out.samples[1]
     assert second.prompt_ids == calls[1]["prompt_token_ids"][-4:]
     assert second.response_ids == calls[1]["response_token_ids"][:3] and len(second.response_logprobs) == 3
@@ -87,15 +96,16 @@ def test_rollouts_that_cannot_be_trained_on_are_incomplete_not_zero(change, reas
     rollout, calls = _two_turn_rollout("u1", 0, 1.0)
     change(rollout, calls)
     with pytest.raises(RolloutIncomplete) as info:
-        translate_rollout(rollout, calls, max_prompt_length=4096, max_response_length=2048, expected_group_id="u1")
+        _translate(rollout, calls, max_prompt_length=4096, max_response_length=2048, expected_group_id="u1")
     assert info.value.reason == reason and info.value.rollout_id == rollout["rollout_id"]
 
 
 def test_non_200_and_empty_calls_are_skipped() -> None:
     rollout, calls = _two_turn_rollout("u1", 0, 1.0)
-    calls.append(_call(rollout["rollout_id"], "2", 2, [5, 6], [7], status=502))
+    # its own request, so it is left out for its status, not as one the empty call resends
+    calls.append(_call(rollout["rollout_id"], "2", 2, [5, 6, 8], [7], status=502))
     calls.append(_call(rollout["rollout_id"], "2", 3, [5, 6], []))
-    out = translate_rollout(rollout, calls, max_prompt_length=4096, max_response_length=2048)
+    out = _translate(rollout, calls, max_prompt_length=4096, max_response_length=2048)
     assert len(out.samples) == 2 and out.skipped_calls == 3
 
 
@@ -105,7 +115,7 @@ def test_a_call_the_client_sent_again_is_trained_once_with_its_last_answer() -> 
     rollout, calls = _two_turn_rollout("u1", 0, 1.0)
     first = calls[2]
     calls.append(_call(rollout["rollout_id"], "2", 2, first["prompt_token_ids"], [4, 4, 4]))
-    out = translate_rollout(rollout, calls, max_prompt_length=4096, max_response_length=2048)
+    out = _translate(rollout, calls, max_prompt_length=4096, max_response_length=2048)
     assert len(out.samples) == 2 and out.skipped_calls == 2
     assert [s.response_ids for s in out.samples] == [calls[1]["response_token_ids"], [4, 4, 4]]
 
@@ -119,7 +129,7 @@ def test_verl_grpo_advantages_on_translated_outputs() -> None:
     rows, index = [], []
     for (uid, session), reward in rewards.items():
         rollout, calls = _two_turn_rollout(uid, session, reward)
-        samples = translate_rollout(rollout, calls, max_prompt_length=4096, max_response_length=2048,
+        samples = _translate(rollout, calls, max_prompt_length=4096, max_response_length=2048,
                                     expected_group_id=uid)
         for output in to_agent_loop_outputs(samples, step=3):
             assert output.extra_fields["min_global_steps"] == 3 and output.extra_fields["reward_extra_info"] == {}
@@ -153,11 +163,11 @@ def test_joined_calls_are_one_verl_row_and_one_member_of_their_group() -> None:
     from calcx.trainer.rollouts.call_join import join_continued_calls
 
     two_calls, calls = _two_turn_rollout("g1", 0, 1.0)
-    joined = join_continued_calls(translate_rollout(two_calls, calls, max_prompt_length=4096, max_response_length=2048),
+    joined = join_continued_calls(_translate(two_calls, calls, max_prompt_length=4096, max_response_length=2048),
                                   max_response_length=2048)
     [first, second] = sorted((c for c in calls if c["attempt_id"] == "2"), key=lambda c: c["seq"])
     one_call, _ = _two_turn_rollout("g1", 1, 0.0)
-    single = translate_rollout(one_call, [_call(one_call["rollout_id"], "2", 0, first["prompt_token_ids"], [7, 7])],
+    single = _translate(one_call, [_call(one_call["rollout_id"], "2", 0, first["prompt_token_ids"], [7, 7])],
                                max_prompt_length=4096, max_response_length=2048)
     [row] = [o.as_dict() for o in to_agent_loop_outputs(joined, step=3)]
     [other] = [o.as_dict() for o in to_agent_loop_outputs(single, step=3)]
@@ -188,14 +198,14 @@ def test_trajectory_versions_span_the_versions_that_served_its_calls() -> None:
 
     rollout, calls = _two_turn_rollout("g1", 0, 1.0)
     calls[1]["policy_version"], calls[2]["policy_version"] = 5, 4  # second turn after a weight sync
-    samples = translate_rollout(rollout, calls, max_prompt_length=4096, max_response_length=2048)
+    samples = _translate(rollout, calls, max_prompt_length=4096, max_response_length=2048)
     spans = {(o.extra_fields["min_global_steps"], o.extra_fields["max_global_steps"])
              for o in to_agent_loop_outputs(samples, step=6)}
     assert spans == {(4, 5)}
 
     for call in calls:
         call["policy_version"] = None
-    samples = translate_rollout(rollout, calls, max_prompt_length=4096, max_response_length=2048)
+    samples = _translate(rollout, calls, max_prompt_length=4096, max_response_length=2048)
     spans = {(o.extra_fields["min_global_steps"], o.extra_fields["max_global_steps"])
              for o in to_agent_loop_outputs(samples, step=6)}
     assert spans == {(5, 5)}

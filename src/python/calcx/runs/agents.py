@@ -4,7 +4,7 @@ waited for them (the generation phase split by the store's clocks), and what the
 rollouts left out of their steps came back with.
 
 Calculator use is counted by `calcx.trainer.rollouts.tool_use`, as the trainer's `calcx/train/...` metrics
-are; the store is read through `calcx.server.store.reader` (read-only).
+are, on the `RecordedCall`s the store is read as through `calcx.server.store.reader` (read-only).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 
+from calcx.api.models import RecordedCall
 from calcx.common.stats import union_length
 from calcx.runs.steps import Metrics, idle_share
 from calcx.server.store.reader import StoreReader
@@ -140,22 +141,22 @@ def agent_stats(store: StoreReader) -> dict[int, dict[str, float]]:
     attempt that recorded calls."""
     step_of = _step_of(step_rollouts(store))
     stats: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    by_attempt: dict[tuple[str, int], list[dict]] = defaultdict(list)
-    for rid, attempt_no, seq, request, response, version in store.answered_calls():
-        step = step_of.get(rid)
+    by_attempt: dict[tuple[str, int], list[RecordedCall]] = defaultdict(list)
+    for call in store.answered_calls():
+        step = step_of.get(call.rollout_id)
         if step is None:
             continue
-        by_attempt[(rid, attempt_no)].append({"seq": seq, "request": request, "response": response})
-        if version is not None:
+        by_attempt[(call.rollout_id, int(call.attempt_id))].append(call)
+        if call.policy_version is not None:
             # a step-s rollout is on-policy when version s - 1 (the weights after step s - 1's
             # update) answers it; the lag is how many versions older the answering one was
-            stats[step]["max_lag"] = max(stats[step]["max_lag"], (step - 1) - int(version))
+            stats[step]["max_lag"] = max(stats[step]["max_lag"], (step - 1) - call.policy_version)
     latest: dict[str, int] = {}
     for rid, attempt_no in by_attempt:
         latest[rid] = max(latest.get(rid, attempt_no), attempt_no)
     uses: dict[int, list[ToolUse]] = defaultdict(list)
     for rid, attempt_no in latest.items():
-        calls = sorted(by_attempt[(rid, attempt_no)], key=lambda c: int(c["seq"]))
+        calls = sorted(by_attempt[(rid, attempt_no)], key=lambda c: c.seq)
         uses[step_of[rid]].append(rollout_tool_use(calls))
     for rid, state in store.attempt_states():
         if state == "FAILED" and rid in step_of:

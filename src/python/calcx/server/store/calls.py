@@ -21,7 +21,8 @@ def _pack(typecode: str, values: Sequence[int] | Sequence[float]) -> bytes:
     return packed.tobytes()
 
 
-def _unpack(typecode: str, blob: bytes) -> list:
+def unpack_numbers(typecode: str, blob: bytes) -> list:
+    """What `_pack` packed (the read-only reader unpacks the store's rows with it too)."""
     packed = array(typecode)
     packed.frombytes(blob)
     if sys.byteorder != "little":
@@ -145,9 +146,9 @@ class Calls:
                 "seq": r[2],
                 "request": json.loads(r[3]),
                 "response": None if r[4] is None else json.loads(r[4]),
-                "prompt_token_ids": _unpack("i", r[5]),
-                "response_token_ids": _unpack("i", r[6]),
-                "response_logprobs": _unpack("d", r[7]),
+                "prompt_token_ids": unpack_numbers("i", r[5]),
+                "response_token_ids": unpack_numbers("i", r[6]),
+                "response_logprobs": unpack_numbers("d", r[7]),
                 "latency_s": r[8],
                 "policy_version": r[9],
                 "endpoint": r[10],

@@ -8,10 +8,23 @@ figures made from it are the same from run to run.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from calcx.api.models import RecordedCall
+from calcx.server.store.calls import unpack_numbers
+
+
+def _json_object(raw: str | bytes | None) -> dict[str, Any] | None:
+    """A recorded request or response as its JSON object; None for one that is not JSON or not an object."""
+    try:
+        value = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 class StoreReader:
     """Read-only queries over one store file; use as a context manager or `close()` it."""
@@ -65,13 +78,19 @@ class StoreReader:
                 "SELECT created_at, latency_s, rollout_id FROM calls WHERE status_code = 200"):
             yield str(rid), float(created), float(latency)
 
-    def answered_calls(self) -> Iterator[tuple[str, int, int, bytes, bytes | None, int | None]]:
-        """(rollout_id, attempt_no, seq, request, response, policy_version) of every call answered
-        with HTTP 200; request and response are the JSON bytes the gateway recorded."""
-        for rid, attempt_no, seq, request, response, version in self._conn.execute(
-                "SELECT rollout_id, attempt_no, seq, request, response, policy_version FROM calls "
+    def answered_calls(self) -> Iterator[RecordedCall]:
+        """Every call answered with HTTP 200, as the API's `RecordedCall` (what the trainer reads
+        from the server): a request that is not a JSON object reads as {}, such a response as None."""
+        for row in self._conn.execute(
+                "SELECT call_id, rollout_id, attempt_no, seq, request, response, prompt_token_ids, response_token_ids, "
+                "response_logprobs, latency_s, policy_version, endpoint, status_code, created_at FROM calls "
                 "WHERE status_code = 200"):
-            yield str(rid), int(attempt_no), int(seq), request, response, version
+            yield RecordedCall(
+                call_id=row[0], rollout_id=str(row[1]), attempt_id=str(row[2]), seq=row[3],
+                request=_json_object(row[4]) or {}, response=_json_object(row[5]),
+                prompt_token_ids=unpack_numbers("i", row[6]), response_token_ids=unpack_numbers("i", row[7]),
+                response_logprobs=unpack_numbers("d", row[8]), latency_s=row[9], policy_version=row[10],
+                endpoint=row[11], status_code=row[12], created_at=row[13])
 
     def call_outcomes(self, rollout_id: str) -> list[tuple[int, bytes | None, bool]]:
         """(status_code, response, whether any response token came) of each call of one rollout."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from calcx.agent.answer import ANSWER_RE
+from calcx.api.models import RecordedCall
 from calcx.trainer.rollouts.tool_use import TOOL_CALL_TAG, ToolUse, message_of, text_of
 from calcx.trainer.rollouts.rollout_samples import RolloutSamples
 
@@ -71,7 +72,7 @@ def shaped_reward(answer_reward: float, use: ToolUse, options: RewardOptions) ->
     return answer_reward
 
 
-def is_void_turn(response: Any) -> bool:
+def is_void_turn(response: Mapping[str, Any] | None) -> bool:
     """A model turn that neither called a tool (a parsed call or a `<tool_call>` left in the text)
     nor gave the `### ANSWER` marker."""
     message = message_of(response)
@@ -79,14 +80,14 @@ def is_void_turn(response: Any) -> bool:
     return not message.get("tool_calls") and TOOL_CALL_TAG not in text and ANSWER_RE.search(text) is None
 
 
-def apply_reward_options(samples: RolloutSamples, calls: Sequence[Mapping[str, Any]], use: ToolUse,
+def apply_reward_options(samples: RolloutSamples, calls: Sequence[RecordedCall], use: ToolUse,
                          options: RewardOptions) -> RolloutSamples:
     """The rollout's samples with the options applied (the input is not changed). `calls` are the
     recorded calls the samples were made from (matched by call id)."""
     if not options.active:
         return samples
     reward = shaped_reward(samples.reward, use, options)
-    responses = {str(c.get("call_id")): c.get("response") for c in calls}
+    responses = {str(c.call_id): c.response for c in calls}
     void = [options.mask_void_turns and is_void_turn(responses.get(s.call_id)) for s in samples.samples]
     all_void = bool(void) and all(void)
     if all_void:

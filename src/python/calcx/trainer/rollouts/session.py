@@ -123,9 +123,8 @@ async def run_session(spec: GroupSpec, *, server_url: str, key: str, report_dir:
     client = AsyncCalcxClient(server_url, key)
     try:
         own = await settle_group(client, spec)
-        calls = [c.model_dump(mode="json") for c in await client.calls(own.rollout_id)]
-        # translate reads the server's JSON (plain data, tested without a server)
-        samples = translate_rollout(own.model_dump(mode="json"), calls, max_prompt_length=max_prompt_length,
+        calls = await client.calls(own.rollout_id)
+        samples = translate_rollout(own, calls, max_prompt_length=max_prompt_length,
                                     max_response_length=max_response_length, expected_group_id=spec.uid)
         used = attempt_calls(calls, samples.attempt_id)
         use = rollout_tool_use(used)

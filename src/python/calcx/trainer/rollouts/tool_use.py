@@ -8,7 +8,8 @@ the parser understood is in the response's `message.tool_calls`; its answer come
 starts with "Error" is the calculator (FastMCP) or the agent's workbench refusing the call (bad
 expression, unknown tool, bad arguments). A `<tool_call>` block the model wrote but vLLM's hermes
 parser could not read (broken JSON) stays in `message.content` as text: a parse failure, the
-model's own mistake. Pure functions over plain JSON: no server, no verl.
+model's own mistake. Pure functions over `calcx.api.models.RecordedCall`s, as the trainer reads
+them from the API and `calcx runs table` from a store file: no server, no verl.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from calcx.api.models import RecordedCall
 from calcx.trainer.run_dir.names import TOOL_USE_FILE
 
 CALCULATOR_TOOL = "calculate"
@@ -54,10 +56,12 @@ class RolloutShape:
     sequences: int
 
 
-def message_of(response: Any) -> Mapping[str, Any]:
+def message_of(response: Mapping[str, Any] | None) -> Mapping[str, Any]:
     """The assistant message of a recorded response ({} when there is none)."""
+    if response is None:
+        return {}
     try:
-        message = _as_json(response)["choices"][0]["message"]
+        message = response["choices"][0]["message"]
     except (TypeError, KeyError, IndexError):
         return {}
     return message if isinstance(message, Mapping) else {}
@@ -72,42 +76,29 @@ def text_of(content: Any) -> str:
     return ""
 
 
-def _as_json(value: Any) -> Any:
-    """Recorded request/response: a dict from the API, bytes or text from the SQLite store."""
-    if isinstance(value, (bytes, bytearray)):
-        value = value.decode("utf-8", errors="replace")
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return None
-    return value
-
-
-def tool_results(calls: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+def tool_results(calls: Sequence[RecordedCall]) -> dict[str, str]:
     """`tool_call_id` -> the tool's answer, from every `role: tool` message the agent sent."""
     results: dict[str, str] = {}
     for call in calls:
-        request = _as_json(call.get("request"))
-        messages = request.get("messages") if isinstance(request, Mapping) else None
+        messages = call.request.get("messages")
         for message in messages if isinstance(messages, list) else []:
             if isinstance(message, Mapping) and message.get("role") == "tool":
                 results[str(message.get("tool_call_id"))] = text_of(message.get("content"))
     return results
 
 
-def attempt_calls(calls: Sequence[Mapping[str, Any]], attempt_id: str) -> list[Mapping[str, Any]]:
+def attempt_calls(calls: Sequence[RecordedCall], attempt_id: str) -> list[RecordedCall]:
     """The calls of one attempt that were answered (status 200), in the agent's order."""
-    kept = [c for c in calls if str(c.get("attempt_id")) == attempt_id and c.get("status_code") in (None, 200)]
-    return sorted(kept, key=lambda c: int(c.get("seq", 0)))
+    kept = [c for c in calls if c.attempt_id == attempt_id and c.status_code == 200]
+    return sorted(kept, key=lambda c: c.seq)
 
 
-def rollout_tool_use(calls: Sequence[Mapping[str, Any]]) -> ToolUse:
+def rollout_tool_use(calls: Sequence[RecordedCall]) -> ToolUse:
     """Tool use of one attempt's calls (the caller keeps the attempt it trains on, answered 200)."""
     results = tool_results(calls)
     made = successful = failures = 0
     for call in calls:
-        message = message_of(call.get("response"))
+        message = message_of(call.response)
         tool_calls = message.get("tool_calls")
         for tool_call in tool_calls if isinstance(tool_calls, list) else []:
             made += 1
