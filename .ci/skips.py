@@ -22,7 +22,7 @@ def expected_skips(path: str, env: dict[str, str]) -> dict[str, str]:
             if not line or line.startswith("#"):
                 continue
             test_id, reason, condition = (part.strip() for part in (line.split("|") + ["", ""])[:3])
-            if condition.startswith("unless=") and env.get(condition[len("unless="):]):
+            if condition.startswith("unless=") and env.get(condition[len("unless=") :]):
                 continue
             out[test_id] = reason
     return out
@@ -47,8 +47,10 @@ def main(argv: list[str]) -> int:
     report_dir, expected_file = argv
     tests, failed, skipped = read_reports(report_dir)
     expected = expected_skips(expected_file, dict(os.environ))
-    print(f"{tests - failed - len(skipped)} passed, {failed} failed, {len(skipped)} skipped "
-          f"({len(expected)} expected)")
+    print(
+        f"{tests - failed - len(skipped)} passed, {failed} failed, {len(skipped)} skipped "
+        f"({len(expected)} expected)"
+    )
     unexpected = sorted(set(skipped) - set(expected))
     missing = sorted(set(expected) - set(skipped))
     for test_id in unexpected:

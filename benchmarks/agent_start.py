@@ -85,9 +85,21 @@ async def run_batch(server_url: str, key: str, rows: list[dict[str, Any]], group
     client = AsyncCalcxClient(server_url, key, timeout=120)
     seen: dict[str, float] = {}
     specs = [
-        GroupSpec(uid=f"b{step}g{g}", session_id=j, n=group, step=step, partition="train", row=row, env_map=None,
-                  deadline_s=120.0, max_attempts=1, wait_timeout_s=30.0, group_timeout_s=300.0)
-        for g, row in enumerate(rows) for j in range(group)
+        GroupSpec(
+            uid=f"b{step}g{g}",
+            session_id=j,
+            n=group,
+            step=step,
+            partition="train",
+            row=row,
+            env_map=None,
+            deadline_s=120.0,
+            max_attempts=1,
+            wait_timeout_s=30.0,
+            group_timeout_s=300.0,
+        )
+        for g, row in enumerate(rows)
+        for j in range(group)
     ]
 
     async def session(spec: GroupSpec) -> None:
@@ -127,25 +139,41 @@ def summarize(batch: dict[str, Any]) -> dict[str, Any]:
     busy = union_length(spans)
     head = (min(s for s, _ in spans) - request) if spans else math.nan
     tail = (last_seen - max(e for _, e in spans)) if spans else math.nan
-    return {"n": len(marks), "states": batch["states"], "stages": stages, "wall_s": wall, "busy_s": busy,
-            "idle_start_s": head, "idle_end_s": tail, "idle_between_s": wall - busy - head - tail}
+    return {
+        "n": len(marks),
+        "states": batch["states"],
+        "stages": stages,
+        "wall_s": wall,
+        "busy_s": busy,
+        "idle_start_s": head,
+        "idle_end_s": tail,
+        "idle_between_s": wall - busy - head - tail,
+    }
 
 
 def report(label: str, results: list[dict[str, Any]]) -> str:
     """One markdown table: a column per measured batch."""
     head = f"| {label} | " + " | ".join(f"run {i + 1}" for i in range(len(results))) + " |"
     lines = [head, "|---|" + "---|" * len(results)]
-    lines.append("| rollouts | " + " | ".join(
-        f"{r['n']} ({', '.join(f'{k} {v}' for k, v in sorted(r['states'].items()))})" for r in results) + " |")
+    lines.append(
+        "| rollouts | "
+        + " | ".join(f"{r['n']} ({', '.join(f'{k} {v}' for k, v in sorted(r['states'].items()))})" for r in results)
+        + " |"
+    )
     lines.append("| load average before | " + " | ".join(f"{r['load']:.1f}" for r in results) + " |")
     for name, _, _ in STAGES:
-        lines.append(f"| {name} p50 / p95 | " + " | ".join(
-            f"{1000 * r['stages'][name][0]:.0f} / {1000 * r['stages'][name][1]:.0f} ms" for r in results) + " |")
-    for key, name in (("wall_s", "batch wall (request -> last session returns)"),
-                      ("busy_s", "some model call in flight"),
-                      ("idle_start_s", "no call in flight: start (request -> first call sent)"),
-                      ("idle_between_s", "no call in flight: between calls"),
-                      ("idle_end_s", "no call in flight: end (last call answered -> last session returns)")):
+        lines.append(
+            f"| {name} p50 / p95 | "
+            + " | ".join(f"{1000 * r['stages'][name][0]:.0f} / {1000 * r['stages'][name][1]:.0f} ms" for r in results)
+            + " |"
+        )
+    for key, name in (
+        ("wall_s", "batch wall (request -> last session returns)"),
+        ("busy_s", "some model call in flight"),
+        ("idle_start_s", "no call in flight: start (request -> first call sent)"),
+        ("idle_between_s", "no call in flight: between calls"),
+        ("idle_end_s", "no call in flight: end (last call answered -> last session returns)"),
+    ):
         lines.append(f"| {name} | " + " | ".join(f"{r[key]:.2f} s" for r in results) + " |")
     return "\n".join(lines)
 
@@ -175,13 +203,17 @@ def main(argv: list[str] | None = None) -> int:
             sync.health()
         for i in range(args.warmup + args.runs):
             load = os.getloadavg()[0]
-            batch = asyncio.run(run_batch(stack.server_url, config.key, rows[i * groups:(i + 1) * groups],
-                                          args.group, step=i))
+            batch = asyncio.run(
+                run_batch(stack.server_url, config.key, rows[i * groups : (i + 1) * groups], args.group, step=i)
+            )
             if i >= args.warmup:
                 summary = summarize(batch) | {"load": load}
                 results.append(summary)
-                print(f"   run {len(results)}: wall {summary['wall_s']:.2f} s, idle start "
-                      f"{summary['idle_start_s']:.2f} s, end {summary['idle_end_s']:.2f} s", file=sys.stderr)
+                print(
+                    f"   run {len(results)}: wall {summary['wall_s']:.2f} s, idle start "
+                    f"{summary['idle_start_s']:.2f} s, end {summary['idle_end_s']:.2f} s",
+                    file=sys.stderr,
+                )
     print(report(args.label, results))
     return 0
 

@@ -68,14 +68,17 @@ def _trained_calls(db_path: str) -> tuple[dict[str, str], dict[str, list[Call]],
     con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     # only finished rollouts, and of each only its latest attempt, are trained
     finished = "FROM rollouts WHERE state = 'SUCCEEDED'"
-    partitions = {rid: (json.loads(spec).get("labels") or {}).get(PARTITION_LABEL, "?")
-                  for rid, spec in con.execute(f"SELECT rollout_id, spec {finished}")}
+    partitions = {
+        rid: (json.loads(spec).get("labels") or {}).get(PARTITION_LABEL, "?")
+        for rid, spec in con.execute(f"SELECT rollout_id, spec {finished}")
+    }
     latest = dict(con.execute(f"SELECT rollout_id, latest_attempt {finished}"))
     calls: dict[str, list[Call]] = defaultdict(list)
     left_out = 0
     for rid, attempt, request, response, status in con.execute(
-            "SELECT rollout_id, attempt_no, request, response, status_code FROM calls"
-            " ORDER BY rollout_id, attempt_no, seq"):
+        "SELECT rollout_id, attempt_no, request, response, status_code FROM calls"
+        " ORDER BY rollout_id, attempt_no, seq"
+    ):
         if rid not in latest or attempt != latest[rid]:
             continue
         tokens = _tokens(response) if status == 200 else None
@@ -98,8 +101,9 @@ def rendered(db_path: str, model_dir: str) -> dict[str, int]:
 
     def render(request: dict[str, Any], rewrite: bool) -> list[int]:
         messages = as_generated(request["messages"]) if rewrite else request["messages"]
-        ids = tokenizer.apply_chat_template(as_rendered(messages), tools=request.get("tools"),
-                                            add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            as_rendered(messages), tools=request.get("tools"), add_generation_prompt=True, tokenize=True
+        )
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     out = {"calls": 0, "rendered_as_recorded": 0, "call_pairs": 0, "prefix_pairs_as_sent_now": 0}
@@ -151,18 +155,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print("| partition | rollouts | model calls a rollout | consecutive calls | of them prefixes |"
-          " tokens a rollout, a sample a call | as one sequence (all calls joined) | ratio |")
+    print(
+        "| partition | rollouts | model calls a rollout | consecutive calls | of them prefixes |"
+        " tokens a rollout, a sample a call | as one sequence (all calls joined) | ratio |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, p in report["partitions"].items():
-        print(f"| {name} | {p['rollouts']} | {p['calls_per_rollout']} | {p['call_pairs']} | {p['prefix_pairs']} |"
-              f" {p['tokens_per_rollout_as_call_samples']} | {p['tokens_per_rollout_as_one_sequence']} | {p['ratio']} |")
+        print(
+            f"| {name} | {p['rollouts']} | {p['calls_per_rollout']} | {p['call_pairs']} | {p['prefix_pairs']} |"
+            f" {p['tokens_per_rollout_as_call_samples']} | {p['tokens_per_rollout_as_one_sequence']} | {p['ratio']} |"
+        )
     print(f"calls left out (no token ids, or not answered 200): {report['calls_left_out']}")
     if "rendered" in report:
         r = report["rendered"]
-        print(f"rendered again: {r['rendered_as_recorded']} of {r['calls']} calls give the recorded prompt tokens; "
-              f"with earlier turns as the gateway sends them now, {r['prefix_pairs_as_sent_now']} of "
-              f"{r['call_pairs']} consecutive calls continue the previous prompt and answer")
+        print(
+            f"rendered again: {r['rendered_as_recorded']} of {r['calls']} calls give the recorded prompt tokens; "
+            f"with earlier turns as the gateway sends them now, {r['prefix_pairs_as_sent_now']} of "
+            f"{r['call_pairs']} consecutive calls continue the previous prompt and answer"
+        )
     return 0
 
 

@@ -51,20 +51,35 @@ def cases() -> dict[str, str]:
         name = profile or "no-profile"
         for memory in MEMORIES_GIB:
             for async_mode in (False, True):
-                request = ComposeRequest(model="models/m", train_files="train.parquet", val_files="val.parquet",
-                                         async_mode=async_mode, gpu_memory_gib=memory, run_profile=profile)
-                found[f"train-{name}-{memory:g}gib-{'async' if async_mode else 'sync'}"] = redacted_yaml(compose(request))
-            request = ComposeRequest(model="models/m", train_files="train.parquet", val_files="val.parquet",
-                                     gpu_memory_gib=memory, run_profile=profile)
+                request = ComposeRequest(
+                    model="models/m",
+                    train_files="train.parquet",
+                    val_files="val.parquet",
+                    async_mode=async_mode,
+                    gpu_memory_gib=memory,
+                    run_profile=profile,
+                )
+                found[f"train-{name}-{memory:g}gib-{'async' if async_mode else 'sync'}"] = redacted_yaml(
+                    compose(request)
+                )
+            request = ComposeRequest(
+                model="models/m",
+                train_files="train.parquet",
+                val_files="val.parquet",
+                gpu_memory_gib=memory,
+                run_profile=profile,
+            )
             found[f"anchor-{name}-{memory:g}gib"] = redacted_yaml(compose_anchor(request))
     for memory in MEMORIES_GIB:
-        warmup = WarmupRequest(model="models/m", traces="t.parquet", val_traces="v.parquet", gpu_memory_gib=memory,
-                               gpu_profile="auto")
+        warmup = WarmupRequest(
+            model="models/m", traces="t.parquet", val_traces="v.parquet", gpu_memory_gib=memory, gpu_profile="auto"
+        )
         found[f"warmup-{memory:g}gib"] = redacted_yaml(compose_warmup(warmup))
     found["cli-train"] = printed(train_main, [*FILES, "--print-config"])
     found["cli-train-async"] = printed(train_main, [*FILES, "--async", "--print-config"])
-    found["cli-eval-only"] = printed(train_main, [*FILES, "--eval-only", "--model-endpoint", "http://127.0.0.1:1/v1",
-                                                  "--print-config"])
+    found["cli-eval-only"] = printed(
+        train_main, [*FILES, "--eval-only", "--model-endpoint", "http://127.0.0.1:1/v1", "--print-config"]
+    )
     found["cli-anchor"] = printed(anchor_main, ["train", *FILES, "--print-config"])
     found["cli-warmup"] = printed(warmup_main, ["--model", "models/m", "--traces", "t.parquet", "--print-config"])
     return found

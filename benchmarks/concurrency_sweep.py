@@ -40,23 +40,27 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for value in sorted(by_value):
         rs = by_value[value]
         rates = [r["rollouts_per_s"] for r in rs]
-        rows.append({
-            "concurrency": value,
-            "runs": len(rs),
-            "rate_median": statistics.median(rates),
-            "rate_min": min(rates),
-            "rate_max": max(rates),
-            "pss_median_gib": statistics.median(r["peak_pss_mb"] for r in rs) / 1024,
-            "latency_p50_median_s": statistics.median(r["latency_p50_s"] for r in rs),
-            "not_succeeded": sum(r["n"] - r["states"].get("SUCCEEDED", 0) for r in rs),
-            "load_median": statistics.median(r["load_before"] for r in rs),
-        })
+        rows.append(
+            {
+                "concurrency": value,
+                "runs": len(rs),
+                "rate_median": statistics.median(rates),
+                "rate_min": min(rates),
+                "rate_max": max(rates),
+                "pss_median_gib": statistics.median(r["peak_pss_mb"] for r in rs) / 1024,
+                "latency_p50_median_s": statistics.median(r["latency_p50_s"] for r in rs),
+                "not_succeeded": sum(r["n"] - r["states"].get("SUCCEEDED", 0) for r in rs),
+                "load_median": statistics.median(r["load_before"] for r in rs),
+            }
+        )
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| concurrency | runs | rollouts/s median (min-max) | peak PSS sum, median | latency p50, median "
-            "| not succeeded | load avg at start, median |")
+    head = (
+        "| concurrency | runs | rollouts/s median (min-max) | peak PSS sum, median | latency p50, median "
+        "| not succeeded | load avg at start, median |"
+    )
     sep = "|---|---|---|---|---|---|---|"
     body = [
         f"| {r['concurrency']} | {r['runs']} | {r['rate_median']:.2f} ({r['rate_min']:.2f}-{r['rate_max']:.2f}) "
@@ -122,8 +126,11 @@ def main(argv: list[str] | None = None) -> int:
             name = f"c{value}-r{repeat}"
             print(f"== {name}: {args.n} rollouts, concurrency {value}", file=sys.stderr)
             res = run_mode(name, True, args.n, args.warmup, value, args.seed, workdir, args.timeout_s)
-            print(f"   {res['rollouts_per_s']:.2f} rollouts/s, PSS {res['peak_pss_mb']:.0f} MB, "
-                  f"load {res['load_before']:.1f}", file=sys.stderr)
+            print(
+                f"   {res['rollouts_per_s']:.2f} rollouts/s, PSS {res['peak_pss_mb']:.0f} MB, "
+                f"load {res['load_before']:.1f}",
+                file=sys.stderr,
+            )
             runs.append(res)
             if args.json:
                 Path(args.json).write_text(json.dumps(runs, indent=2))
@@ -133,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         given = list(argv if argv is not None else sys.argv[1:])
         if args.from_json:  # the command that measured them, not the one that summarized them
             given = ["--n", str(args.n), "--values", args.values, "--repeats", str(args.repeats), "--write-results"]
-        cmd = ("PYTHONPATH=src/python nice /opt/calcx-dev/bin/python benchmarks/concurrency_sweep.py "
-               + " ".join(a for a in given if not a.startswith(("--json", "--from-json"))))
+        cmd = "PYTHONPATH=src/python nice /opt/calcx-dev/bin/python benchmarks/concurrency_sweep.py " + " ".join(
+            a for a in given if not a.startswith(("--json", "--from-json"))
+        )
         write_results(ROOT / "benchmarks" / "RESULTS.md", rows, cmd, args.n)
     return 0
 

@@ -60,10 +60,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds-each", type=int, default=2, help="rows per planned fault kind (default 2)")
     p.add_argument("--concurrency", type=int, default=12, help="per controller (default 12)")
     p.add_argument("--deadline-s", type=float, default=60.0, help="rollout deadline (default 60)")
-    p.add_argument("--lease-s", type=float, default=6.0, help="server lease (default 6, shorter than the server's 30 s so that controller restarts recover fast)")
+    p.add_argument(
+        "--lease-s",
+        type=float,
+        default=6.0,
+        help="server lease (default 6, shorter than the server's 30 s so that controller restarts recover fast)",
+    )
     p.add_argument("--upstream-timeout-s", type=float, default=4.0, help="gateway upstream timeout (default 4)")
     p.add_argument("--calculator-timeout-s", type=float, default=6.0, help="agents' MCP read timeout (default 6)")
-    p.add_argument("--agent-timeout-s", type=float, default=50.0, help="agents' whole-run bound (default 50: above the ~30 s the model client's 6 retries take against a failing model, so a model-500 row ends model_unreachable, not timeout)")
+    p.add_argument(
+        "--agent-timeout-s",
+        type=float,
+        default=50.0,
+        help="agents' whole-run bound (default 50: above the ~30 s the model client's 6 retries take against a failing model, so a model-500 row ends model_unreachable, not timeout)",
+    )
     p.add_argument("--timeout-s", type=float, default=420.0, help="give up the fault run after this long")
     p.add_argument("--queued", type=int, default=0, help="also queue this many rollouts at once (e.g. 1000)")
     p.add_argument("--drain-s", type=float, default=20.0, help="how long a controller drains the queue")

@@ -40,9 +40,21 @@ from calcx.trainer.rollouts.group import GroupSpec  # noqa: E402
 
 def specs_for(rows: list[dict[str, Any]], group: int, step: int) -> list[GroupSpec]:
     return [
-        GroupSpec(uid=f"r{step}g{g}", session_id=j, n=group, step=step, partition="train", row=row, env_map=None,
-                  deadline_s=120.0, max_attempts=1, wait_timeout_s=30.0, group_timeout_s=300.0)
-        for g, row in enumerate(rows) for j in range(group)
+        GroupSpec(
+            uid=f"r{step}g{g}",
+            session_id=j,
+            n=group,
+            step=step,
+            partition="train",
+            row=row,
+            env_map=None,
+            deadline_s=120.0,
+            max_attempts=1,
+            wait_timeout_s=30.0,
+            group_timeout_s=300.0,
+        )
+        for g, row in enumerate(rows)
+        for j in range(group)
     ]
 
 
@@ -73,9 +85,14 @@ def round_once(server_url: str, key: str, rows: list[dict[str, Any]], group: int
     first_wall, first_created = asyncio.run(send(server_url, key, first_specs))
     dup_specs = [s for s in specs_for(rows, group, 3 * step + 1) if s.session_id != 0]
     dup_wall, _ = asyncio.run(send(server_url, key, dup_specs))
-    return {"step_wall": wall, "step_span": created[-1] - created[0],
-            "first_wall": first_wall, "first_span": first_created[-1] - first_created[0],
-            "dup_wall": dup_wall, "load": os.getloadavg()[0]}
+    return {
+        "step_wall": wall,
+        "step_span": created[-1] - created[0],
+        "first_wall": first_wall,
+        "first_span": first_created[-1] - first_created[0],
+        "dup_wall": dup_wall,
+        "load": os.getloadavg()[0],
+    }
 
 
 def fmt(values: list[float]) -> str:

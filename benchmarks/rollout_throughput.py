@@ -113,8 +113,9 @@ def _is_child(pid: int, parent: int) -> bool:
         return False
 
 
-def submit_and_wait(client: CalcxClient, rows: list[dict[str, Any]], prefix: str, deadline_s: float,
-                    timeout_s: float) -> tuple[float, float, list[Any]]:
+def submit_and_wait(
+    client: CalcxClient, rows: list[dict[str, Any]], prefix: str, deadline_s: float, timeout_s: float
+) -> tuple[float, float, list[Any]]:
     """Create one rollout per row at once; wait on the terminal feed until all are terminal."""
     cursor = client.terminal(after=0, limit=1, timeout_s=0).next
     page = client.terminal(after=cursor, limit=1000, timeout_s=0)
@@ -122,11 +123,19 @@ def submit_and_wait(client: CalcxClient, rows: list[dict[str, Any]], prefix: str
         cursor = page.next
         page = client.terminal(after=cursor, limit=1000, timeout_s=0)
     ids = {f"{prefix}-{i:05d}" for i in range(len(rows))}
-    specs = [{"rollout_id": f"{prefix}-{i:05d}", "group_id": f"{prefix}-g{i}", "row": row, "deadline_s": deadline_s,
-              "max_attempts": 1} for i, row in enumerate(rows)]
+    specs = [
+        {
+            "rollout_id": f"{prefix}-{i:05d}",
+            "group_id": f"{prefix}-g{i}",
+            "row": row,
+            "deadline_s": deadline_s,
+            "max_attempts": 1,
+        }
+        for i, row in enumerate(rows)
+    ]
     t0 = time.time()
     for start in range(0, len(specs), 500):
-        client.create_rollouts(specs[start:start + 500])
+        client.create_rollouts(specs[start : start + 500])
     done: dict[str, Any] = {}
     end = t0
     limit = time.monotonic() + timeout_s
@@ -140,8 +149,9 @@ def submit_and_wait(client: CalcxClient, rows: list[dict[str, Any]], prefix: str
     return t0, end, list(done.values())
 
 
-def run_mode(name: str, prefork: bool, n: int, warmup: int, concurrency: int, seed: int, workdir: Path,
-             timeout_s: float) -> dict[str, Any]:
+def run_mode(
+    name: str, prefork: bool, n: int, warmup: int, concurrency: int, seed: int, workdir: Path, timeout_s: float
+) -> dict[str, Any]:
     rows = generate_split("train", n + warmup, seed=seed)
     data = workdir / f"{name}-data.jsonl"
     write_jsonl(rows, data)
@@ -239,12 +249,18 @@ def table(results: list[dict[str, Any]]) -> str:
         ("latency p50 / p95 (enqueue->terminal)", lambda r: f"{r['latency_p50_s']:.2f} s / {r['latency_p95_s']:.2f} s"),
         ("time RUNNING p50", lambda r: f"{r['running_p50_s']:.3f} s"),
         ("time inside the agent p50", lambda r: f"{r['agent_p50_s']:.3f} s"),
-        ("orchestration overhead p50 / p95", lambda r: f"{r['overhead_p50_ms']:.1f} ms / {r['overhead_p95_ms']:.1f} ms"),
+        (
+            "orchestration overhead p50 / p95",
+            lambda r: f"{r['overhead_p50_ms']:.1f} ms / {r['overhead_p95_ms']:.1f} ms",
+        ),
         ("CPU per rollout (all processes)", lambda r: f"{r['cpu_ms_per_rollout']:.0f} ms"),
         ("  server", lambda r: f"{1000 * r['cpu_s']['server'] / max(1, r['completed']):.0f} ms"),
         ("  stub LLM", lambda r: f"{1000 * r['cpu_s']['stub_llm'] / max(1, r['completed']):.0f} ms"),
         ("  controller", lambda r: f"{1000 * r['cpu_s']['controller'] / max(1, r['completed']):.0f} ms"),
-        ("  agents + calculators (+ worker)", lambda r: f"{1000 * r['cpu_s']['controller_children'] / max(1, r['completed']):.0f} ms"),
+        (
+            "  agents + calculators (+ worker)",
+            lambda r: f"{1000 * r['cpu_s']['controller_children'] / max(1, r['completed']):.0f} ms",
+        ),
         ("    of which agent processes (+ launchers)", lambda r: _per(r, "agents")),
         ("    of which calculator processes", lambda r: _per(r, "calculators")),
         ("CPU cores busy", lambda r: f"{r['cpu_cores_busy']:.2f}"),
@@ -264,11 +280,16 @@ def where_time_goes(results: list[dict[str, Any]]) -> str:
     for r in results:
         n = max(1, r["completed"])
         cpu = r["cpu_s"]
-        parts = [f"server {1000 * cpu['server'] / n:.0f} ms", f"stub LLM {1000 * cpu['stub_llm'] / n:.0f} ms",
-                 f"controller {1000 * cpu['controller'] / n:.0f} ms"]
+        parts = [
+            f"server {1000 * cpu['server'] / n:.0f} ms",
+            f"stub LLM {1000 * cpu['stub_llm'] / n:.0f} ms",
+            f"controller {1000 * cpu['controller'] / n:.0f} ms",
+        ]
         if "agents" in cpu:
-            parts += [f"agent process {1000 * cpu['agents'] / n:.0f} ms",
-                      f"calculator {1000 * cpu['calculators'] / n:.0f} ms"]
+            parts += [
+                f"agent process {1000 * cpu['agents'] / n:.0f} ms",
+                f"calculator {1000 * cpu['calculators'] / n:.0f} ms",
+            ]
         else:
             parts.append(f"agent + calculator processes {1000 * cpu['controller_children'] / n:.0f} ms")
         ceiling = (os.cpu_count() or 1) / max(r["cpu_ms_per_rollout"] / 1000, 1e-9)
@@ -312,7 +333,9 @@ warm-up). RSS sums double-count pages shared copy-on-write with the worker; PSS 
         # keep sections other parts wrote
         before, _, after = previous.partition(marker)
         rest = after.split("\n## ", 1)
-        others = (before.replace("# Benchmark results", "").strip() + ("\n\n## " + rest[1] if len(rest) > 1 else "")).strip()
+        others = (
+            before.replace("# Benchmark results", "").strip() + ("\n\n## " + rest[1] if len(rest) > 1 else "")
+        ).strip()
     elif previous:
         others = previous.replace("# Benchmark results", "").strip()
     path.write_text(text + ("\n" + others + "\n" if others else ""))
@@ -321,10 +344,18 @@ warm-up). RSS sums double-count pages shared copy-on-write with the worker; PSS 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=256, help="rollouts in the measured batch (pre-forked mode)")
-    p.add_argument("--concurrency", type=int, default=default_concurrency(),
-                   help="controller --concurrency (default: the controller's own)")
-    p.add_argument("--compare-n", type=int, default=32,
-                   help="rollouts for the --no-prefork comparison (0 skips it; it costs ~2 CPU-s per rollout)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=default_concurrency(),
+        help="controller --concurrency (default: the controller's own)",
+    )
+    p.add_argument(
+        "--compare-n",
+        type=int,
+        default=32,
+        help="rollouts for the --no-prefork comparison (0 skips it; it costs ~2 CPU-s per rollout)",
+    )
     p.add_argument("--no-prefork-only", action="store_true", help="measure only the plain-spawn mode")
     p.add_argument("--warmup", type=int, default=8, help="rollouts run before measuring (module learning, pools)")
     p.add_argument("--seed", type=int, default=7)
@@ -345,12 +376,14 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     if args.from_json:
         text = Path(args.from_json).read_text()
-        results = json.loads(text[text.index("["):])
+        results = json.loads(text[text.index("[") :])
         modes = []
     for name, prefork, n in modes:
         print(f"== {name}: {n} rollouts, concurrency {args.concurrency} (logs in {workdir / name})", file=sys.stderr)
         res = run_mode(name, prefork, n, args.warmup, args.concurrency, args.seed, workdir, args.timeout_s)
-        print(f"   {res['rollouts_per_s']:.2f} rollouts/s, overhead p50 {res['overhead_p50_ms']:.1f} ms", file=sys.stderr)
+        print(
+            f"   {res['rollouts_per_s']:.2f} rollouts/s, overhead p50 {res['overhead_p50_ms']:.1f} ms", file=sys.stderr
+        )
         results.append(res)
     print(table(results))
     if args.json:
@@ -360,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.from_json:  # the command that measured them, not the one that re-rendered them
             given = ["--n", str(args.n), "--concurrency", str(args.concurrency), "--compare-n", str(args.compare_n)]
         cmd = "PYTHONPATH=src/python /opt/calcx-dev/bin/python benchmarks/rollout_throughput.py " + " ".join(
-            a for a in given if a != "--json")
+            a for a in given if a != "--json"
+        )
         write_results(ROOT / "benchmarks" / "RESULTS.md", results, cmd)
     return 0
 

@@ -75,8 +75,13 @@ def measure(path: str, tokenizer: Any, max_length: int) -> dict[str, Any]:
     ordered = sorted(lengths)
     return {
         "traces": len(lengths),
-        "tokens": {"p50": percentile(ordered, 50), "p95": percentile(ordered, 95),
-                   "p99": percentile(ordered, 99), "max": ordered[-1], "mean": round(sum(ordered) / len(ordered), 1)},
+        "tokens": {
+            "p50": percentile(ordered, 50),
+            "p95": percentile(ordered, 95),
+            "p99": percentile(ordered, 99),
+            "max": ordered[-1],
+            "mean": round(sum(ordered) / len(ordered), 1),
+        },
         "max_length": max_length,
         "over_max_length": len(over),
         "over": over[:20],

@@ -48,16 +48,20 @@ class ImageArchiveFieldSet(PackageFieldSet):
 async def package_image_archive(field_set: ImageArchiveFieldSet) -> BuiltPackage:
     targets = await Get(Targets, DependenciesRequest(field_set.dependencies))
     hydrated = await MultiGet(
-        Get(HydratedSources, HydrateSourcesRequest(tgt[SourcesField], for_sources_types=(FileSourceField,),
-                                                   enable_codegen=True))
+        Get(
+            HydratedSources,
+            HydrateSourcesRequest(tgt[SourcesField], for_sources_types=(FileSourceField,), enable_codegen=True),
+        )
         for tgt in targets
         if tgt.has_field(SourcesField)
     )
     snapshot = await Get(Snapshot, MergeDigests(sources.snapshot.digest for sources in hydrated))
     archives = [path for path in snapshot.files if path.endswith(".tar")]
     if len(archives) != 1:
-        raise ValueError(f"{field_set.address}: its dependencies write {len(archives)} .tar files "
-                         f"({', '.join(archives) or 'none'}); an image_archive needs exactly one")
+        raise ValueError(
+            f"{field_set.address}: its dependencies write {len(archives)} .tar files "
+            f"({', '.join(archives) or 'none'}); an image_archive needs exactly one"
+        )
     return BuiltPackage(snapshot.digest, (BuiltPackageArtifact(archives[0]),))
 
 

@@ -75,14 +75,18 @@ def forward_references(doc: str) -> list[str]:
     rows = read_rows(doc)
     found: list[str] = []
     for index, (line, name, may_import) in enumerate(rows):
-        later = {later_name: later_line for later_line, later_name, _ in rows[index + 1:]}
+        later = {later_name: later_line for later_line, later_name, _ in rows[index + 1 :]}
         for target in _PACKAGE.findall(may_import):
             if target in later:
-                found.append(f"{DOC}:{line}: row {name} may import {target}, whose row (line {later[target]}) "
-                             f"is below it: a row may name only packages of the rows above it")
+                found.append(
+                    f"{DOC}:{line}: row {name} may import {target}, whose row (line {later[target]}) "
+                    f"is below it: a row may name only packages of the rows above it"
+                )
         if "the parts" in may_import and later:
-            found.append(f"{DOC}:{line}: row {name} may import `the parts`, which reaches the rows below it "
-                         f"({', '.join(later)}): only the last row may")
+            found.append(
+                f"{DOC}:{line}: row {name} may import `the parts`, which reaches the rows below it "
+                f"({', '.join(later)}): only the last row may"
+            )
     return found
 
 
@@ -149,8 +153,10 @@ def check(doc: str, sources: Mapping[str, str]) -> list[str]:
         for line, module in all_imports(relative, sources[path], rules):
             if module != "calcx" and not module.startswith("calcx."):
                 if module.split(".")[0] in forbidden[source]:
-                    found.append(f"{path}:{line}: {source} imports {module}; {DOC} says it never imports "
-                                 f"{', '.join(sorted(forbidden[source]))}")
+                    found.append(
+                        f"{path}:{line}: {source} imports {module}; {DOC} says it never imports "
+                        f"{', '.join(sorted(forbidden[source]))}"
+                    )
                 continue
             target = row_of(module, rules) if module != "calcx" else "calcx"
             if target in ("calcx", source) or target in rules[source]:
@@ -171,7 +177,8 @@ def report(found: list[str]) -> str:
         return f"imports of {SOURCES} follow {DOC}'s layers\n"
     return "".join(f"{line}\n" for line in found) + (
         f"{len(found)} problem(s) with the layers of {DOC}: fix the import, or change the table first "
-        f"(its rows in layer order)\n")
+        f"(its rows in layer order)\n"
+    )
 
 
 def main(argv: list[str]) -> int:

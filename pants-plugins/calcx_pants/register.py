@@ -123,5 +123,9 @@ def target_types():
 
 
 def rules():
-    return [*collect_rules(), UnionRule(PackageFieldSet, SlimPexBinaryFieldSet), *import_layers_lint.rules(),
-            *image_archive.rules()]
+    return [
+        *collect_rules(),
+        UnionRule(PackageFieldSet, SlimPexBinaryFieldSet),
+        *import_layers_lint.rules(),
+        *image_archive.rules(),
+    ]

@@ -32,8 +32,10 @@ def write_data(src: Path, out: Path) -> int:
 
     from calcx.data.io import read_rows
 
-    records = [verl_record(row, index, prompt=prompt_messages(str(row["question"])), agent_name=SINGLE_TURN_AGENT)
-               for index, row in enumerate(read_rows(src))]
+    records = [
+        verl_record(row, index, prompt=prompt_messages(str(row["question"])), agent_name=SINGLE_TURN_AGENT)
+        for index, row in enumerate(read_rows(src))
+    ]
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(records), out)
     return len(records)

@@ -15,7 +15,6 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-
 SRC = Path(__file__).resolve().parents[2] / "src" / "python"
 
 # Word problems the stub cannot solve from the text alone: it needs the scripted expression.
@@ -86,13 +85,13 @@ class AgentRun:
     stderr: str = ""
     seconds: float = 0.0
 
-    def wait(self, timeout_s: float) -> "AgentRun":
+    def wait(self, timeout_s: float) -> AgentRun:
         try:
             out, err = self.proc.communicate(timeout=max(0.1, timeout_s))
         except subprocess.TimeoutExpired:
             kill_group(self.proc)
             out, err = self.proc.communicate(timeout=10)
-            raise AssertionError(f"agent run {self.name!r} did not finish in time; stderr:\n{err[-3000:]}")
+            raise AssertionError(f"agent run {self.name!r} did not finish in time; stderr:\n{err[-3000:]}") from None
         self.returncode, self.stdout, self.stderr = self.proc.returncode, out, err
         self.seconds = time.monotonic() - self.started
         return self

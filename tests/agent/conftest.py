@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
-
 from agent_harness import SCRIPTED, EventLog, event_receiver_app
+
+from calcx.common.serving import ThreadedServer
 from calcx.stub_llm.app import create_app
 from calcx.stub_llm.script import Script
-from calcx.common.serving import ThreadedServer
 
 
 @pytest.fixture(scope="session")
@@ -28,5 +28,3 @@ def event_log() -> EventLog:
 def event_server(event_log: EventLog) -> Iterator[ThreadedServer]:
     with ThreadedServer(event_receiver_app(event_log)) as server:
         yield server
-
-

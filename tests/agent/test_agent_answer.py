@@ -15,8 +15,13 @@ from calcx.agent.config import AgentConfig
 from calcx.agent.failures import BadEnvironment, CalculatorFailed
 from calcx.contract.failures import EXIT_CODES, FailureReason
 
-GOOD_ENV = {"QUESTION": "What is 2 + 2?", "RESULT": "4", "AGL_OPENAI_BASE_URL": "http://127.0.0.1:1/v1",
-            "AGL_EVENT_URL": "http://127.0.0.1:1/events", "AGL_KEY": "k"}
+GOOD_ENV = {
+    "QUESTION": "What is 2 + 2?",
+    "RESULT": "4",
+    "AGL_OPENAI_BASE_URL": "http://127.0.0.1:1/v1",
+    "AGL_EVENT_URL": "http://127.0.0.1:1/events",
+    "AGL_KEY": "k",
+}
 
 
 @pytest.mark.parametrize(
@@ -73,8 +78,11 @@ def test_missing_variable_is_named(missing):
         ({"CALCX_AGENT_TOOL_ROUNDS": "17"}, "CALCX_AGENT_TOOL_ROUNDS=17 is out of range: 1 .* to 16"),
         ({"CALCX_AGENT_TOOL_ROUNDS": "2.5"}, "CALCX_AGENT_TOOL_ROUNDS must be a whole number"),
         ({"CALCX_AGENT_TOOL_ROUNDS": "-1"}, "CALCX_AGENT_TOOL_ROUNDS must be a whole number"),
-        ({"CALCX_AGENT_PROMPT": "Plain"}, "CALCX_AGENT_PROMPT must name one of the agent's system messages "
-                                          r"\(plain, calculator-first\), got 'Plain'"),
+        (
+            {"CALCX_AGENT_PROMPT": "Plain"},
+            "CALCX_AGENT_PROMPT must name one of the agent's system messages "
+            r"\(plain, calculator-first\), got 'Plain'",
+        ),
     ],
 )
 def test_bad_settings_are_named(extra, fragment):

@@ -15,17 +15,17 @@ import signal
 import sys
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
-
 from agent_harness import AgentRun, EventLog, agent_env, start_agent
+
 from calcx.agent.config import AgentConfig
 from calcx.agent.failures import CalculatorFailed
 from calcx.agent.rollout import make_workbench
 from calcx.agent.workbench import CALCULATOR_TOOLS
-from calcx.stub_llm.app import create_app
 from calcx.common.serving import ThreadedServer
+from calcx.stub_llm.app import create_app
 
 RUN_TIMEOUT_S = 60  # the whole-run deadline of these agents; every failure here must come well before it
 START_TIMEOUT_S = 60.0  # a calculator's start and handshake on a loaded machine (a test sandbox's interpreter)
@@ -125,9 +125,13 @@ def session_children(pid: int) -> list[int]:
 
 def run_env(stub_url: str, event_url: str, name: str, question: str, result: str, **extra: str) -> dict[str, str]:
     return agent_env(
-        QUESTION=question, RESULT=result, AGL_OPENAI_BASE_URL=f"{stub_url}/v1",
-        AGL_EVENT_URL=f"{event_url}/ok/{name}", AGL_KEY=f"key-{name}",
-        CALCX_AGENT_TIMEOUT_S=str(RUN_TIMEOUT_S), **extra,
+        QUESTION=question,
+        RESULT=result,
+        AGL_OPENAI_BASE_URL=f"{stub_url}/v1",
+        AGL_EVENT_URL=f"{event_url}/ok/{name}",
+        AGL_KEY=f"key-{name}",
+        CALCX_AGENT_TIMEOUT_S=str(RUN_TIMEOUT_S),
+        **extra,
     )
 
 
@@ -141,7 +145,11 @@ def assert_calculator_failed(run: AgentRun, event_log: EventLog) -> None:
 def tool_hang_run(stub_server, event_server) -> Iterator[AgentRun]:
     """An agent whose calculator never answers a tool call (started early: it runs alongside the others)."""
     env = run_env(
-        stub_server.url, event_server.url, "calc_tool_hang", "What is 6 * 7?", "42",
+        stub_server.url,
+        event_server.url,
+        "calc_tool_hang",
+        "What is 6 * 7?",
+        "42",
         CALCX_CALCULATOR_CMD=json.dumps([sys.executable, "-c", HANGING_CALCULATOR]),
         CALCX_CALCULATOR_TIMEOUT_S="2",
     )
@@ -152,8 +160,9 @@ def tool_hang_run(stub_server, event_server) -> Iterator[AgentRun]:
         run.end()
 
 
-def test_calculator_killed_while_the_model_thinks_exits_11_at_once(counted_stub, event_server, event_log,
-                                                                    tool_hang_run):
+def test_calculator_killed_while_the_model_thinks_exits_11_at_once(
+    counted_stub, event_server, event_log, tool_hang_run
+):
     stub, arrivals = counted_stub
     env = run_env(stub.url, event_server.url, "calc_killed", f"[stub:slow={SLOW_S:g}] What is 6 * 7?", "42")
     run = start_agent("calc_killed", env)
@@ -191,8 +200,12 @@ def test_calculator_hung_on_a_tool_call_exits_11_after_the_read_timeout(tool_han
 
 def _config() -> AgentConfig:
     return AgentConfig(
-        question="unused", result="0", base_url="http://127.0.0.1:9/v1", event_url="http://127.0.0.1:9/e",
-        key="k", calculator_timeout_s=10.0,
+        question="unused",
+        result="0",
+        base_url="http://127.0.0.1:9/v1",
+        event_url="http://127.0.0.1:9/e",
+        key="k",
+        calculator_timeout_s=10.0,
         calculator_command=(sys.executable, "-m", "calcx.agent.calculator"),
     )
 
@@ -270,8 +283,14 @@ def test_workbench_watch_fails_the_run_when_the_calculator_dies_mid_run():
 def test_first_model_call_is_sent_before_the_calculator_starts(counted_stub, event_server, event_log, tmp_path):
     stub, _ = counted_stub
     gate = tmp_path / "gate"
-    env = run_env(stub.url, event_server.url, "calc_gated", "What is 7 * 8?", "56",
-                  CALCX_CALCULATOR_CMD=json.dumps([sys.executable, "-c", GATED_CALCULATOR, str(gate)]))
+    env = run_env(
+        stub.url,
+        event_server.url,
+        "calc_gated",
+        "What is 7 * 8?",
+        "56",
+        CALCX_CALCULATOR_CMD=json.dumps([sys.executable, "-c", GATED_CALCULATOR, str(gate)]),
+    )
     run = start_agent("calc_gated", env)
     try:
         deadline = time.monotonic() + 45  # well before the gate gives up waiting (60 s)
@@ -302,8 +321,9 @@ def test_the_announced_tool_schema_is_what_the_real_calculator_lists():
 
 def test_a_calculator_listing_other_tools_fails_the_run():
     other = HANGING_CALCULATOR.replace("    'Calculates/evaluates the given expression.'\n", "")
-    config = dataclasses.replace(_config(), calculator_command=(sys.executable, "-c", other),
-                                 calculator_timeout_s=START_TIMEOUT_S)
+    config = dataclasses.replace(
+        _config(), calculator_command=(sys.executable, "-c", other), calculator_timeout_s=START_TIMEOUT_S
+    )
 
     async def scenario() -> str:
         workbench = make_workbench(config)

@@ -44,8 +44,21 @@ BOMBS = {
     "'%2147483647d' % 1": "does not format strings",
     "b'%.2147483646f' % 1.0": "does not format strings",
 }
-WITHIN = ["2 + 3 * 4", "90 * (1 - 2/3)", "-5 // 2", "2^10", "3 × 4 ÷ 6", "sqrt(16)", "pi * 2",
-          "2**3000", "factorial(400)", "'a' * 1000", "1e308 * 10", "(-3)**5", "10**-3"]
+WITHIN = [
+    "2 + 3 * 4",
+    "90 * (1 - 2/3)",
+    "-5 // 2",
+    "2^10",
+    "3 × 4 ÷ 6",
+    "sqrt(16)",
+    "pi * 2",
+    "2**3000",
+    "factorial(400)",
+    "'a' * 1000",
+    "1e308 * 10",
+    "(-3)**5",
+    "10**-3",
+]
 
 
 @pytest.mark.parametrize("expression", list(BOMBS))
@@ -83,8 +96,9 @@ def test_percent_stays_arithmetic() -> None:
 
 
 async def _ask(expressions: list[str]) -> list[tuple[str, bool, float]]:
-    params = StdioServerParameters(command=sys.executable, args=["-m", "calcx.agent.calculator"],
-                                   env=calculator_environment())
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "calcx.agent.calculator"], env=calculator_environment()
+    )
     out = []
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
@@ -106,11 +120,24 @@ def test_the_mcp_calculator_answers_a_bomb_with_a_tool_error_and_keeps_serving()
 
 
 def test_the_calculator_process_runs_under_rlimits() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "calcx.agent.calculator"], env=calculator_environment(),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "calcx.agent.calculator"],
+        env=calculator_environment(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+        hello = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2024-11-05",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "0"},
+            },
+        }
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write((json.dumps(hello) + "\n").encode())
         proc.stdin.flush()

@@ -8,10 +8,10 @@ import anyio
 import httpx2
 import openai
 import pytest
+from agent_harness import closed_port
 from mcp.shared.exceptions import McpError
 from mcp.types import CONNECTION_CLOSED, ErrorData
 
-from agent_harness import closed_port
 from calcx.agent.config import AgentConfig
 from calcx.agent.failures import RewardPostFailed
 from calcx.agent.reward_post import post_reward, reward_event
@@ -50,9 +50,16 @@ def _status_error(status: int) -> openai.APIStatusError:
     return openai.APIStatusError("nope", response=response, body=None)
 
 
-@pytest.mark.parametrize("status, reason", [(500, "model_unreachable"), (503, "model_unreachable"),
-                                            (404, "model_unreachable"), (401, "bad_environment"),
-                                            (403, "bad_environment")])
+@pytest.mark.parametrize(
+    "status, reason",
+    [
+        (500, "model_unreachable"),
+        (503, "model_unreachable"),
+        (404, "model_unreachable"),
+        (401, "bad_environment"),
+        (403, "bad_environment"),
+    ],
+)
 def test_model_status_errors_are_infrastructure(status, reason):
     failure = classify_model_error(_status_error(status), CONFIG)
     assert failure is not None and failure.reason == reason
@@ -83,7 +90,13 @@ def test_calculator_transport_failures(exc):
     assert transport_failure(exc) is not None
 
 
-@pytest.mark.parametrize("exc", [McpError(ErrorData(code=-32602, message="Invalid params")),
-                                 ValueError("Unknown tool: web_search"), KeyError("expression")])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        McpError(ErrorData(code=-32602, message="Invalid params")),
+        ValueError("Unknown tool: web_search"),
+        KeyError("expression"),
+    ],
+)
 def test_tool_call_mistakes_are_not_transport_failures(exc):
     assert transport_failure(exc) is None

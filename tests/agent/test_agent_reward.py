@@ -99,8 +99,18 @@ def test_hostile_text_is_never_executed(tmp_path):
     assert not target.exists()
 
 
-@pytest.mark.parametrize("expr, value", [("1 + 2 * 3", 7), ("(1 + 2) * 3", 9), ("2 ** 3 ** 2", 512),
-                                         ("-2 ^ 2", -4), ("7 / 2", 3.5), ("50%", 0.5), ("3 × 4 ÷ 2", 6)])
+@pytest.mark.parametrize(
+    "expr, value",
+    [
+        ("1 + 2 * 3", 7),
+        ("(1 + 2) * 3", 9),
+        ("2 ** 3 ** 2", 512),
+        ("-2 ^ 2", -4),
+        ("7 / 2", 3.5),
+        ("50%", 0.5),
+        ("3 × 4 ÷ 2", 6),
+    ],
+)
 def test_parser_precedence(expr, value):
     assert evaluate(expr) == pytest.approx(value)
 

@@ -125,8 +125,10 @@ def test_magnitude_1e100_is_evaluated() -> None:
     assert evaluate("1e100 / 1") == 1e100
 
 
-@pytest.mark.parametrize("expr", [JUST_PAST_1E100, "-" + JUST_PAST_1E100, "1e100 * 1.0000000000000002",
-                                  "1e100 + 1e100", "-1e100 - 1e100", "10^101"])
+@pytest.mark.parametrize(
+    "expr",
+    [JUST_PAST_1E100, "-" + JUST_PAST_1E100, "1e100 * 1.0000000000000002", "1e100 + 1e100", "-1e100 - 1e100", "10^101"],
+)
 def test_magnitude_past_1e100_is_refused(expr: str) -> None:
     with pytest.raises(NumericError):
         evaluate(expr)

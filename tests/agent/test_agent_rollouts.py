@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
-
 from agent_harness import SCRIPTED, AgentRun, EventLog, agent_env, closed_port, start_agent
 
 WAIT_S = 180.0
@@ -59,16 +58,23 @@ def _scenarios(stub_url: str, event_url: str) -> dict[str, tuple[dict[str, str],
         "badjson": env("badjson", "[stub:badjson] What is 6 * 7?", "42"),
         "unknowntool": env("unknowntool", "[stub:unknowntool] What is 6 * 7?", "42"),
         "unreachable": env(
-            "unreachable", "What is 1 + 1?", "2",
-            AGL_OPENAI_BASE_URL=f"http://127.0.0.1:{closed_port()}/v1", CALCX_MODEL_MAX_RETRIES="1",
+            "unreachable",
+            "What is 1 + 1?",
+            "2",
+            AGL_OPENAI_BASE_URL=f"http://127.0.0.1:{closed_port()}/v1",
+            CALCX_MODEL_MAX_RETRIES="1",
         ),
         "error500": env("error500", "[stub:error500] What is 1 + 2?", "3", CALCX_MODEL_MAX_RETRIES="1"),
         "calc_dead": env(
-            "calc_dead", "[calc_dead] What is 3 + 3?", "6",
+            "calc_dead",
+            "[calc_dead] What is 3 + 3?",
+            "6",
             CALCX_CALCULATOR_CMD=json.dumps([py, "-c", "import sys; sys.exit(3)"]),
         ),
         "calc_hung": env(
-            "calc_hung", "[calc_hung] What is 4 + 4?", "8",
+            "calc_hung",
+            "[calc_hung] What is 4 + 4?",
+            "8",
             CALCX_CALCULATOR_CMD=json.dumps([py, "-c", "import time; time.sleep(60)"]),
             CALCX_CALCULATOR_TIMEOUT_S="2",
         ),
@@ -79,15 +85,20 @@ def _scenarios(stub_url: str, event_url: str) -> dict[str, tuple[dict[str, str],
         "capped_rounds": env("capped_rounds", "[stub:steps=9] What is 4 * 9?", "38", CALCX_AGENT_TOOL_ROUNDS="3"),
         "badjson_rounds": env("badjson_rounds", "[stub:badjson] What is 3 * 9?", "27", CALCX_AGENT_TOOL_ROUNDS="3"),
         "calc_dead_rounds": env(
-            "calc_dead_rounds", "[stub:steps=3] What is 7 * 7?", "51", CALCX_AGENT_TOOL_ROUNDS="3",
+            "calc_dead_rounds",
+            "[stub:steps=3] What is 7 * 7?",
+            "51",
+            CALCX_AGENT_TOOL_ROUNDS="3",
             CALCX_CALCULATOR_CMD=json.dumps([py, "-c", "import sys; sys.exit(3)"]),
         ),
         "calculator_first": env("calculator_first", "What is 9 * 9?", "81", CALCX_AGENT_PROMPT="calculator-first"),
         "rejected": {**env("rejected", "What is 5 * 5?", "25"), "AGL_EVENT_URL": f"{event_url}/reject/rejected"},
         "forked": env("forked", WORD_PROBLEM, SCRIPTED[WORD_PROBLEM][1]),
     }
-    return {name: (overrides, [py, "-c", FORKED_WORKER] if name == "forked" else None)
-            for name, overrides in scenarios.items()}
+    return {
+        name: (overrides, [py, "-c", FORKED_WORKER] if name == "forked" else None)
+        for name, overrides in scenarios.items()
+    }
 
 
 def _wait_for_hang_request(stub_server, run: AgentRun, timeout_s: float = 90.0) -> None:
@@ -239,8 +250,13 @@ def test_rejected_reward_post_exits_13(runs, event_log):
 
 
 def test_bad_environment_exits_2_naming_the_variable(stub_server, event_server):
-    env = agent_env(QUESTION="What is 1 + 1?", RESULT="2", AGL_OPENAI_BASE_URL=f"{stub_server.url}/v1",
-                    AGL_EVENT_URL=f"{event_server.url}/ok/badenv", AGL_KEY="")
+    env = agent_env(
+        QUESTION="What is 1 + 1?",
+        RESULT="2",
+        AGL_OPENAI_BASE_URL=f"{stub_server.url}/v1",
+        AGL_EVENT_URL=f"{event_server.url}/ok/badenv",
+        AGL_KEY="",
+    )
     run = start_agent("badenv", env).wait(60)
     assert run.returncode == 2
     assert run.last_stderr_line.startswith("calcx-agent: failure: bad_environment ")

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import openai
+from agent_harness import agent_env, start_agent
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from mcp.client.stdio import PROCESS_TERMINATION_TIMEOUT
 
-from agent_harness import agent_env, start_agent
 from calcx.agent.config import AgentConfig
 from calcx.agent.rollout import make_workbench
 from calcx.common.serving import ThreadedServer
@@ -62,8 +62,13 @@ def lingering_command(tmp_path: Path) -> tuple[list[str], Path, Path]:
 def test_stopping_the_workbench_kills_the_calculator_instead_of_waiting_for_it(tmp_path):
     command, pid_file, eof_file = lingering_command(tmp_path)
     config = AgentConfig(
-        question="unused", result="0", base_url="http://127.0.0.1:9/v1", event_url="http://127.0.0.1:9/e",
-        key="k", calculator_timeout_s=60.0, calculator_command=tuple(command),
+        question="unused",
+        result="0",
+        base_url="http://127.0.0.1:9/v1",
+        event_url="http://127.0.0.1:9/e",
+        key="k",
+        calculator_timeout_s=60.0,
+        calculator_command=tuple(command),
     )
 
     async def scenario() -> float:
@@ -101,9 +106,13 @@ def test_the_reward_is_posted_before_the_calculator_is_stopped(stub_server, tmp_
 
     with ThreadedServer(app) as receiver:
         env = agent_env(
-            QUESTION="What is 6 * 7?", RESULT="42", AGL_OPENAI_BASE_URL=f"{stub_server.url}/v1",
-            AGL_EVENT_URL=f"{receiver.url}/ok/run_end", AGL_KEY="key-run-end",
-            CALCX_AGENT_TIMEOUT_S=str(RUN_TIMEOUT_S), CALCX_CALCULATOR_CMD=json.dumps(command),
+            QUESTION="What is 6 * 7?",
+            RESULT="42",
+            AGL_OPENAI_BASE_URL=f"{stub_server.url}/v1",
+            AGL_EVENT_URL=f"{receiver.url}/ok/run_end",
+            AGL_KEY="key-run-end",
+            CALCX_AGENT_TIMEOUT_S=str(RUN_TIMEOUT_S),
+            CALCX_CALCULATOR_CMD=json.dumps(command),
         )
         run = start_agent("run_end", env)
         try:
@@ -153,8 +162,14 @@ def _run_in_process(monkeypatch, receiver_url: str, solve) -> int:
     from calcx.agent.main import run_agent
 
     monkeypatch.setattr(calcx.agent.rollout, "solve", solve)
-    env = agent_env(QUESTION="What is 6 * 7?", RESULT="42", AGL_OPENAI_BASE_URL="http://127.0.0.1:9/v1",
-                    AGL_EVENT_URL=f"{receiver_url}/ok/deadline", AGL_KEY="key-deadline", CALCX_AGENT_TIMEOUT_S="1")
+    env = agent_env(
+        QUESTION="What is 6 * 7?",
+        RESULT="42",
+        AGL_OPENAI_BASE_URL="http://127.0.0.1:9/v1",
+        AGL_EVENT_URL=f"{receiver_url}/ok/deadline",
+        AGL_KEY="key-deadline",
+        CALCX_AGENT_TIMEOUT_S="1",
+    )
     return run_agent(env)
 
 

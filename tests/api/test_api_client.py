@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -14,11 +15,27 @@ from calcx.api.client import AsyncCalcxClient, CalcxAPIError, CalcxClient
 from calcx.api.endpoints import ENDPOINTS, GATEWAY_TIMEOUT_S, POLL_MARGIN_S
 
 BASE = "http://calcx.test"
-ROLLOUT = {"rollout_id": "r/1", "row": {"question": "q"}, "state": "SUCCEEDED", "created_at": 1.0,
-           "attempts": [{"attempt_id": "1", "state": "SUCCEEDED", "created_at": 1.0}], "reward": 1.0}
-CALL = {"call_id": 1, "rollout_id": "r/1", "attempt_id": "1", "seq": 0, "request": {}, "latency_s": 0.1,
-        "status_code": 200, "created_at": 1.0, "prompt_token_ids": [1], "response_token_ids": [2],
-        "response_logprobs": [-0.5]}
+ROLLOUT = {
+    "rollout_id": "r/1",
+    "row": {"question": "q"},
+    "state": "SUCCEEDED",
+    "created_at": 1.0,
+    "attempts": [{"attempt_id": "1", "state": "SUCCEEDED", "created_at": 1.0}],
+    "reward": 1.0,
+}
+CALL = {
+    "call_id": 1,
+    "rollout_id": "r/1",
+    "attempt_id": "1",
+    "seq": 0,
+    "request": {},
+    "latency_s": 0.1,
+    "status_code": 200,
+    "created_at": 1.0,
+    "prompt_token_ids": [1],
+    "response_token_ids": [2],
+    "response_logprobs": [-0.5],
+}
 LEASE = {"run": "run-1", "owner": "t-1", "lease_s": 30, "expires_at": 31.0, "acquired_at": 1.0, "renewed_at": 1.0}
 REGISTRY = {"model": "m", "endpoints": ["http://h:1/v1"], "policy_version": 2, "updated_at": 1.0}
 
@@ -45,8 +62,13 @@ CASES: list[tuple[str, tuple, dict, str, str]] = [
     ("finish", ("r/1", "1", "FAILED"), {"reason": "crash"}, "POST", "/v1/rollouts/r%2F1/attempts/1/finish"),
     ("post_event", ("r/1", "1", "log", {"a": 1}), {}, "POST", "/v1/rollouts/r%2F1/attempts/1/events"),
     ("post_reward", ("r/1", "1", 0.5), {}, "POST", "/v1/rollouts/r%2F1/attempts/1/events"),
-    ("chat_completions", ("r/1", "1", {"messages": []}), {}, "POST",
-     "/v1/rollouts/r%2F1/attempts/1/v1/chat/completions"),
+    (
+        "chat_completions",
+        ("r/1", "1", {"messages": []}),
+        {},
+        "POST",
+        "/v1/rollouts/r%2F1/attempts/1/v1/chat/completions",
+    ),
     ("openai_models", ("r/1", "1"), {}, "GET", "/v1/rollouts/r%2F1/attempts/1/v1/models"),
     ("put_models", ("m", ["http://h:1/v1"]), {"policy_version": 2}, "PUT", "/v1/models"),
     ("get_models", (), {}, "GET", "/v1/models"),
@@ -96,8 +118,14 @@ def seen(log: list[httpx.Request]) -> Callable[[httpx.Request], httpx.Response]:
 
 
 def wire(request: httpx.Request) -> tuple[Any, ...]:
-    return (request.method, str(request.url), request.content, request.headers.get("authorization"),
-            request.headers.get("content-type"), request.extensions["timeout"]["read"])
+    return (
+        request.method,
+        str(request.url),
+        request.content,
+        request.headers.get("authorization"),
+        request.headers.get("content-type"),
+        request.extensions["timeout"]["read"],
+    )
 
 
 def run_sync(name: str, args: tuple, kwargs: dict, log: list[httpx.Request], key: str = "k") -> Any:
@@ -158,13 +186,18 @@ def test_timeouts_follow_the_table() -> None:
     run_sync("terminal", (), {"timeout_s": 2}, log)
     run_sync("chat_completions", ("r", "1", {}), {}, log)
     assert [r.extensions["timeout"]["read"] for r in log] == [
-        30.0, 7 + POLL_MARGIN_S, POLL_MARGIN_S, 2 + POLL_MARGIN_S, GATEWAY_TIMEOUT_S]
+        30.0,
+        7 + POLL_MARGIN_S,
+        POLL_MARGIN_S,
+        2 + POLL_MARGIN_S,
+        GATEWAY_TIMEOUT_S,
+    ]
 
 
 def test_all_rollouts_pages_through_the_list() -> None:
     def pages(request: httpx.Request) -> httpx.Response:
         offset, limit = int(request.url.params["offset"]), int(request.url.params["limit"])
-        ids = [f"r{i}" for i in range(5)][offset:offset + limit]
+        ids = [f"r{i}" for i in range(5)][offset : offset + limit]
         return httpx.Response(200, json={"rollouts": [{**ROLLOUT, "rollout_id": i} for i in ids]})
 
     with CalcxClient(BASE, "k", transport=httpx.MockTransport(pages)) as client:

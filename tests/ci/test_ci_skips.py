@@ -63,7 +63,8 @@ def test_an_expected_skip_that_runs_fails(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_a_conditional_skip_is_expected_only_while_its_variable_is_unset(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CALCX_GSM8K_FILE", "/data/gsm8k/train.jsonl")
     with_copy = _named({"CALCX_GSM8K_FILE": "x"})
     conditional = [line for line in EXPECTED.read_text().splitlines() if "unless=CALCX_GSM8K_FILE" in line]

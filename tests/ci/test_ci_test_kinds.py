@@ -58,9 +58,24 @@ def test_the_scan_finds_a_new_file_that_starts_a_process(tmp_path: Path) -> None
 
 
 def _pytest(tests: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--strict-markers",
-                           "--rootdir", str(tests.parent), *args], capture_output=True, text=True, timeout=120,
-                          cwd=tests.parent)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--strict-markers",
+            "--rootdir",
+            str(tests.parent),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tests.parent,
+    )
 
 
 def test_the_marker_selects_the_files_of_the_table(tmp_path: Path) -> None:

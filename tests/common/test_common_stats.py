@@ -21,7 +21,7 @@ def test_a_change_on_the_same_problems_gets_the_paired_standard_error() -> None:
     # per-problem differences, not of two independent accuracies
     mean, se = mean_and_standard_error([1.0] * 19 + [-1.0] * 23 + [0.0] * 158)
     assert mean == pytest.approx(-0.02)
-    assert se == pytest.approx(math.sqrt((42 / 200 - 0.02 ** 2) / 200))
+    assert se == pytest.approx(math.sqrt((42 / 200 - 0.02**2) / 200))
     assert mean_and_standard_error([0.5, 0.5]) == (0.5, 0.0)
 
 

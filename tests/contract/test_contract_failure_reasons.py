@@ -58,7 +58,7 @@ def bare_reasons(source: str) -> list[tuple[int, str]]:
                 found += [arg for arg in node.args if _is_reason(arg)]
         elif isinstance(node, ast.keyword) and node.arg == "reason" and _is_reason(node.value):
             found.append(node.value)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(_names_reason(t) for t in targets) and node.value is not None:
                 found += [n for n in ast.walk(node.value) if _is_reason(n)]
@@ -117,7 +117,13 @@ def test_the_scan_finds_bare_reasons_in_every_reason_position() -> None:
         'metrics.upstream_errors.labels("timeout").inc()\n'
     )
     assert [text for _, text in bare_reasons(sample)] == [
-        "timeout", "crash", "cancelled", "calculator_failed", "controller_lost", "model_aborted", "image_pull",
+        "timeout",
+        "crash",
+        "cancelled",
+        "calculator_failed",
+        "controller_lost",
+        "model_aborted",
+        "image_pull",
         "bad_environment",
     ]
 

@@ -10,12 +10,24 @@ import pytest
 from calcx.contract.labels import PARTITION_LABEL, STEP_LABEL, finite_reward, origin_of, scored_reward
 
 
-@pytest.mark.parametrize("value, expected", [
-    (1, 1.0), (0.0, 0.0), (-0.5, -0.5), (0.25, 0.25),
-    (True, None), (False, None),  # a bool is a JSON true/false, never a score
-    (None, None), ("1.0", None), ([1.0], None),
-    (math.nan, None), (math.inf, None), (-math.inf, None), (10**400, None),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (1, 1.0),
+        (0.0, 0.0),
+        (-0.5, -0.5),
+        (0.25, 0.25),
+        (True, None),
+        (False, None),  # a bool is a JSON true/false, never a score
+        (None, None),
+        ("1.0", None),
+        ([1.0], None),
+        (math.nan, None),
+        (math.inf, None),
+        (-math.inf, None),
+        (10**400, None),
+    ],
+)
 def test_finite_reward_takes_finite_numbers_only(value: object, expected: float | None) -> None:
     got = finite_reward(value)
     assert got == expected and (got is None or type(got) is float)

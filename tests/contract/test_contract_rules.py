@@ -87,13 +87,38 @@ def test_ready_lines_match_their_patterns() -> None:
 
 
 def test_an_agent_inherits_what_python_needs_and_no_secret() -> None:
-    runner_env = {"PATH": "/bin", "HOME": "/h", "LANG": "C.UTF-8", "LC_ALL": "C", "TMPDIR": "/t",
-                  "PYTHONPATH": "/src", "PEX_ROOT": "/p", "__PEX_EXTRA_SYS_PATH__": "src/python",
-                  "CALCX_CALCULATOR_TIMEOUT_S": "5", "CALCX_AGENT_TOOL_ROUNDS": "3", "CALCX_AGENT_PROMPT": "plain",
-                  "CALCX_KEY": "s" * 40, "CALCX_SERVER": "http://x", "WANDB_API_KEY": "w", "HF_TOKEN": "h",
-                  "AWS_SECRET_ACCESS_KEY": "a", "HTTPS_PROXY": "http://user:pw@proxy", "AGL_KEY": "stale"}
+    runner_env = {
+        "PATH": "/bin",
+        "HOME": "/h",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C",
+        "TMPDIR": "/t",
+        "PYTHONPATH": "/src",
+        "PEX_ROOT": "/p",
+        "__PEX_EXTRA_SYS_PATH__": "src/python",
+        "CALCX_CALCULATOR_TIMEOUT_S": "5",
+        "CALCX_AGENT_TOOL_ROUNDS": "3",
+        "CALCX_AGENT_PROMPT": "plain",
+        "CALCX_KEY": "s" * 40,
+        "CALCX_SERVER": "http://x",
+        "WANDB_API_KEY": "w",
+        "HF_TOKEN": "h",
+        "AWS_SECRET_ACCESS_KEY": "a",
+        "HTTPS_PROXY": "http://user:pw@proxy",
+        "AGL_KEY": "stale",
+    }
     kept = agent_base_env(runner_env)
-    assert set(kept) == {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "PEX_ROOT",
-                         "__PEX_EXTRA_SYS_PATH__", "CALCX_CALCULATOR_TIMEOUT_S", "CALCX_AGENT_TOOL_ROUNDS",
-                         "CALCX_AGENT_PROMPT"}
+    assert set(kept) == {
+        "PATH",
+        "HOME",
+        "LANG",
+        "LC_ALL",
+        "TMPDIR",
+        "PYTHONPATH",
+        "PEX_ROOT",
+        "__PEX_EXTRA_SYS_PATH__",
+        "CALCX_CALCULATOR_TIMEOUT_S",
+        "CALCX_AGENT_TOOL_ROUNDS",
+        "CALCX_AGENT_PROMPT",
+    }
     assert not any(agent_inherits(name) for name in (CALCX_KEY, AGL_KEY))

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from calcx.api.client import CalcxClient
 from calcx.api.models import Claim, Rollout
@@ -26,15 +27,22 @@ def make_stack(workdir: Path, rows: int = 16, concurrency: int = 4, **kw: Any) -
     # A calculator killed in the middle of a request is noticed by the agent's request timeout:
     # keep it short so that the test of calculator death stays bounded on a busy machine.
     kw.setdefault("controller_env", {"CALCX_CALCULATOR_TIMEOUT_S": "15"})
-    config = StackConfig(workdir=workdir, key=KEY, concurrency=concurrency, script_files=[str(path)],
-                         server_args=["--lease-s", "10"], **kw)
+    config = StackConfig(
+        workdir=workdir,
+        key=KEY,
+        concurrency=concurrency,
+        script_files=[str(path)],
+        server_args=["--lease-s", "10"],
+        **kw,
+    )
     return Stack(config), data
 
 
 def claim(env: dict[str, str] | None = None, deadline_s: float = 30.0, rid: str = "r1") -> Claim:
     """A claim of rollout `rid`, for a runner driven without a server."""
-    rollout = Rollout(rollout_id=rid, row={"question": "q", "result": "1"}, state="RUNNING", attempts=[],
-                      created_at=time.time())
+    rollout = Rollout(
+        rollout_id=rid, row={"question": "q", "result": "1"}, state="RUNNING", attempts=[], created_at=time.time()
+    )
     return Claim(rollout=rollout, attempt_id="1", token="t", env=env or {}, deadline_s=deadline_s)
 
 
@@ -42,8 +50,9 @@ def client_of(stack: Stack) -> CalcxClient:
     return CalcxClient(stack.server_url, KEY, timeout=60)
 
 
-def spec(rid: str, row: dict[str, Any], *, deadline_s: float = 60.0, marker: str | None = None,
-         group: str | None = None) -> dict[str, Any]:
+def spec(
+    rid: str, row: dict[str, Any], *, deadline_s: float = 60.0, marker: str | None = None, group: str | None = None
+) -> dict[str, Any]:
     """A rollout of `row`; a `[stub:...]` marker in the question picks the stub's behaviour."""
     row = dict(row)
     if marker:

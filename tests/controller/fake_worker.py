@@ -96,7 +96,7 @@ def main() -> int:
                 (handshake / f"replied-{requests}").write_text("")
             elif msg.get("op") == "kill" and sock in agents:
                 _end(agents.pop(sock), sock)
-    for sock, child in agents.items():
+    for child in agents.values():
         _end(child, None)
     return 0
 

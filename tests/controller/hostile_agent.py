@@ -102,7 +102,9 @@ def _unseal(plan: dict) -> dict[str, str]:
     ms_remount, ms_bind, ms_relatime, mnt_detach = 0x20, 0x1000, 0x200000, 2
     return {
         "umount home": _try(lambda: _syscall("umount2", home, mnt_detach)),
-        "remount / writable": _try(lambda: _syscall("mount", None, b"/", None, ms_remount | ms_bind | ms_relatime, None)),
+        "remount / writable": _try(
+            lambda: _syscall("mount", None, b"/", None, ms_remount | ms_bind | ms_relatime, None)
+        ),
     }
 
 
@@ -114,8 +116,9 @@ def probe(plan: dict) -> int:
         "home_file": _try(lambda: _read(plan["home_file"])),
         "processes": _processes(),
         # whether it could, never what it read: the environment of a process outside may hold secrets
-        "environ": {pid: _try(lambda pid=pid: f"{len(_read(f'/proc/{pid}/environ'))} characters")
-                    for pid in plan["pids"]},
+        "environ": {
+            pid: _try(lambda pid=pid: f"{len(_read(f'/proc/{pid}/environ'))} characters") for pid in plan["pids"]
+        },
         "peer_secrets": _peer_secrets(),
     }
     print("report: " + json.dumps(report), flush=True)

@@ -43,7 +43,11 @@ def test_a_heartbeat_takes_back_a_running_attempt_but_none_whose_run_has_ended()
     attempts.end_report(X)
     assert [attempts.take_back(key) for key in (A, B, C, X, Y)] == [True, False, False, False, False]
     assert [attempts.state(key) for key in (A, B, C, X)] == [
-        State.TAKEN_BACK, State.REPORTING, State.UNREPORTED, State.REPORTED]
+        State.TAKEN_BACK,
+        State.REPORTING,
+        State.UNREPORTED,
+        State.REPORTED,
+    ]
 
 
 def test_a_stops_cancel_reports_an_attempt_unless_the_server_took_it_back() -> None:
@@ -154,10 +158,12 @@ def test_a_transition_from_a_state_it_does_not_start_from_is_refused(step: str) 
     attempts.begin_report(A)
     attempts.end_report(A)
     with pytest.raises(AttemptStateError):
-        {"launch again": lambda: attempts.launch(A, task()),
-         "report unknown": lambda: attempts.begin_report(Y),
-         "report twice": lambda: attempts.begin_report(A),
-         "not taken unknown": lambda: attempts.report_not_taken(Y)}[step]()
+        {
+            "launch again": lambda: attempts.launch(A, task()),
+            "report unknown": lambda: attempts.begin_report(Y),
+            "report twice": lambda: attempts.begin_report(A),
+            "not taken unknown": lambda: attempts.report_not_taken(Y),
+        }[step]()
 
 
 def test_the_views_read_and_write_the_ledger() -> None:

@@ -48,8 +48,12 @@ def test_a_cancelled_running_attempt_is_stopped_by_its_controller(tmp_path: Path
     runner = _HangingRunner()
     try:
         with CalcxClient(server.url, KEY) as client:
-            client.create_rollouts([{"rollout_id": rid, "row": {"question": "q", "result": "1"},
-                                     "labels": {RUN_LABEL: "old"}} for rid in ("a", "b")])
+            client.create_rollouts(
+                [
+                    {"rollout_id": rid, "row": {"question": "q", "result": "1"}, "labels": {RUN_LABEL: "old"}}
+                    for rid in ("a", "b")
+                ]
+            )
 
         async def scenario() -> float:
             controller = Controller(server.url, KEY, runner, controller_id="ctl", concurrency=2, claim_timeout_s=1.0)
@@ -107,8 +111,9 @@ def test_a_controller_keeps_its_leases_until_its_shutdown_has_reported(tmp_path:
             client.create_rollouts([{"rollout_id": rid, "row": {"question": "q", "result": "1"}} for rid in ("a", "b")])
 
         async def scenario() -> None:
-            controller = Controller(server.url, KEY, runner, controller_id="ctl", concurrency=2, claim_timeout_s=1.0,
-                                    shutdown_grace_s=3.0)
+            controller = Controller(
+                server.url, KEY, runner, controller_id="ctl", concurrency=2, claim_timeout_s=1.0, shutdown_grace_s=3.0
+            )
             task = asyncio.create_task(controller.run())
             while len(runner.started) < 2:
                 await asyncio.sleep(0.05)

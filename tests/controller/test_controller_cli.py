@@ -47,8 +47,13 @@ def test_help_lists_the_k8s_runner_flags_when_asked_for_it(capsys, argv):
 
 def test_help_through_the_module_entry_point():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "calcx.controller", "--runner", "k8s", "--help"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "calcx.controller", "--runner", "k8s", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "--agent-image" in done.stdout and "--namespace" in done.stdout
 

@@ -24,5 +24,9 @@ def test_the_cli_and_the_controller_use_that_default() -> None:
     assert f"here {default_concurrency()}" in build_parser().format_help().replace("\n", " ")
     controller = Controller("http://127.0.0.1:9", "key", LocalRunner(agent_cmd=["true"], prefork=False))
     assert controller.concurrency == default_concurrency()
-    assert Controller("http://127.0.0.1:9", "key", LocalRunner(agent_cmd=["true"], prefork=False),
-                      concurrency=3).concurrency == 3
+    assert (
+        Controller(
+            "http://127.0.0.1:9", "key", LocalRunner(agent_cmd=["true"], prefork=False), concurrency=3
+        ).concurrency
+        == 3
+    )

@@ -7,8 +7,8 @@ import os
 import signal
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from controller_harness import (
@@ -39,8 +39,9 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, list
 def test_rollouts_succeed_with_rewards_and_recorded_token_ids(loop: tuple[Stack, list[dict]]) -> None:
     stack, rows = loop
     client = client_of(stack)
-    client.create_rollouts([spec(f"ok-{i}", rows[i], group="g-ok") for i in range(4)]
-                           + [spec("wrong-0", rows[4], marker="wrong")])
+    client.create_rollouts(
+        [spec(f"ok-{i}", rows[i], group="g-ok") for i in range(4)] + [spec("wrong-0", rows[4], marker="wrong")]
+    )
     done = wait_terminal(client, [f"ok-{i}" for i in range(4)] + ["wrong-0"])
     for i in range(4):
         rollout = done[f"ok-{i}"]

@@ -22,16 +22,21 @@ KEY = "heartbeat-crossing-key-0123456789abcdef"
 
 def test_a_heartbeat_crossing_a_finish_report_stops_nothing(caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> tuple[bool, bool, int]:
-        controller = Controller("http://127.0.0.1:9", "key", LocalRunner(agent_cmd=["true"], prefork=False),
-                                controller_id="ctl")
+        controller = Controller(
+            "http://127.0.0.1:9", "key", LocalRunner(agent_cmd=["true"], prefork=False), controller_id="ctl"
+        )
         still_running = asyncio.create_task(asyncio.sleep(60))
         being_reported = asyncio.create_task(asyncio.sleep(60))
         controller._running[("r-run", "1")] = still_running
         controller._running[("r-done", "1")] = being_reported
         controller._reporting.add(("r-done", "1"))
-        controller._stop_lost([LostAttempt(rollout_id="r-done", attempt_id="1"),
-                               LostAttempt(rollout_id="r-run", attempt_id="1", reason="controller_lost"),
-                               LostAttempt(rollout_id="r-unknown", attempt_id="1")])
+        controller._stop_lost(
+            [
+                LostAttempt(rollout_id="r-done", attempt_id="1"),
+                LostAttempt(rollout_id="r-run", attempt_id="1", reason="controller_lost"),
+                LostAttempt(rollout_id="r-unknown", attempt_id="1"),
+            ]
+        )
         await asyncio.sleep(0)
         outcome = (still_running.cancelled(), being_reported.cancelled(), controller.stats.lost)
         being_reported.cancel()
@@ -77,15 +82,17 @@ class _CrossingController(Controller):
 
 
 def test_a_real_report_crossed_by_a_heartbeat_is_not_stopped_or_counted_lost(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The controller's own bookkeeping (an attempt being reported is marked so) is what keeps the
     crossing harmless; nothing here fills that state by hand."""
     server = start_server_thread(str(tmp_path / "calcx.db"), KEY)
     try:
         with CalcxClient(server.url, KEY) as client:
             client.create_rollouts([{"rollout_id": "r-1", "row": {"question": "q", "result": "1"}}])
-        controller = _CrossingController(server.url, KEY, _InstantRunner(), controller_id="ctl", max_rollouts=1,
-                                         claim_timeout_s=2.0)
+        controller = _CrossingController(
+            server.url, KEY, _InstantRunner(), controller_id="ctl", max_rollouts=1, claim_timeout_s=2.0
+        )
         with caplog.at_level(logging.INFO, logger="calcx.controller"):
             asyncio.run(asyncio.wait_for(controller.run(), 60))
         with CalcxClient(server.url, KEY) as client:

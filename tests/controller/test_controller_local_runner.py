@@ -40,7 +40,9 @@ def test_exit_zero_is_succeeded_with_the_time_inside_the_agent() -> None:
 
 
 def test_the_agents_own_failure_line_names_the_reason() -> None:
-    code = "import sys; print('calcx-agent: failure: model_unreachable gateway said 502', file=sys.stderr); sys.exit(10)"
+    code = (
+        "import sys; print('calcx-agent: failure: model_unreachable gateway said 502', file=sys.stderr); sys.exit(10)"
+    )
     result = run_command(code)
     assert (result.state, result.reason, result.exit_code) == ("FAILED", "model_unreachable", 10)
     assert "gateway said 502" in (result.detail or "")
@@ -90,9 +92,12 @@ CANCEL_CEILING_S = 30.0
 def test_shutdown_a_cancel_at_any_moment_of_an_agent_start_ends_the_run(tmp_path) -> None:
     """What the controller's shutdown relies on: it cancels each running rollout once and waits
     for it, so a cancel the runner loses keeps the controller alive until that agent's deadline."""
+
     async def go() -> list[str]:
-        runner = LocalRunner(zygote_cmd=[sys.executable, FAKE_WORKER, "--ready-line", WORKER_READY_LINE,
-                                         "--dir", str(tmp_path)], fallback_to_spawn=False)
+        runner = LocalRunner(
+            zygote_cmd=[sys.executable, FAKE_WORKER, "--ready-line", WORKER_READY_LINE, "--dir", str(tmp_path)],
+            fallback_to_spawn=False,
+        )
         await runner.start()
         lost: list[str] = []
         try:
@@ -134,7 +139,12 @@ def test_reason_parsing_and_result_validation() -> None:
     with pytest.raises(ValueError, match="not a known failure reason"):
         RunResult.failed("gremlins")  # type: ignore[arg-type]  # refused at run time too
     assert RunResult.succeeded(agent_seconds=1.0).finish_body() == {
-        "state": "SUCCEEDED", "reason": None, "exit_code": 0, "agent_seconds": 1.0, "detail": None}
+        "state": "SUCCEEDED",
+        "reason": None,
+        "exit_code": 0,
+        "agent_seconds": 1.0,
+        "detail": None,
+    }
 
 
 def test_agent_command_parsing() -> None:
@@ -167,9 +177,15 @@ def test_an_agent_and_its_calculator_inherit_only_the_allowlist(tmp_path, prefor
     real agent in the worker) and a spawned agent see the allowlist plus the claim's variables."""
     dump = tmp_path / "env.json"
     calc = json.dumps([sys.executable, "-c", DUMP_ENV, str(dump)])
-    claim_env = {"QUESTION": "1+1", "RESULT": "2", "AGL_OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
-                 "AGL_EVENT_URL": "http://127.0.0.1:9/events", "AGL_KEY": "attempt-token",
-                 "CALCX_CALCULATOR_CMD": calc, "CALCX_CALCULATOR_TIMEOUT_S": "5"}
+    claim_env = {
+        "QUESTION": "1+1",
+        "RESULT": "2",
+        "AGL_OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+        "AGL_EVENT_URL": "http://127.0.0.1:9/events",
+        "AGL_KEY": "attempt-token",
+        "CALCX_CALCULATOR_CMD": calc,
+        "CALCX_CALCULATOR_TIMEOUT_S": "5",
+    }
 
     async def go() -> RunResult:
         env = {**os.environ, **CONTROLLER_SECRETS, "LC_ALL": "C.UTF-8"}

@@ -15,8 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from controller_harness import KEY, claim, client_of, make_stack, spec, started_pid, wait_gone, wait_terminal
@@ -68,7 +69,8 @@ def _report(log: Path) -> dict[str, Any]:
 
 
 def test_a_hostile_agent_cannot_reach_the_users_files_the_controller_or_another_agent(
-        tmp_path: Path, outside: Path) -> None:
+    tmp_path: Path, outside: Path
+) -> None:
     control = tmp_path / "control"
     control.mkdir()
     fake_site = outside / "site-packages"  # on the agents' import path: they see it, read-only
@@ -82,9 +84,14 @@ def test_a_hostile_agent_cannot_reach_the_users_files_the_controller_or_another_
     (home / "credentials").write_text("user-secret\n")
     agent_cmd = json.dumps([sys.executable, str(HOSTILE), str(control)])
     pythonpath = os.pathsep.join([python_env()["PYTHONPATH"], str(fake_site)])
-    stack, _ = make_stack(tmp_path / "stack", rows=1, concurrency=2, agent_logs=True,
-                          controller_args=[*SANDBOX, "--agent-cmd", agent_cmd],
-                          controller_env={"HOME": str(home), "PYTHONPATH": pythonpath})
+    stack, _ = make_stack(
+        tmp_path / "stack",
+        rows=1,
+        concurrency=2,
+        agent_logs=True,
+        controller_args=[*SANDBOX, "--agent-cmd", agent_cmd],
+        controller_env={"HOME": str(home), "PYTHONPATH": pythonpath},
+    )
     with stack:
         client = client_of(stack)
         agents = stack.workdir / "agents-0"
@@ -95,10 +102,13 @@ def test_a_hostile_agent_cannot_reach_the_users_files_the_controller_or_another_
             held = _wait_for(agents / "holder.1.log", "holding")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; the holder: {client.get_rollout('holder').latest_attempt}") from exc
-        plan = {"role": "probe", "file_name": "planted.py",
-                "write_into": [str(fake_site), str(user_dir), str(user_tmp), str(outside)],
-                "home_file": str(home / "credentials"),
-                "pids": [str(stack.controllers[0].pid), str(stack.server.pid), str(os.getpid())]}
+        plan = {
+            "role": "probe",
+            "file_name": "planted.py",
+            "write_into": [str(fake_site), str(user_dir), str(user_tmp), str(outside)],
+            "home_file": str(home / "credentials"),
+            "pids": [str(stack.controllers[0].pid), str(stack.server.pid), str(os.getpid())],
+        }
         client.create_rollouts([spec("probe", {"question": json.dumps(plan), "result": "0"})])
         probe = wait_terminal(client, ["probe"])["probe"]
         assert client.get_rollout("holder").state == "RUNNING"  # the two ran at once
@@ -114,7 +124,9 @@ def test_a_hostile_agent_cannot_reach_the_users_files_the_controller_or_another_
         breaches["undid the seal"] = report["unseal"]
     # (a) nothing written into the user's directories; those it sees are read-only to it
     planted = [d for d in plan["write_into"] if (Path(d) / "planted.py").exists()]
-    not_read_only = [d for d in (fake_site, user_dir, outside) if "Read-only file system" not in report["writes"][str(d)]]
+    not_read_only = [
+        d for d in (fake_site, user_dir, outside) if "Read-only file system" not in report["writes"][str(d)]
+    ]
     if planted or not_read_only:
         breaches["a: wrote into the user's directories"] = (planted, report["writes"])
     # (b) $HOME is an empty tmpfs of its own
@@ -141,8 +153,7 @@ def test_the_real_agent_finishes_with_its_reward_and_its_calculator_is_sealed_wi
         controller = stack.controllers[0]
         client = client_of(stack)
         before = descendants(controller.pid)
-        client.create_rollouts([spec("ok-0", rows[0]), spec("ok-1", rows[1]),
-                                spec("slow-0", rows[2], marker="slow=4")])
+        client.create_rollouts([spec("ok-0", rows[0]), spec("ok-1", rows[1]), spec("slow-0", rows[2], marker="slow=4")])
         launcher = started_pid(controller, "slow-0")
         calculator = _wait_for_calculator(controller.pid, before, launcher)
         own = {ns: os.readlink(f"/proc/self/ns/{ns}") for ns in ("pid", "mnt", "user")}
@@ -173,15 +184,18 @@ def _wait_for_calculator(controller_pid: int, before: set[int], launcher: int, t
 
 
 def rollout_processes_of(controller_pid: int, before: set[int]) -> dict[int, str]:
-    return {pid: Path(f"/proc/{pid}/comm").read_text().strip() for pid in descendants(controller_pid) - before
-            if Path(f"/proc/{pid}/comm").exists()}
+    return {
+        pid: Path(f"/proc/{pid}/comm").read_text().strip()
+        for pid in descendants(controller_pid) - before
+        if Path(f"/proc/{pid}/comm").exists()
+    }
 
 
-def _run_sealed(code: str, deadline_s: float, seen: set[int],
-                act: Callable[[int], bool] | None = None) -> RunResult:
+def _run_sealed(code: str, deadline_s: float, seen: set[int], act: Callable[[int], bool] | None = None) -> RunResult:
     """`python -c code` through the local runner's sandbox. While it runs, `seen` collects from
     outside every process below the agent's launcher, and `act(launcher)` is called until it
     returns True."""
+
     async def go() -> RunResult:
         runner = LocalRunner(agent_cmd=[sys.executable, "-c", code], prefork=False, sandbox=NAMESPACE)
         await runner.start()
@@ -203,9 +217,11 @@ def _run_sealed(code: str, deadline_s: float, seen: set[int],
 def test_the_deadline_ends_a_sealed_agent_and_everything_in_its_namespace() -> None:
     # a grandchild in a session of its own, as the calculator is: the process group kill misses
     # it, the end of the PID namespace's first process does not
-    code = ("import subprocess, sys, time\n"
-            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
-            "time.sleep(60)\n")
+    code = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+        "time.sleep(60)\n"
+    )
     seen: set[int] = set()
     result = _run_sealed(code, 3.0, seen)
     assert (result.state, result.reason) == ("FAILED", "timeout"), result
@@ -216,6 +232,7 @@ def test_the_deadline_ends_a_sealed_agent_and_everything_in_its_namespace() -> N
 def test_a_sealed_agent_killed_by_a_signal_is_a_crash_naming_it() -> None:
     """The agent is its PID namespace's first process; its launcher passes on its death by a
     signal as its own, so the runner reports it as a plain spawn's."""
+
     def kill_the_agent(launcher: int) -> bool:
         agents = sorted(descendants(launcher))
         if agents:
@@ -228,8 +245,13 @@ def test_a_sealed_agent_killed_by_a_signal_is_a_crash_naming_it() -> None:
 
 
 def _controller(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "calcx.controller", "--server", "http://127.0.0.1:9", *args],
-                          env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "calcx.controller", "--server", "http://127.0.0.1:9", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_a_machine_that_cannot_seal_an_agent_is_refused_at_start(tmp_path: Path) -> None:
@@ -250,6 +272,9 @@ def test_a_machine_that_cannot_seal_an_agent_is_refused_at_start(tmp_path: Path)
 
 def test_a_path_the_agent_needs_that_holds_a_hidden_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SandboxUnavailable, match="holds"):
-        NamespaceSandbox.plan(["python3", "-c", "pass"], {"PATH": os.defpath, "HOME": str(tmp_path / "home"),
-                                                          "PYTHONPATH": str(tmp_path)},
-                              default_agent=False, cwd=str(tmp_path / "home" / "work"))
+        NamespaceSandbox.plan(
+            ["python3", "-c", "pass"],
+            {"PATH": os.defpath, "HOME": str(tmp_path / "home"), "PYTHONPATH": str(tmp_path)},
+            default_agent=False,
+            cwd=str(tmp_path / "home" / "work"),
+        )

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -55,10 +56,17 @@ class _Runner:
         pass
 
 
-def scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: list[str],
-             on_send: Callable[[Any, Any, Controller, _Runner], Any] | None = None, *, late: bool = True,
-             answer_read: bool = False, lease_s: float = 600.0,
-             **controller_kw: Any) -> tuple[Controller, _Runner, dict[str, Rollout]]:
+def scenario(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    first: list[str],
+    on_send: Callable[[Any, Any, Controller, _Runner], Any] | None = None,
+    *,
+    late: bool = True,
+    answer_read: bool = False,
+    lease_s: float = 600.0,
+    **controller_kw: Any,
+) -> tuple[Controller, _Runner, dict[str, Rollout]]:
     """`first` runs, then `r-late` is queued and the stop lands as its claim is answered: before
     the controller reads the answer (its request cancelled), or with `answer_read` just after.
     Without `late`, `on_send` stops the controller itself."""
@@ -85,8 +93,9 @@ def scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: list[str],
 
     async def main() -> None:
         runner = _Runner()
-        controller = Controller(server.url, KEY, runner, controller_id="ctl", concurrency=4, claim_timeout_s=2.0,
-                                **controller_kw)
+        controller = Controller(
+            server.url, KEY, runner, controller_id="ctl", concurrency=4, claim_timeout_s=2.0, **controller_kw
+        )
         holder.update(controller=controller, runner=runner)
         async with AsyncCalcxClient(server.url, KEY) as admin:
             await admin.create_rollouts([row(rid) for rid in first])
@@ -113,7 +122,8 @@ def ended_as(rollout: Rollout) -> tuple[str, str | None]:
 
 
 def test_attempts_claimed_as_the_controller_stops_end_cancelled_not_stranded(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-done"])
     assert runner.runs == ["r-done"]
     assert ended_as(ended["r-done"]) == ("SUCCEEDED", None)
@@ -125,16 +135,19 @@ def test_attempts_claimed_as_the_controller_stops_end_cancelled_not_stranded(
 
 
 def test_a_rollout_that_ends_during_the_release_is_reported_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """r-run ends (and leaves the running set) right after the server named what it holds."""
+
     async def end_run_when_asked(call: Any, answer: Any, controller: Controller, runner: _Runner) -> None:
         if answer is not None and call.endpoint is api.HEARTBEAT and "attempts" not in (call.body or {}):
             runner.release.set()
             while controller.running:
                 await asyncio.sleep(0.01)
 
-    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-run"], on_send=end_run_when_asked,
-                                         shutdown_grace_s=30.0)
+    controller, runner, ended = scenario(
+        tmp_path, monkeypatch, first=["r-run"], on_send=end_run_when_asked, shutdown_grace_s=30.0
+    )
     assert runner.runs == ["r-run"]
     assert ended_as(ended["r-run"]) == ("SUCCEEDED", None)  # its own end, within the grace
     assert ended_as(ended[LATE]) == ("FAILED", "cancelled")
@@ -143,7 +156,8 @@ def test_a_rollout_that_ends_during_the_release_is_reported_once(
 
 
 def test_an_attempt_whose_report_was_not_taken_is_left_to_its_lease(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The server was unreachable for r-lost's report: it stays RUNNING there (until its lease
     lapses), and the release must not end it as an attempt this controller never ran."""
     late_claimed: list[str] = []
@@ -152,12 +166,17 @@ def test_an_attempt_whose_report_was_not_taken_is_left_to_its_lease(
         if answer is not None and call.endpoint is api.CLAIM:
             late_claimed.extend(c.rollout.rollout_id for c in answer.claims if c.rollout.rollout_id == LATE)
         # the server is unreachable for r-lost's report, and back by the time of the stop
-        if answer is None and call.endpoint is api.FINISH and call.path_params.get("rid") == "r-lost" \
-                and not late_claimed:
+        if (
+            answer is None
+            and call.endpoint is api.FINISH
+            and call.path_params.get("rid") == "r-lost"
+            and not late_claimed
+        ):
             raise CalcxAPIError(0, "unreachable", "connection refused", "POST finish")
 
-    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-lost"], on_send=refuse_its_report,
-                                         report_timeout_s=0.2)
+    controller, runner, ended = scenario(
+        tmp_path, monkeypatch, first=["r-lost"], on_send=refuse_its_report, report_timeout_s=0.2
+    )
     assert runner.runs == ["r-lost"]
     assert ended_as(ended["r-lost"]) == ("RUNNING", None)
     assert ended_as(ended[LATE]) == ("FAILED", "cancelled")
@@ -166,7 +185,8 @@ def test_an_attempt_whose_report_was_not_taken_is_left_to_its_lease(
 
 
 def test_a_slow_release_does_not_hold_up_the_cancel_of_what_runs(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """The server does not answer the release's question: r-run is cancelled and reported at
     once all the same, the question gives up after its bound, and r-late is left to its lease."""
     monkeypatch.setattr(controller_module, "STOP_TIMEOUT_S", 1.0)
@@ -189,7 +209,8 @@ def test_a_slow_release_does_not_hold_up_the_cancel_of_what_runs(
 
 
 def test_a_stop_just_after_the_answer_came_in_starts_none_of_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The claim's answer is in but unread when the stop's handler runs: nothing of it starts
     (a task cancelled before its first step could report nothing), and the controller ends what
     the answer named without asking the server what it holds."""
@@ -199,8 +220,9 @@ def test_a_stop_just_after_the_answer_came_in_starts_none_of_it(
         if answer is None and call.endpoint is api.HEARTBEAT and "attempts" not in (call.body or {}):
             asked.append("held?")
 
-    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-done"], on_send=note_questions,
-                                         answer_read=True)
+    controller, runner, ended = scenario(
+        tmp_path, monkeypatch, first=["r-done"], on_send=note_questions, answer_read=True
+    )
     assert runner.runs == ["r-done"] and asked == []
     assert ended_as(ended[LATE]) == ("FAILED", "cancelled")
     assert "never ran it" in (ended[LATE].latest_attempt.detail or "")
@@ -208,16 +230,19 @@ def test_a_stop_just_after_the_answer_came_in_starts_none_of_it(
 
 
 def test_an_attempt_the_server_took_back_during_the_grace_is_not_reported_again(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """r-run is cancelled through the API while the stop's grace runs; the heartbeat stops it
     and counts it once; its stop sends no report the server would refuse."""
+
     async def cancel_it_once_asked(call: Any, answer: Any, controller: Controller, runner: _Runner) -> None:
         if answer is not None and call.endpoint is api.HEARTBEAT and "attempts" not in (call.body or {}):
             async with AsyncCalcxClient(str(controller.server_url), KEY) as admin:
                 await admin.cancel(rollout_ids=["r-run"])
 
-    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-run"], on_send=cancel_it_once_asked,
-                                         lease_s=3.0, shutdown_grace_s=30.0)
+    controller, runner, ended = scenario(
+        tmp_path, monkeypatch, first=["r-run"], on_send=cancel_it_once_asked, lease_s=3.0, shutdown_grace_s=30.0
+    )
     assert ended_as(ended["r-run"]) == ("FAILED", "cancelled_by_api")
     assert "cancelled by rollout id" in (ended["r-run"].latest_attempt.detail or "")
     assert ended_as(ended[LATE]) == ("FAILED", "cancelled")
@@ -226,23 +251,25 @@ def test_an_attempt_the_server_took_back_during_the_grace_is_not_reported_again(
     assert controller.stats.finished == {"FAILED:cancelled_by_api": 1, "FAILED:cancelled": 1}
 
 
-def test_a_stop_during_a_rollouts_own_report_keeps_its_result(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stop_during_a_rollouts_own_report_keeps_its_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The stop lands while r-done's result is on its way: the result is taken, not lost to a
     cancel (which would leave the attempt RUNNING until its lease lapsed)."""
+
     async def stop_during_the_report(call: Any, answer: Any, controller: Controller, runner: _Runner) -> None:
         if answer is None and call.endpoint is api.FINISH and call.path_params.get("rid") == "r-done":
             controller.stop()
             await asyncio.sleep(0.3)  # the stop's cancels go out while this report is under way
 
-    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-done"], on_send=stop_during_the_report,
-                                         late=False)
+    controller, runner, ended = scenario(
+        tmp_path, monkeypatch, first=["r-done"], on_send=stop_during_the_report, late=False
+    )
     assert ended_as(ended["r-done"]) == ("SUCCEEDED", None)
     assert controller.stats.report_failures == 0 and controller.stats.finished == {"SUCCEEDED": 1}
 
 
 def test_a_release_report_the_server_does_not_answer_is_cut_at_its_bound(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(controller_module, "STOP_TIMEOUT_S", 1.0)
 
     async def hang_the_late_report(call: Any, answer: Any, controller: Controller, runner: _Runner) -> None:
@@ -254,8 +281,7 @@ def test_a_release_report_the_server_does_not_answer_is_cut_at_its_bound(
     assert controller.stats.report_failures == 1
 
 
-def test_a_report_the_stop_gives_up_on_counts_as_a_failure(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_report_the_stop_gives_up_on_counts_as_a_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """r-done's report hangs past the stop's wait: it is cut, counted as a report failure, and
     the attempt, which the server still holds, is left to its lease (not ended as never run)."""
     monkeypatch.setattr(controller_module, "CANCEL_WARN_S", 0.5)
@@ -265,7 +291,6 @@ def test_a_report_the_stop_gives_up_on_counts_as_a_failure(
             controller.stop()
             await asyncio.Event().wait()
 
-    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-done"], on_send=hang_its_report,
-                                         late=False)
+    controller, runner, ended = scenario(tmp_path, monkeypatch, first=["r-done"], on_send=hang_its_report, late=False)
     assert ended_as(ended["r-done"]) == ("RUNNING", None)
     assert controller.stats.report_failures == 1

@@ -13,8 +13,9 @@ from calcx.agent.calculator import calculator_environment
 
 async def calculator_answers(expressions: list[str]) -> list[str]:
     """What the agent's MCP calculator answers for each expression (each must be answered, not refused)."""
-    params = StdioServerParameters(command=sys.executable, args=["-m", "calcx.agent.calculator"],
-                                   env=calculator_environment())
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "calcx.agent.calculator"], env=calculator_environment()
+    )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         answers = [await session.call_tool("calculate", {"expression": e}) for e in expressions]

@@ -12,8 +12,13 @@ import pytest
 from calcx.data.io import read_rows, write_jsonl, write_parquet, write_rows
 from calcx.data.schema import DataError, validate_row
 
-ROW = {"id": "r1", "question": "What is 2 + 2?", "chain": '<gadget id="calculator">2 + 2</gadget>\n<output>4</output>',
-       "result": "4", "source": "mawps"}
+ROW = {
+    "id": "r1",
+    "question": "What is 2 + 2?",
+    "chain": '<gadget id="calculator">2 + 2</gadget>\n<output>4</output>',
+    "result": "4",
+    "source": "mawps",
+}
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])

@@ -58,11 +58,23 @@ def test_format_value_follows_calcx():
 
 def test_cli_generate_and_validate(tmp_path, capsys):
     out = tmp_path / "data"
-    args = ["generate", "--out", str(out), "--train-size", "40", "--test-size", "12", "--mini-size", "4",
-            "--sample-size", "3"]
+    args = [
+        "generate",
+        "--out",
+        str(out),
+        "--train-size",
+        "40",
+        "--test-size",
+        "12",
+        "--mini-size",
+        "4",
+        "--sample-size",
+        "3",
+    ]
     assert main(args) == 0
-    assert [len(read_rows(out / n)) for n in ("train.parquet", "test.parquet", "test_mini.parquet",
-                                              "sample.jsonl")] == [40, 12, 4, 3]
+    assert [
+        len(read_rows(out / n)) for n in ("train.parquet", "test.parquet", "test_mini.parquet", "sample.jsonl")
+    ] == [40, 12, 4, 3]
     assert main(args) == 2
     assert "--force" in capsys.readouterr().err
     assert main(args + ["--force"]) == 0

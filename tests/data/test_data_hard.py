@@ -26,21 +26,51 @@ def _row(rid: str, question: str, chain: str, result: str) -> dict[str, str]:
 
 
 GOOD = [
-    _row("g1", "Ana sold 48 clips in April and half as many in May. How many clips did she sell?",
-         "In May she sold 48/2 = <<48/2=24>>24 clips.\nIn all 48+24 = <<48+24=72>>72 clips.", "72"),
-    _row("g2", "A coat costs $50. It is sold at half price. Tom buys 13 coats. What does he pay?",
-         "One coat is 50*.5 = <<50*.5=25>>25.\nHe pays 25*13 = <<25*13=325>>325.", "325"),
-    _row("g3", "A farm has 1,500 hens. Each lays 5 eggs a week. How many eggs in 3 weeks?",
-         "A week: 1500*5 = <<1500*5=7500>>7500.\nThree weeks: 7500*3 = <<7500*3=22500>>22500.", "22500"),
-    _row("g4", "Jo reads 18 pages a day for 14 days, then 11 more pages. How many pages?",
-         "18*14 = <<18*14=252>>252, then 252+11 = <<252+11=263>>263.", "263"),
+    _row(
+        "g1",
+        "Ana sold 48 clips in April and half as many in May. How many clips did she sell?",
+        "In May she sold 48/2 = <<48/2=24>>24 clips.\nIn all 48+24 = <<48+24=72>>72 clips.",
+        "72",
+    ),
+    _row(
+        "g2",
+        "A coat costs $50. It is sold at half price. Tom buys 13 coats. What does he pay?",
+        "One coat is 50*.5 = <<50*.5=25>>25.\nHe pays 25*13 = <<25*13=325>>325.",
+        "325",
+    ),
+    _row(
+        "g3",
+        "A farm has 1,500 hens. Each lays 5 eggs a week. How many eggs in 3 weeks?",
+        "A week: 1500*5 = <<1500*5=7500>>7500.\nThree weeks: 7500*3 = <<7500*3=22500>>22500.",
+        "22500",
+    ),
+    _row(
+        "g4",
+        "Jo reads 18 pages a day for 14 days, then 11 more pages. How many pages?",
+        "18*14 = <<18*14=252>>252, then 252+11 = <<252+11=263>>263.",
+        "263",
+    ),
 ]
 BAD = [  # (row, the reason it is skipped for)
     (_row("b1", "Ann has 3 cats and 4 dogs. How many pets?", "3+4 = <<3+4=7>>7.", "7"), "nothing_to_enlarge"),
-    (_row("b2", "Bo has 15 red and 20 blue pens. He buys as many again. How many pens has he?",
-          "He has 15+20 = 35 pens; with as many again that is <<35+35=70>>70.", "70"), "unannotated_step"),
-    (_row("b3", "Cy has 20 apples and 40 pears. He buys twice his apples in pears. How many pears?",
-          "20*2 = <<20*2=40>>40; 40+40 = <<40+40=80>>80.", "80"), "ambiguous_number"),
+    (
+        _row(
+            "b2",
+            "Bo has 15 red and 20 blue pens. He buys as many again. How many pens has he?",
+            "He has 15+20 = 35 pens; with as many again that is <<35+35=70>>70.",
+            "70",
+        ),
+        "unannotated_step",
+    ),
+    (
+        _row(
+            "b3",
+            "Cy has 20 apples and 40 pears. He buys twice his apples in pears. How many pears?",
+            "20*2 = <<20*2=40>>40; 40+40 = <<40+40=80>>80.",
+            "80",
+        ),
+        "ambiguous_number",
+    ),
     (_row("b4", "Di has 15 pens and buys 25. How many?", "15+25 = <<15+25=40>>40.", "41"), "answer_not_annotated"),
     (_row("b5", "Ed has 15 pens and buys 25. How many?", "15+25 = <<15+25=41>>41.", "41"), "result_mismatch"),
     (_row("b6", "Fay has 11 pens.", "She has 11 pens.", "11"), "no_annotation"),
@@ -56,13 +86,15 @@ def test_numbers_scaled_by_one_factor_and_the_answer_recomputed() -> None:
     f = problem.factor
     assert f in factors("g1", 0)
     assert problem.row == {
-        "id": "g1-hard", "source": HARD_SOURCE, "result": str(72 * f),
+        "id": "g1-hard",
+        "source": HARD_SOURCE,
+        "result": str(72 * f),
         "question": f"Ana sold {48 * f} clips in April and half as many in May. How many clips did she sell?",
         "chain": f"<<{48 * f}/2={24 * f}>>\n<<{48 * f}+{24 * f}={72 * f}>>",
     }
     # a decimal written `.5` stays the constant it is; `13` is scaled with the rest
     coat = _harden(GOOD[1])
-    assert coat.row["result"] == str(25 * 13 * coat.factor ** 2)
+    assert coat.row["result"] == str(25 * 13 * coat.factor**2)
     assert f"${50 * coat.factor}" in coat.row["question"] and "half price" in coat.row["question"]
     # `1,500` is written back with its thousands separator; 3 (a small count) stays, 5 is scaled
     hens = _harden(GOOD[2])
@@ -78,8 +110,9 @@ def test_the_factor_comes_from_the_id_and_the_seed() -> None:
 
 
 def test_which_question_numbers_are_scaled() -> None:
-    scaled, kept = question_numbers("In 2019 she ran 3 races of 42 km, 25% uphill, the 5th in 1.5 hours; "
-                                    "each cost $1,200 and 12 friends came.")
+    scaled, kept = question_numbers(
+        "In 2019 she ran 3 races of 42 km, 25% uphill, the 5th in 1.5 hours; " "each cost $1,200 and 12 friends came."
+    )
     assert scaled == {42.0: "42", 1200.0: "1,200"}
     assert kept == {2019.0, 3.0, 25.0, 5.0, 1.5, 12.0}
     # a value the question also writes as a percentage is kept everywhere
@@ -95,17 +128,19 @@ def test_rows_that_cannot_be_rewritten_consistently_are_named(row: dict[str, str
 
 def test_harden_command_every_kept_answer_is_the_mcp_calculators(tmp_path: Path, capsys) -> None:
     src = tmp_path / "test.jsonl"
-    src.write_text("".join(json.dumps(r) + "\n" for r in [GOOD[0], *[r for r, _ in BAD], *GOOD[1:]]),
-                   encoding="utf-8")
+    src.write_text("".join(json.dumps(r) + "\n" for r in [GOOD[0], *[r for r, _ in BAD], *GOOD[1:]]), encoding="utf-8")
     out = tmp_path / "test-hard.parquet"
     assert main(["data", "harden", str(src), "--out", str(out)]) == 0
     captured = capsys.readouterr()
     assert captured.out.splitlines()[-1].startswith(f"wrote {out} (4 hard rows, ")
-    assert "skipped 6 rows (ambiguous_number 1, answer_not_annotated 1, no_annotation 1, nothing_to_enlarge 1, " \
-           "result_mismatch 1, unannotated_step 1)" in captured.err
+    assert (
+        "skipped 6 rows (ambiguous_number 1, answer_not_annotated 1, no_annotation 1, nothing_to_enlarge 1, "
+        "result_mismatch 1, unannotated_step 1)" in captured.err
+    )
     skipped = [json.loads(line) for line in (tmp_path / "test-hard.skipped.jsonl").read_text().splitlines()]
     assert [(s["where"], s["reason"]) for s in skipped] == [
-        (f"{src}: row {n} (b{n - 1})", reason) for n, (_, reason) in enumerate(BAD, start=2)]
+        (f"{src}: row {n} (b{n - 1})", reason) for n, (_, reason) in enumerate(BAD, start=2)
+    ]
 
     rows = read_rows(out)
     assert [r["id"] for r in rows] == ["g1-hard", "g2-hard", "g3-hard", "g4-hard"]

@@ -18,16 +18,26 @@ from calcx.data.io import read_rows
 
 # Made-up problems in GSM8K's layout (the real file stays out of the repository).
 GSM8K = [
-    {"question": "Ana has 3 boxes of 4 pens. How many pens?",
-     "answer": "3 boxes of 4 is 3*4=<<3*4=12>>12 pens.\n#### 12"},
-    {"question": "A farm sells 1,000 eggs a day for 2 days. How many eggs?",
-     "answer": "It sells 1000*2=<<1000*2=2000>>2000 eggs.\n#### 2,000"},
+    {
+        "question": "Ana has 3 boxes of 4 pens. How many pens?",
+        "answer": "3 boxes of 4 is 3*4=<<3*4=12>>12 pens.\n#### 12",
+    },
+    {
+        "question": "A farm sells 1,000 eggs a day for 2 days. How many eggs?",
+        "answer": "It sells 1000*2=<<1000*2=2000>>2000 eggs.\n#### 2,000",
+    },
     {"question": "Bo had 10 cards and lost 13. What is his balance?", "answer": "10-13=<<10-13=-3>>-3\n####  -3 "},
     {"question": "Half of 5 liters is how much?", "answer": "5/2=<<5/2=2.5>>2.5 liters\n#### 2.5"},
 ]
 CALCX = [
-    {"id": f"ape-{i}", "question": f"What is {i} + {i}?", "chain": f'<gadget id="calculator">{i} + {i}</gadget>',
-     "result": str(2 * i), "source": "ape210k"} for i in range(1, 9)
+    {
+        "id": f"ape-{i}",
+        "question": f"What is {i} + {i}?",
+        "chain": f'<gadget id="calculator">{i} + {i}</gadget>',
+        "result": str(2 * i),
+        "source": "ape210k",
+    }
+    for i in range(1, 9)
 ]
 # GSM8K's own train.jsonl (MIT; never copied into the repository): .ci/run points at a copy beside
 # the clone when the machine has one.
@@ -52,8 +62,13 @@ def test_gsm8k_rows_become_calcx_rows(tmp_path):
     result = read_source(write_jsonl(tmp_path / "train.jsonl", GSM8K))
     assert not result.problems and result.read == 4
     first, second, third, fourth = result.rows
-    assert first == {"id": "gsm8k-train-1", "question": GSM8K[0]["question"],
-                     "chain": "3 boxes of 4 is 3*4=<<3*4=12>>12 pens.", "result": "12", "source": "gsm8k"}
+    assert first == {
+        "id": "gsm8k-train-1",
+        "question": GSM8K[0]["question"],
+        "chain": "3 boxes of 4 is 3*4=<<3*4=12>>12 pens.",
+        "result": "12",
+        "source": "gsm8k",
+    }
     assert (second["id"], second["result"]) == ("gsm8k-train-2", "2000")
     assert third["result"] == "-3" and fourth["result"] == "2.5"
 
@@ -69,8 +84,10 @@ def test_gsm8k_parquet_and_line_numbers_count_blank_lines(tmp_path):
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
 def test_calcx_rows_keep_their_fields_and_extra_columns(tmp_path, suffix):
     # the Calc-X release names the source column source_ds and adds result_float
-    rows = [{k: v for k, v in r.items() if k != "source"} | {"source_ds": "ape210k", "result_float": float(r["result"])}
-            for r in CALCX]
+    rows = [
+        {k: v for k, v in r.items() if k != "source"} | {"source_ds": "ape210k", "result_float": float(r["result"])}
+        for r in CALCX
+    ]
     path = tmp_path / f"calcx{suffix}"
     write_jsonl(path, rows) if suffix == ".jsonl" else write_parquet(path, rows)
     result = read_source(path)
@@ -130,7 +147,8 @@ def test_a_parquet_column_of_the_wrong_type_names_every_row(tmp_path):
     result = read_source(path)
     assert not result.rows
     assert [str(p) for p in result.problems] == [
-        f"{path}: row {n}: field 'chain' must be a string, got list" for n in (1, 2, 3)]
+        f"{path}: row {n}: field 'chain' must be a string, got list" for n in (1, 2, 3)
+    ]
 
 
 def test_a_repeated_id_is_a_bad_row_and_names_the_first(tmp_path):
@@ -169,8 +187,19 @@ def test_cli_writes_the_generate_layout_with_a_summary(tmp_path, capsys):
     gsm = write_jsonl(tmp_path / "gsm.jsonl", GSM8K)
     calcx_rows = write_parquet(tmp_path / "calcx.parquet", CALCX)
     out = tmp_path / "out"
-    code, stdout, stderr = run(capsys, str(gsm), str(calcx_rows), "--out", str(out), "--val-size", "3",
-                               "--mini-size", "2", "--sample-size", "4")
+    code, stdout, stderr = run(
+        capsys,
+        str(gsm),
+        str(calcx_rows),
+        "--out",
+        str(out),
+        "--val-size",
+        "3",
+        "--mini-size",
+        "2",
+        "--sample-size",
+        "4",
+    )
     assert code == 0, stderr
     assert stdout.splitlines()[-1] == "imported 12 rows read from 2 files: 9 train, 3 validation, 0 skipped"
     train, val = read_rows(out / "train.parquet"), read_rows(out / "test.parquet")
@@ -190,7 +219,9 @@ def test_cli_same_seed_gives_byte_identical_files(tmp_path, capsys):
         assert run(capsys, *map(str, inputs), "--out", str(tmp_path / name), "--val-size", "4", "--seed", "9")[0] == 0
     for file in OUTPUTS:
         assert (tmp_path / "a" / file).read_bytes() == (tmp_path / "b" / file).read_bytes(), file
-    assert run(capsys, str(gsm), str(calcx_rows), "--out", str(tmp_path / "c"), "--val-size", "4", "--seed", "10")[0] == 0
+    assert (
+        run(capsys, str(gsm), str(calcx_rows), "--out", str(tmp_path / "c"), "--val-size", "4", "--seed", "10")[0] == 0
+    )
     assert (tmp_path / "a" / "test.parquet").read_bytes() != (tmp_path / "c" / "test.parquet").read_bytes()
 
 
@@ -202,8 +233,9 @@ def test_cli_refuses_bad_rows_and_writes_nothing(tmp_path, capsys):
     assert code == 1 and not out.exists() and stdout == ""
     assert "24 bad rows in 64 read; nothing written" in stderr and "--skip-invalid" in stderr
     listed = [ln for ln in stderr.splitlines() if ln.startswith(f"  {path}: line ")]
-    assert len(listed) == 20 and listed[0] == (f"  {path}: line 2: field 'answer' has no '####' line "
-                                               "(a GSM8K answer ends with '#### <number>')")
+    assert len(listed) == 20 and listed[0] == (
+        f"  {path}: line 2: field 'answer' has no '####' line " "(a GSM8K answer ends with '#### <number>')"
+    )
     assert stderr.splitlines()[-1] == "  ... and 4 more"
 
 
@@ -220,11 +252,19 @@ def test_cli_skip_invalid_writes_the_good_rows_and_says_what_it_skipped(tmp_path
 
 
 def test_the_default_validation_split_holds_out_1000_rows_by_id(tmp_path, capsys):
-    rows = [{"question": f"Ana has {i} pens and buys 2. How many?", "answer": f"{i}+2=<<{i}+2={i + 2}>>{i + 2}\n#### {i + 2}"}
-            for i in range(1100)]
+    rows = [
+        {
+            "question": f"Ana has {i} pens and buys 2. How many?",
+            "answer": f"{i}+2=<<{i}+2={i + 2}>>{i + 2}\n#### {i + 2}",
+        }
+        for i in range(1100)
+    ]
     out = tmp_path / "out"
     code, stdout, _ = run(capsys, str(write_jsonl(tmp_path / "gsm.jsonl", rows)), "--out", str(out))
-    assert code == 0 and stdout.splitlines()[-1] == "imported 1100 rows read from 1 file: 100 train, 1000 validation, 0 skipped"
+    assert (
+        code == 0
+        and stdout.splitlines()[-1] == "imported 1100 rows read from 1 file: 100 train, 1000 validation, 0 skipped"
+    )
     train, val = read_rows(out / "train.parquet"), read_rows(out / "test.parquet")
     assert len({r["id"] for r in train} | {r["id"] for r in val}) == 1100  # no id in both
 
@@ -242,8 +282,10 @@ def test_cli_usage_errors(tmp_path, capsys):
     assert code == 2 and "--val-size 4 leaves no training rows" in stderr and not (tmp_path / "o3").exists()
 
 
-@pytest.mark.skipif(not REAL_GSM8K.is_file(),
-                    reason="needs GSM8K's train.jsonl, which the repository does not ship: set CALCX_GSM8K_FILE to a copy")
+@pytest.mark.skipif(
+    not REAL_GSM8K.is_file(),
+    reason="needs GSM8K's train.jsonl, which the repository does not ship: set CALCX_GSM8K_FILE to a copy",
+)
 def test_the_real_gsm8k_train_file(tmp_path, capsys):
     code, stdout, stderr = run(capsys, str(REAL_GSM8K), "--out", str(tmp_path / "gsm8k"))
     assert code == 0, stderr

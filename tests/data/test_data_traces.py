@@ -25,12 +25,18 @@ from calcx.data.traces import annotation_pairs, same_result
 
 # Made-up problems in GSM8K's layout (the real file stays out of the repository).
 GOOD = [
-    {"question": "Ana sold 48 clips in April and half as many in May. How many in all?",
-     "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\nIn all 48+24 = <<48+24=72>>72 clips.\n#### 72"},
-    {"question": "Three friends share 10 dollars. How much each, to the cent?",
-     "answer": "Each gets 10/3 = $<<10/3=3.33>>3.33.\n#### 3.33"},
-    {"question": "A farm sells 1,000 eggs a day for 2 days. How many eggs?",
-     "answer": "It sells 1000*2=<<1000*2=2000>>2000 eggs.\n#### 2,000"},
+    {
+        "question": "Ana sold 48 clips in April and half as many in May. How many in all?",
+        "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\nIn all 48+24 = <<48+24=72>>72 clips.\n#### 72",
+    },
+    {
+        "question": "Three friends share 10 dollars. How much each, to the cent?",
+        "answer": "Each gets 10/3 = $<<10/3=3.33>>3.33.\n#### 3.33",
+    },
+    {
+        "question": "A farm sells 1,000 eggs a day for 2 days. How many eggs?",
+        "answer": "It sells 1000*2=<<1000*2=2000>>2000 eggs.\n#### 2,000",
+    },
 ]
 BAD = [  # (row, the reason it is skipped for)
     ({"question": "q1", "answer": "It is 48/2 = <<48/2=24 clips.\n#### 24"}, "unclosed_annotation"),
@@ -55,8 +61,9 @@ def test_traces_in_the_agents_format_with_the_calculators_answers(tmp_path: Path
     out = tmp_path / "traces.parquet"
     assert main(["data", "traces", str(source), "--out", str(out)]) == 0
     captured = capsys.readouterr()
-    assert captured.out.splitlines()[-1] == (f"wrote {out} (3 traces, 4 calculator calls); 11 rows read, 3 kept, "
-                                             "8 skipped")
+    assert captured.out.splitlines()[-1] == (
+        f"wrote {out} (3 traces, 4 calculator calls); 11 rows read, 3 kept, " "8 skipped"
+    )
     for number, (_, reason) in enumerate(BAD, start=2):  # every bad row named by line and reason
         assert f"{source}: line {number}: {reason}" in captured.err, (reason, captured.err)
 
@@ -112,14 +119,17 @@ def test_annotation_rules() -> None:
 REAL_GSM8K = Path(os.environ.get("CALCX_GSM8K_FILE", "") or "/nonexistent/gsm8k/train.jsonl")
 
 
-@pytest.mark.skipif(not REAL_GSM8K.is_file(),
-                    reason="needs GSM8K's train.jsonl, which the repository does not ship: set CALCX_GSM8K_FILE to a copy")
+@pytest.mark.skipif(
+    not REAL_GSM8K.is_file(),
+    reason="needs GSM8K's train.jsonl, which the repository does not ship: set CALCX_GSM8K_FILE to a copy",
+)
 def test_the_real_gsm8k_train_file(tmp_path: Path, capsys) -> None:
     out = tmp_path / "traces.parquet"
     assert main(["data", "traces", str(REAL_GSM8K), "--out", str(out)]) == 0
     captured = capsys.readouterr()
-    assert captured.out.splitlines()[-1] == (f"wrote {out} (7368 traces, 23690 calculator calls); 7473 rows read, "
-                                             "7368 kept, 105 skipped")
+    assert captured.out.splitlines()[-1] == (
+        f"wrote {out} (7368 traces, 23690 calculator calls); 7473 rows read, " "7368 kept, 105 skipped"
+    )
     assert "skipped 105 rows (calculator_error 10, no_annotation 95)" in captured.err
 
 
@@ -129,8 +139,24 @@ def test_held_out_rows_make_no_trace(tmp_path: Path, capsys) -> None:
     source = tmp_path / "gsm8k.jsonl"
     source.write_text("".join(json.dumps(row) + "\n" for row in GOOD), encoding="utf-8")
     data = tmp_path / "data"
-    assert main(["data", "import", str(source), "--out", str(data), "--val-size", "1", "--mini-size", "1",
-                 "--sample-size", "1"]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "import",
+                str(source),
+                "--out",
+                str(data),
+                "--val-size",
+                "1",
+                "--mini-size",
+                "1",
+                "--sample-size",
+                "1",
+            ]
+        )
+        == 0
+    )
     [held] = pq.read_table(data / "test.parquet").to_pylist()
     capsys.readouterr()
     out = tmp_path / "traces.jsonl"
@@ -141,12 +167,36 @@ def test_held_out_rows_make_no_trace(tmp_path: Path, capsys) -> None:
     assert f"held_out ({held['id']} is in --exclude)" in capsys.readouterr().err
     # by question text alone: another file naming the same problem under another id
     other = tmp_path / "other.jsonl"
-    other.write_text(json.dumps({"id": "elsewhere-7", "question": "  " + held["question"].replace(" ", "  "),
-                                 "chain": "x", "result": "1", "source": "gsm8k"}) + "\n", encoding="utf-8")
+    other.write_text(
+        json.dumps(
+            {
+                "id": "elsewhere-7",
+                "question": "  " + held["question"].replace(" ", "  "),
+                "chain": "x",
+                "result": "1",
+                "source": "gsm8k",
+            }
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     assert main(["data", "traces", str(source), "--exclude", str(other), "--out", str(out), "--force"]) == 0
     assert len(out.read_text().splitlines()) == 2
-    assert main(["data", "traces", str(source), "--exclude", str(tmp_path / "missing.parquet"),
-                 "--out", str(out), "--force"]) == 2
+    assert (
+        main(
+            [
+                "data",
+                "traces",
+                str(source),
+                "--exclude",
+                str(tmp_path / "missing.parquet"),
+                "--out",
+                str(out),
+                "--force",
+            ]
+        )
+        == 2
+    )
     assert "--exclude" in capsys.readouterr().err
 
 
@@ -157,8 +207,9 @@ def test_sequential_traces_make_one_call_a_turn_each_after_the_last_result(tmp_p
     source.write_text("".join(json.dumps(row) + "\n" for row in GOOD), encoding="utf-8")
     out = tmp_path / "traces.jsonl"
     assert main(["data", "traces", str(source), "--tool-rounds", "3", "--out", str(out)]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == (f"wrote {out} (3 traces, 4 calculator calls); 3 rows read, "
-                                                        "3 kept, 0 skipped")
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"wrote {out} (3 traces, 4 calculator calls); 3 rows read, " "3 kept, 0 skipped"
+    )
     traces = [json.loads(line) for line in out.read_text().splitlines()]
     messages = traces[0]["messages"]
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
@@ -166,8 +217,10 @@ def test_sequential_traces_make_one_call_a_turn_each_after_the_last_result(tmp_p
     assert first["content"] == "In May she sold 48/2 ="
     assert second["content"] == "24 clips.\nIn all 48+24 ="  # the first result opens the turn after it
     assert closing["content"] == "72 clips.\n\n### ANSWER: 72 ###"
-    for turn, answer, expression, result in ((first, first_answer, "48/2", "24.0"),
-                                             (second, second_answer, "48+24", "72")):
+    for turn, answer, expression, result in (
+        (first, first_answer, "48/2", "24.0"),
+        (second, second_answer, "48+24", "72"),
+    ):
         [tool_call] = turn["tool_calls"]
         assert json.loads(tool_call["function"]["arguments"]) == {"expression": expression}
         assert (answer["tool_call_id"], answer["content"]) == (tool_call["id"], result)
@@ -175,8 +228,9 @@ def test_sequential_traces_make_one_call_a_turn_each_after_the_last_result(tmp_p
     assert extract_answer(closing["content"]) == "72"
     # the turns' texts, joined, are GSM8K's reasoning without the marks
     joined = " ".join(m["content"] for m in messages[2::2] if m["content"])
-    assert " ".join(joined.split()).startswith(" ".join(GOOD[0]["answer"].split("####")[0].replace(
-        "<<48/2=24>>", "").replace("<<48+24=72>>", "").split()))
+    assert " ".join(joined.split()).startswith(
+        " ".join(GOOD[0]["answer"].split("####")[0].replace("<<48/2=24>>", "").replace("<<48+24=72>>", "").split())
+    )
     one_call = traces[1]["messages"][2:]
     assert [m["role"] for m in one_call] == ["assistant", "tool", "assistant"]
     assert one_call[0]["content"] == "Each gets 10/3 = $" and one_call[2]["content"].startswith("3.33.")

@@ -24,8 +24,12 @@ def _docker_reachable() -> bool:
     if shutil.which("docker") is None:
         return False
     try:
-        return subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                              timeout=15).returncode == 0
+        return (
+            subprocess.run(
+                ["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, timeout=15
+            ).returncode
+            == 0
+        )
     except subprocess.TimeoutExpired:
         return False
 

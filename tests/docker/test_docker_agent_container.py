@@ -20,6 +20,7 @@ import pytest
 
 from calcx.api.client import CalcxClient
 from calcx.api.models import Claim
+from calcx.common.serving import ThreadedServer
 from calcx.contract.failures import EXIT_CODES, FAILURE_PREFIX, FailureReason
 from calcx.controller.k8s_runner import K8sRunner, K8sRunnerConfig
 from calcx.image.build import load_archive
@@ -27,7 +28,6 @@ from calcx.k8s.render import JobSettings, RenderedAttempt
 from calcx.k8s.validate import validate_manifest
 from calcx.server.serve import ServerThread, start_server_thread
 from calcx.stub_llm.app import create_app as create_stub_app
-from calcx.common.serving import ThreadedServer
 
 KEY = "docker-e2e-server-key-0123456789"
 RUN_TIMEOUT_S = 120
@@ -62,8 +62,14 @@ def server(tmp_path: Path, stub: ThreadedServer) -> Iterator[ServerThread]:
 
 def claim_one(server: ServerThread, rollout_id: str, question: str, result: str) -> Claim:
     with CalcxClient(server.url, KEY) as client:
-        client.create_rollout({"rollout_id": rollout_id, "group_id": "docker-group", "deadline_s": 90,
-                               "row": {"question": question, "result": result}})
+        client.create_rollout(
+            {
+                "rollout_id": rollout_id,
+                "group_id": "docker-group",
+                "deadline_s": 90,
+                "row": {"question": question, "result": result},
+            }
+        )
         claims = client.claim("docker-e2e", max=1, timeout_s=5).claims
     assert len(claims) == 1 and claims[0].rollout.rollout_id == rollout_id
     return claims[0]
@@ -74,8 +80,20 @@ def docker_run_args(rendered: RenderedAttempt, name: str) -> list[str]:
     pod = rendered.job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     security = pod["securityContext"]
-    args = ["docker", "run", "--name", name, "--network", "host", "--pull", "never",
-            "--user", f"{security['runAsUser']}:{security['runAsGroup']}", "--security-opt", "no-new-privileges"]
+    args = [
+        "docker",
+        "run",
+        "--name",
+        name,
+        "--network",
+        "host",
+        "--pull",
+        "never",
+        "--user",
+        f"{security['runAsUser']}:{security['runAsGroup']}",
+        "--security-opt",
+        "no-new-privileges",
+    ]
     if container["securityContext"].get("readOnlyRootFilesystem"):
         args.append("--read-only")
     for cap in container["securityContext"]["capabilities"]["drop"]:
@@ -99,8 +117,12 @@ def docker_run_args(rendered: RenderedAttempt, name: str) -> list[str]:
 def run_container(rendered: RenderedAttempt) -> subprocess.CompletedProcess[str]:
     name = f"calcx-e2e-{uuid.uuid4().hex[:10]}"
     try:
-        return subprocess.run(docker_run_args(rendered, name), capture_output=True, text=True,
-                              timeout=min(RUN_TIMEOUT_S, rendered.job["spec"]["activeDeadlineSeconds"]))
+        return subprocess.run(
+            docker_run_args(rendered, name),
+            capture_output=True,
+            text=True,
+            timeout=min(RUN_TIMEOUT_S, rendered.job["spec"]["activeDeadlineSeconds"]),
+        )
     finally:
         subprocess.run(["docker", "rm", "--force", name], capture_output=True, timeout=60)
 
@@ -128,13 +150,16 @@ def test_rendered_job_runs_in_the_image_and_posts_reward_one(image: str, server:
 
     proc = run_container(rendered)
 
-    assert proc.returncode == 0, f"agent exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert (
+        proc.returncode == 0
+    ), f"agent exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     got = outcome(server, "docker-e2e-right")
     assert got["reward"] == 1.0, f"reward {got['reward']}; stderr:\n{proc.stderr[-3000:]}"
     assert got["calls"], "the agent's model calls went through the gateway and were recorded"
     assert all(call.response_token_ids and call.policy_version == 3 for call in got["calls"])
-    assert any(m.get("content") and "What is 2 + 3?" in str(m["content"])
-               for m in got["calls"][0].request["messages"]), "the question arrived verbatim"
+    assert any(
+        m.get("content") and "What is 2 + 3?" in str(m["content"]) for m in got["calls"][0].request["messages"]
+    ), "the question arrived verbatim"
 
 
 def test_wrong_answer_still_exits_zero_with_reward_zero(image: str, server: ServerThread) -> None:

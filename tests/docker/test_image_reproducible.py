@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import tarfile
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
@@ -32,24 +32,36 @@ def sha256(path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def rebuilt(agent_pex: Path, base_image: str, epoch: int, tmp_path_factory: pytest.TempPathFactory) -> tuple[Built, Path]:
+def rebuilt(
+    agent_pex: Path, base_image: str, epoch: int, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Built, Path]:
     archive = tmp_path_factory.mktemp("rebuilt") / "agent-image.tar"
     return build(AGENT, agent_pex, base_image, epoch, archive=archive), archive
 
 
-def test_the_pants_archive_and_a_rebuild_are_the_same_bytes(rebuilt: tuple[Built, Path], agent_archive: Path,
-                                                            epoch: int) -> None:
+def test_the_pants_archive_and_a_rebuild_are_the_same_bytes(
+    rebuilt: tuple[Built, Path], agent_archive: Path, epoch: int
+) -> None:
     built, archive = rebuilt
     assert sha256(archive) == sha256(agent_archive)
     assert load_archive(agent_archive) == built.image_id
-    inspected = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}} {{.Created}} {{.Config.User}}",
-                                AGENT.tags()[0]], capture_output=True, text=True, timeout=60, check=True).stdout.split()
-    assert inspected == [built.image_id, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)),
-                         f"{AGENT.uid}:{AGENT.uid}"]
+    inspected = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}} {{.Created}} {{.Config.User}}", AGENT.tags()[0]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    assert inspected == [
+        built.image_id,
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)),
+        f"{AGENT.uid}:{AGENT.uid}",
+    ]
 
 
-def test_a_changed_source_file_changes_the_image_id(rebuilt: tuple[Built, Path], agent_pex: Path, base_image: str,
-                                                   epoch: int, tmp_path: Path) -> None:
+def test_a_changed_source_file_changes_the_image_id(
+    rebuilt: tuple[Built, Path], agent_pex: Path, base_image: str, epoch: int, tmp_path: Path
+) -> None:
     """The image's self-test script (src/docker/agent/selftest.py, copied to /opt/calcx) with one
     more line: another layer, another image ID, and the changed file inside."""
     first, _ = rebuilt
@@ -59,8 +71,13 @@ def test_a_changed_source_file_changes_the_image_id(rebuilt: tuple[Built, Path],
     changed = build(recipe, agent_pex, base_image, epoch)
     assert changed.layer_diff_id != first.layer_diff_id
     assert changed.image_id != first.image_id
-    inside = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "cat", changed.image_id,
-                             SELFTEST], capture_output=True, text=True, timeout=120, check=True).stdout
+    inside = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "--entrypoint", "cat", changed.image_id, SELFTEST],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     assert inside.endswith("# changed\n")
 
 

@@ -4,8 +4,9 @@ refused request changes nothing."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -30,8 +31,9 @@ from calcx.server.serve import start_server_thread
 
 @pytest.fixture()
 def server(tmp_path: Path) -> Iterator[Any]:
-    srv = start_server_thread(str(tmp_path / "calcx.db"), KEY, max_body_bytes=MAX_BODY_BYTES,
-                              max_event_body_bytes=MAX_EVENT_BODY_BYTES)
+    srv = start_server_thread(
+        str(tmp_path / "calcx.db"), KEY, max_body_bytes=MAX_BODY_BYTES, max_event_body_bytes=MAX_EVENT_BODY_BYTES
+    )
     try:
         yield srv
     finally:
@@ -43,8 +45,12 @@ def snapshot(client: CalcxClient) -> dict[str, Any]:
     out: dict[str, Any] = {"models": client.get_models().model_dump()}
     for r in client.list_rollouts(limit=1000):
         out[r.rollout_id] = (
-            r.state, r.reward, r.row, [(a.attempt_id, a.state, a.reason, a.controller_id) for a in r.attempts],
-            [(e.event_type, e.data) for e in r.events if e.event_type == "reward"], len(client.calls(r.rollout_id)),
+            r.state,
+            r.reward,
+            r.row,
+            [(a.attempt_id, a.state, a.reason, a.controller_id) for a in r.attempts],
+            [(e.event_type, e.data) for e in r.events if e.event_type == "reward"],
+            len(client.calls(r.rollout_id)),
         )
     return out
 
@@ -59,8 +65,9 @@ def test_every_endpoint_refuses_hostile_requests_with_the_right_status(server: A
         before = snapshot(client)
         with httpx.Client(base_url=server.url, timeout=30) as http:
             outcomes = [send(http, c) for c in refusals]
-        wrong = [f"{o.case.name}: want {o.case.expect} {o.case.code}, got {o.status} {o.code}"
-                 for o in outcomes if not o.ok]
+        wrong = [
+            f"{o.case.name}: want {o.case.expect} {o.case.code}, got {o.status} {o.code}" for o in outcomes if not o.ok
+        ]
         assert wrong == []
         assert snapshot(client) == before
 
@@ -72,11 +79,15 @@ def test_error_answers_say_what_was_wrong(server: Any) -> None:
     token = {"Authorization": f"Bearer {attempt_token(KEY, rid, aid, nonce)}"}
     with httpx.Client(base_url=server.url, timeout=30) as http:
         broken = http.post(f"/v1/rollouts/{rid}/attempts/{aid}/events", headers=token, content=b'{"event_type": ')
-        big = http.post(f"/v1/rollouts/{rid}/attempts/{aid}/events", headers=token,
-                        content=b"x" * (MAX_EVENT_BODY_BYTES + 1))
+        big = http.post(
+            f"/v1/rollouts/{rid}/attempts/{aid}/events", headers=token, content=b"x" * (MAX_EVENT_BODY_BYTES + 1)
+        )
         missing = http.get("/v1/rollouts")
     assert broken.status_code == 422 and "line 1 column" in broken.json()["error"]["message"]
-    assert big.status_code == 413 and f"{MAX_EVENT_BODY_BYTES} bytes (--max-event-body-bytes)" in big.json()["error"]["message"]
+    assert (
+        big.status_code == 413
+        and f"{MAX_EVENT_BODY_BYTES} bytes (--max-event-body-bytes)" in big.json()["error"]["message"]
+    )
     assert missing.status_code == 401 and "Authorization: Bearer" in missing.json()["error"]["message"]
 
 
@@ -87,8 +98,11 @@ def test_unknown_events_are_stored_as_data_and_do_not_touch_the_reward(server: A
         client.post_reward(rid, aid, 1.0)
         with httpx.Client(base_url=server.url, timeout=30) as http:
             headers = {"Authorization": f"Bearer {attempt_token(KEY, rid, aid, nonce)}"}
-            resp = http.post(f"/v1/rollouts/{rid}/attempts/{aid}/events", headers=headers,
-                             json={"event_type": "rew\u202eard", "data": {"value": 0.0, "nested": [{"a": None}]}})
+            resp = http.post(
+                f"/v1/rollouts/{rid}/attempts/{aid}/events",
+                headers=headers,
+                json={"event_type": "rew\u202eard", "data": {"value": 0.0, "nested": [{"a": None}]}},
+            )
         assert resp.status_code == 200
         rollout = client.get_rollout(rid)
         assert rollout.reward == 1.0
@@ -119,8 +133,9 @@ def test_every_wrong_answer_is_counted_and_only_a_restart_excuses_no_answer(tmp_
     """A decoy lost mid-run turns the whole event flood into 409s: each one is a wrong answer,
     listed with its count (none cut off). A request nobody answered is left out of the figure
     only when it overlapped a server restart; at any other time it is a wrong answer."""
-    srv = start_server_thread(str(tmp_path / "calcx.db"), KEY, max_body_bytes=MAX_BODY_BYTES,
-                              max_event_body_bytes=MAX_EVENT_BODY_BYTES)
+    srv = start_server_thread(
+        str(tmp_path / "calcx.db"), KEY, max_body_bytes=MAX_BODY_BYTES, max_event_body_bytes=MAX_EVENT_BODY_BYTES
+    )
     try:
         with CalcxClient(srv.url, KEY) as client:
             decoy, finished = decoy_attempts(client, "t")

@@ -17,12 +17,25 @@ def test_first_claims_of_a_new_controller_keep_their_lease(tmp_path: Path) -> No
     heartbeat, so these attempts fail controller_lost while the controller is alive.)"""
     question = "What is 6 * 7?"
     (tmp_path / "s.jsonl").write_text(json.dumps({"question": question, "expression": "6 * 7"}) + "\n")
-    config = StackConfig(workdir=tmp_path, key=KEY, concurrency=2, script_files=[str(tmp_path / "s.jsonl")],
-                         server_args=["--lease-s", "3"])
+    config = StackConfig(
+        workdir=tmp_path,
+        key=KEY,
+        concurrency=2,
+        script_files=[str(tmp_path / "s.jsonl")],
+        server_args=["--lease-s", "3"],
+    )
     with Stack(config) as stack, CalcxClient(stack.server_url, KEY, timeout=60) as client:
-        client.create_rollouts([{"rollout_id": f"slow-{i}", "row": {"question": f"{question} [stub:slow=2.5]",
-                                                                     "result": "42"}, "deadline_s": 40,
-                                 "max_attempts": 1} for i in range(2)])
+        client.create_rollouts(
+            [
+                {
+                    "rollout_id": f"slow-{i}",
+                    "row": {"question": f"{question} [stub:slow=2.5]", "result": "42"},
+                    "deadline_s": 40,
+                    "max_attempts": 1,
+                }
+                for i in range(2)
+            ]
+        )
         done = [client.wait(f"slow-{i}", timeout_s=45) for i in range(2)]
     outcomes = [(r.state, r.attempts[-1].reason, r.reward) for r in done]
     assert outcomes == [("SUCCEEDED", None, 1.0)] * 2

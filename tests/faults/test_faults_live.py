@@ -40,8 +40,16 @@ KINDS = [
 def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     workdir: Path = tmp_path_factory.mktemp("faults-live")
     args = argparse.Namespace(
-        n=N, kinds_each=1, kinds=KINDS, deadline_s=40.0, concurrency=6, lease_s=12.0, upstream_timeout_s=4.0,
-        calculator_timeout_s=6.0, agent_timeout_s=30.0, timeout_s=150.0,
+        n=N,
+        kinds_each=1,
+        kinds=KINDS,
+        deadline_s=40.0,
+        concurrency=6,
+        lease_s=12.0,
+        upstream_timeout_s=4.0,
+        calculator_timeout_s=6.0,
+        agent_timeout_s=30.0,
+        timeout_s=150.0,
         schedule=[(0.25, "server-sigkill"), (0.45, "controller-restart")],
     )
     result = run_faults(args, workdir, lambda msg: None)
@@ -131,8 +139,10 @@ def test_the_figures_are_on_target_and_the_table_shows_each(live: dict[str, Any]
     assert off_target(live, N) == []
     table = render_markdown(argparse.Namespace(n=N), live, None, "command")
     refused = len([k for k in KINDS if k in REFUSED_AT_CREATE])
-    assert (f"| rows in the run (submitted at once) | {N} ({N - refused} rollouts created, "
-            f"{live['audit']['attempts']} attempts; {refused} refused at creation, 422) | >= {N} |") in table
+    assert (
+        f"| rows in the run (submitted at once) | {N} ({N - refused} rollouts created, "
+        f"{live['audit']['attempts']} attempts; {refused} refused at creation, 422) | >= {N} |"
+    ) in table
     assert "| planned faults never seen (every attempt cut short by a process fault) | 0 | 0 |" in table
     masked = {**live, "audit": {**live["audit"], "masked_by_process_faults": ["f-1: every attempt ended cancelled"]}}
     assert off_target(masked, N) == ["planned faults never seen (every attempt cut short by a process fault)"]

@@ -8,8 +8,9 @@ import copy
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -38,9 +39,12 @@ def claims(tmp_path: Path) -> Iterator[dict[str, Claim]]:
     try:
         texts = hostile_texts()
         with CalcxClient(srv.url, KEY) as client:
-            client.create_rollouts([
-                {"rollout_id": f"q-{name}", "group_id": GROUP_TEXT, "row": {"question": text, "result": "36"}}
-                for name, text in texts.items()])
+            client.create_rollouts(
+                [
+                    {"rollout_id": f"q-{name}", "group_id": GROUP_TEXT, "row": {"question": text, "result": "36"}}
+                    for name, text in texts.items()
+                ]
+            )
             got = client.claim("test", max=len(texts), timeout_s=0).claims
         yield {c.rollout.rollout_id.removeprefix("q-"): c for c in got}
     finally:
@@ -72,13 +76,22 @@ def test_k8s_job_carries_the_exact_text_and_keeps_its_structure(claims: dict[str
     texts = hostile_texts()
     for name, claim in claims.items():
         rendered = render_attempt(
-            rollout_id=claim.rollout.rollout_id, attempt_id=claim.attempt_id, group_id=claim.rollout.group_id,
-            env=claim.env, token=claim.token, deadline_s=claim.deadline_s, settings=JobSettings(),
+            rollout_id=claim.rollout.rollout_id,
+            attempt_id=claim.attempt_id,
+            group_id=claim.rollout.group_id,
+            env=claim.env,
+            token=claim.token,
+            deadline_s=claim.deadline_s,
+            settings=JobSettings(),
         )
         job = yaml.safe_load(rendered.job_yaml)  # one document: safe_load refuses a second
         plain = render_attempt(
-            rollout_id=claim.rollout.rollout_id, attempt_id=claim.attempt_id, group_id=claim.rollout.group_id,
-            env={**claim.env, "QUESTION": PLAIN_QUESTION}, token=claim.token, deadline_s=claim.deadline_s,
+            rollout_id=claim.rollout.rollout_id,
+            attempt_id=claim.attempt_id,
+            group_id=claim.rollout.group_id,
+            env={**claim.env, "QUESTION": PLAIN_QUESTION},
+            token=claim.token,
+            deadline_s=claim.deadline_s,
             settings=JobSettings(),
         )
         # The hostile text changed nothing in the Job but its own value: no field, label,
@@ -97,9 +110,15 @@ def test_k8s_job_carries_the_exact_text_and_keeps_its_structure(claims: dict[str
 def test_k8s_refuses_text_no_environment_can_carry() -> None:
     for suffix in UNCARRIABLE_QUESTION_SUFFIXES.values():
         with pytest.raises(RenderError, match="NUL"):
-            render_attempt(rollout_id="r", attempt_id="1", group_id=None,
-                           env={"QUESTION": f"q {suffix}", "RESULT": "1"}, token="t", deadline_s=10,
-                           settings=JobSettings())
+            render_attempt(
+                rollout_id="r",
+                attempt_id="1",
+                group_id=None,
+                env={"QUESTION": f"q {suffix}", "RESULT": "1"},
+                token="t",
+                deadline_s=10,
+                settings=JobSettings(),
+            )
 
 
 DUMP_ENV = (
@@ -109,8 +128,7 @@ DUMP_ENV = (
 )
 
 
-def test_local_runner_hands_the_exact_text_to_a_spawned_agent(claims: dict[str, Claim],
-                                                             tmp_path: Path) -> None:
+def test_local_runner_hands_the_exact_text_to_a_spawned_agent(claims: dict[str, Claim], tmp_path: Path) -> None:
     texts = hostile_texts()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     # the dump directory on the command line: the runner passes agents no variable of its own

@@ -16,9 +16,16 @@ TOP = "sha256:" + "c" * 64
 
 
 def config(**changes: object) -> ImageConfig:
-    fields: dict[str, object] = dict(diff_ids=(BASE, TOP), created=1_704_067_200, env=("LANG=C.UTF-8",),
-                                     entrypoint=("/opt/agent/bin/python", "-m", "calcx.agent"), user="10001:10001",
-                                     workdir="/tmp", labels={"b": "2", "a": "1"}, history=("base", "top"))
+    fields: dict[str, object] = dict(
+        diff_ids=(BASE, TOP),
+        created=1_704_067_200,
+        env=("LANG=C.UTF-8",),
+        entrypoint=("/opt/agent/bin/python", "-m", "calcx.agent"),
+        user="10001:10001",
+        workdir="/tmp",
+        labels={"b": "2", "a": "1"},
+        history=("base", "top"),
+    )
     fields.update(changes)
     return ImageConfig(**fields)  # type: ignore[arg-type]
 
@@ -31,8 +38,15 @@ def test_the_same_fields_give_the_same_bytes_and_id() -> None:
     assert doc["config"]["User"] == "10001:10001"
 
 
-@pytest.mark.parametrize("change", [{"created": 1_704_067_201}, {"user": "10002:10002"},
-                                    {"diff_ids": (BASE, "sha256:" + "d" * 64)}, {"env": ("LANG=C",)}])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"created": 1_704_067_201},
+        {"user": "10002:10002"},
+        {"diff_ids": (BASE, "sha256:" + "d" * 64)},
+        {"env": ("LANG=C",)},
+    ],
+)
 def test_any_changed_field_changes_the_id(change: dict[str, object]) -> None:
     assert image_id(config(**change).to_json()) != image_id(config().to_json())
 
@@ -53,8 +67,13 @@ def test_archive_names_every_layer_and_carries_only_the_given_ones(tmp_path: Pat
         manifest = json.loads(tar.extractfile("manifest.json").read())  # type: ignore[union-attr]
         assert tar.extractfile(f"{got[7:]}.json").read() == config().to_json()  # type: ignore[union-attr]
     assert names == [f"{'c' * 64}/layer.tar", f"{got[7:]}.json", "manifest.json"]
-    assert manifest == [{"Config": f"{got[7:]}.json", "RepoTags": ["calcx/agent:latest"],
-                         "Layers": [f"{'b' * 64}/layer.tar", f"{'c' * 64}/layer.tar"]}]
+    assert manifest == [
+        {
+            "Config": f"{got[7:]}.json",
+            "RepoTags": ["calcx/agent:latest"],
+            "Layers": [f"{'b' * 64}/layer.tar", f"{'c' * 64}/layer.tar"],
+        }
+    ]
     again = io.BytesIO()
     write_archive(again, config(), {TOP: top}, repo_tags=["calcx/agent:latest"])
     assert again.getvalue() == out.getvalue()

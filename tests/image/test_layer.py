@@ -18,8 +18,12 @@ EPOCH = 1_700_000_000
 
 def make_tree(root: Path, order: list[str], mtime: int, exec_mode: int = 0o755) -> Path:
     """A small image tree; `order` sets the order the files are created in."""
-    files = {"opt/app/bin/run": b"#!/bin/sh\necho hi\n", "opt/app/lib/a.py": b"A = 1\n",
-             "opt/app/lib/b.py": b"B = 2\n", "etc/passwd": b"root:x:0:0::/root:/bin/sh\n"}
+    files = {
+        "opt/app/bin/run": b"#!/bin/sh\necho hi\n",
+        "opt/app/lib/a.py": b"A = 1\n",
+        "opt/app/lib/b.py": b"B = 2\n",
+        "etc/passwd": b"root:x:0:0::/root:/bin/sh\n",
+    }
     for name in order:
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -55,8 +59,18 @@ def test_entries_are_sorted_with_fixed_metadata(tmp_path: Path) -> None:
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         members = tar.getmembers()
     names = [m.name for m in members]
-    assert names == ["etc", "etc/passwd", "opt", "opt/app", "opt/app/bin", "opt/app/bin/python",
-                     "opt/app/bin/run", "opt/app/lib", "opt/app/lib/a.py", "opt/app/lib/b.py"]
+    assert names == [
+        "etc",
+        "etc/passwd",
+        "opt",
+        "opt/app",
+        "opt/app/bin",
+        "opt/app/bin/python",
+        "opt/app/bin/run",
+        "opt/app/lib",
+        "opt/app/lib/a.py",
+        "opt/app/lib/b.py",
+    ]
     assert {(m.uid, m.gid, m.uname, m.gname, m.mtime) for m in members} == {(0, 0, "", "", EPOCH)}
     modes = {m.name: m.mode for m in members}
     assert modes["opt/app/bin/run"] == 0o755 and modes["opt/app/lib/a.py"] == 0o644 and modes["opt"] == 0o755

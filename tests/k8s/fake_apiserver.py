@@ -36,7 +36,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import uvicorn
@@ -47,7 +47,7 @@ from calcx.common.serving import ThreadedServer
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -70,8 +70,10 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {
     "fake/agent:ok": Scenario([Step(0.05, "running"), Step(0.2, "exit", exit_code=0)], log="done\n"),
     "fake/agent:exit-11": Scenario(
-        [Step(0.05, "running"), Step(0.1, "exit", exit_code=11,
-                                     message="calcx-agent: failure: calculator_failed MCP calculator died\n")]
+        [
+            Step(0.05, "running"),
+            Step(0.1, "exit", exit_code=11, message="calcx-agent: failure: calculator_failed MCP calculator died\n"),
+        ]
     ),
     "fake/agent:exit-13-log-only": Scenario(
         [Step(0.05, "running"), Step(0.1, "exit", exit_code=13)],
@@ -79,12 +81,16 @@ SCENARIOS: dict[str, Scenario] = {
     ),
     "fake/agent:oom": Scenario([Step(0.05, "running"), Step(0.1, "exit", exit_code=137, reason="OOMKilled")]),
     "fake/agent:image-pull": Scenario(
-        [Step(0.05, "waiting", reason="ErrImagePull", message="pull access denied for fake/agent"),
-         Step(0.3, "waiting", reason="ImagePullBackOff", message="Back-off pulling image")]
+        [
+            Step(0.05, "waiting", reason="ErrImagePull", message="pull access denied for fake/agent"),
+            Step(0.3, "waiting", reason="ImagePullBackOff", message="Back-off pulling image"),
+        ]
     ),
     "fake/agent:invalid-name": Scenario([Step(0.05, "waiting", reason="InvalidImageName", message="bad ref")]),
     "fake/agent:hang": Scenario([Step(0.05, "running"), Step(0.0, "hang")]),
-    "fake/agent:slow-pull": Scenario([Step(0.05, "waiting", reason="ContainerCreating", message=""), Step(0.0, "hang")]),
+    "fake/agent:slow-pull": Scenario(
+        [Step(0.05, "waiting", reason="ContainerCreating", message=""), Step(0.0, "hang")]
+    ),
 }
 
 
@@ -121,7 +127,7 @@ class FakeApiServer:
 
     # -- life --
 
-    def __enter__(self) -> "FakeApiServer":
+    def __enter__(self) -> FakeApiServer:
         self._thread = ThreadedServer(self.app, name="fake-apiserver").start(10)
         self._server = self._thread.server
         self._loop = self._thread.loop
@@ -141,7 +147,9 @@ class FakeApiServer:
     def kubeconfig(self, path: str, namespace: str = "calcx") -> str:
         """Write a kubeconfig that points the real client at this server; returns its path."""
         doc = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "fake",
             "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
             "users": [{"name": "fake", "user": {"token": self.token}}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}],
@@ -165,7 +173,9 @@ class FakeApiServer:
     def get(self, kind: str, name: str, namespace: str = "calcx") -> dict[str, Any] | None:
         return self.call(lambda: copy.deepcopy(self.objects.get((kind, namespace, name))))
 
-    def requests_of(self, method: str, path_part: str) -> list[tuple[float, str, str, dict[str, Any] | None, dict[str, str]]]:
+    def requests_of(
+        self, method: str, path_part: str
+    ) -> list[tuple[float, str, str, dict[str, Any] | None, dict[str, str]]]:
         return self.call(lambda: [r for r in self.requests if r[1] == method and path_part in r[2]])
 
     def expire_history(self) -> None:
@@ -205,13 +215,15 @@ class FakeApiServer:
         task = self._tasks.pop(name, None)
         if task is not None:
             task.cancel()
-        for (kind, ns, pod_name), pod in list(self.objects.items()):
+        for (kind, ns, _pod_name), pod in list(self.objects.items()):
             if kind == "pod" and ns == namespace and pod["metadata"]["labels"].get("job-name") == name:
                 self._store("pod", "DELETED", pod)
         uid = job["metadata"]["uid"]
         for (kind, ns, _), secret in list(self.objects.items()):
-            if kind == "secret" and ns == namespace and any(
-                ref.get("uid") == uid for ref in secret["metadata"].get("ownerReferences") or []
+            if (
+                kind == "secret"
+                and ns == namespace
+                and any(ref.get("uid") == uid for ref in secret["metadata"].get("ownerReferences") or [])
             ):
                 self._store("secret", "DELETED", secret)
         return self._store("job", "DELETED", job)
@@ -225,13 +237,31 @@ class FakeApiServer:
             [Step(0.05, "waiting", reason="ErrImagePull", message=f"image {container['image']} not found")]
         )
         labels = dict(job["spec"]["template"]["metadata"].get("labels") or {})
-        labels.update({"job-name": job_name, "batch.kubernetes.io/job-name": job_name,
-                       "controller-uid": job["metadata"]["uid"]})
-        pod = self._new_meta({"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": f"{job_name}-{uuid.uuid4().hex[:5]}", "labels": labels,
-            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job_name,
-                                 "uid": job["metadata"]["uid"], "controller": True}]},
-            "spec": pod_spec, "status": {"phase": "Pending"}}, namespace)
+        labels.update(
+            {"job-name": job_name, "batch.kubernetes.io/job-name": job_name, "controller-uid": job["metadata"]["uid"]}
+        )
+        pod = self._new_meta(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{job_name}-{uuid.uuid4().hex[:5]}",
+                    "labels": labels,
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "batch/v1",
+                            "kind": "Job",
+                            "name": job_name,
+                            "uid": job["metadata"]["uid"],
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": pod_spec,
+                "status": {"phase": "Pending"},
+            },
+            namespace,
+        )
         pod["_log"] = scenario.log
         self._store("pod", "ADDED", pod)
         job["status"] = {"active": 1, "startTime": _now()}
@@ -240,8 +270,16 @@ class FakeApiServer:
         started_at = None
 
         def container_status(state: dict[str, Any]) -> list[dict[str, Any]]:
-            return [{"name": container["name"], "image": container["image"], "imageID": "", "ready": "running" in state,
-                     "restartCount": 0, "state": state}]
+            return [
+                {
+                    "name": container["name"],
+                    "image": container["image"],
+                    "imageID": "",
+                    "ready": "running" in state,
+                    "restartCount": 0,
+                    "state": state,
+                }
+            ]
 
         async def run_steps() -> None:
             nonlocal started_at
@@ -252,29 +290,53 @@ class FakeApiServer:
                 if step.action in ("running", "exit"):
                     missing = self._missing_secret(namespace, container)
                     if missing:
-                        pod["status"] = {"phase": "Pending", "containerStatuses": container_status(
-                            {"waiting": {"reason": "CreateContainerConfigError", "message": missing}})}
+                        pod["status"] = {
+                            "phase": "Pending",
+                            "containerStatuses": container_status(
+                                {"waiting": {"reason": "CreateContainerConfigError", "message": missing}}
+                            ),
+                        }
                         self._store("pod", "MODIFIED", pod)
                         await asyncio.Event().wait()
                 if step.action == "pending":
                     pod["status"] = {"phase": "Pending"}
                 elif step.action == "waiting":
-                    pod["status"] = {"phase": "Pending", "containerStatuses": container_status(
-                        {"waiting": {"reason": step.reason, "message": step.message}})}
+                    pod["status"] = {
+                        "phase": "Pending",
+                        "containerStatuses": container_status(
+                            {"waiting": {"reason": step.reason, "message": step.message}}
+                        ),
+                    }
                 elif step.action == "running":
                     started_at = _now()
-                    pod["status"] = {"phase": "Running", "containerStatuses": container_status(
-                        {"running": {"startedAt": started_at}})}
+                    pod["status"] = {
+                        "phase": "Running",
+                        "containerStatuses": container_status({"running": {"startedAt": started_at}}),
+                    }
                 elif step.action == "exit":
                     ok = step.exit_code == 0
-                    pod["status"] = {"phase": "Succeeded" if ok else "Failed", "containerStatuses": container_status(
-                        {"terminated": {"exitCode": step.exit_code, "reason": step.reason or ("Completed" if ok else "Error"),
-                                        "message": step.message or None, "startedAt": started_at or _now(),
-                                        "finishedAt": _now()}})}
+                    pod["status"] = {
+                        "phase": "Succeeded" if ok else "Failed",
+                        "containerStatuses": container_status(
+                            {
+                                "terminated": {
+                                    "exitCode": step.exit_code,
+                                    "reason": step.reason or ("Completed" if ok else "Error"),
+                                    "message": step.message or None,
+                                    "startedAt": started_at or _now(),
+                                    "finishedAt": _now(),
+                                }
+                            }
+                        ),
+                    }
                     self._store("pod", "MODIFIED", pod)
                     await asyncio.sleep(0.02)  # the Job controller notices a moment later
-                    self._finish_job(job, "Complete" if ok else "Failed", None if ok else "BackoffLimitExceeded",
-                                     None if ok else "Job has reached the specified backoff limit")
+                    self._finish_job(
+                        job,
+                        "Complete" if ok else "Failed",
+                        None if ok else "BackoffLimitExceeded",
+                        None if ok else "Job has reached the specified backoff limit",
+                    )
                     return
                 self._store("pod", "MODIFIED", pod)
 
@@ -288,12 +350,19 @@ class FakeApiServer:
             self._finish_job(job, "Failed", "DeadlineExceeded", "Job was active longer than specified deadline")
 
     def _finish_job(self, job: dict[str, Any], kind: str, reason: str | None, message: str | None) -> None:
-        cond: dict[str, str | None] = {"type": kind, "status": "True", "lastProbeTime": _now(),
-                                       "lastTransitionTime": _now()}
+        cond: dict[str, str | None] = {
+            "type": kind,
+            "status": "True",
+            "lastProbeTime": _now(),
+            "lastTransitionTime": _now(),
+        }
         if reason:
             cond.update(reason=reason, message=message)
-        job["status"] = {"conditions": [cond], "startTime": job.get("status", {}).get("startTime", _now()),
-                         "succeeded" if kind == "Complete" else "failed": 1}
+        job["status"] = {
+            "conditions": [cond],
+            "startTime": job.get("status", {}).get("startTime", _now()),
+            "succeeded" if kind == "Complete" else "failed": 1,
+        }
         if kind == "Complete":
             job["status"]["completionTime"] = _now()
         self._store("job", "MODIFIED", job)
@@ -315,11 +384,24 @@ class FakeApiServer:
 
     def _build_app(self) -> FastAPI:
         app = FastAPI()
-        kinds = {"jobs": ("job", "batch/v1", "Job"), "secrets": ("secret", "v1", "Secret"), "pods": ("pod", "v1", "Pod")}
+        kinds = {
+            "jobs": ("job", "batch/v1", "Job"),
+            "secrets": ("secret", "v1", "Secret"),
+            "pods": ("pod", "v1", "Pod"),
+        }
 
         def status(code: int, reason: str, message: str) -> JSONResponse:
-            return JSONResponse({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
-                                 "reason": reason, "code": code}, status_code=code)
+            return JSONResponse(
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "message": message,
+                    "reason": reason,
+                    "code": code,
+                },
+                status_code=code,
+            )
 
         @app.middleware("http")
         async def auth(request: Request, call_next: Any) -> Any:
@@ -342,16 +424,37 @@ class FakeApiServer:
             if q.get("watch") in ("true", "1"):
                 since = int(q.get("resourceVersion") or 0)
                 if since and since < self.history_floor:
+
                     async def gone() -> Any:
-                        yield json.dumps({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                                                       "message": "too old resource version", "reason": "Expired", "code": 410}}) + "\n"
+                        yield json.dumps(
+                            {
+                                "type": "ERROR",
+                                "object": {
+                                    "kind": "Status",
+                                    "apiVersion": "v1",
+                                    "status": "Failure",
+                                    "message": "too old resource version",
+                                    "reason": "Expired",
+                                    "code": 410,
+                                },
+                            }
+                        ) + "\n"
+
                     return StreamingResponse(gone(), media_type="application/json")
                 timeout = float(q.get("timeoutSeconds") or 1800)
                 return StreamingResponse(self._watch(kind, ns, selector, since, timeout), media_type="application/json")
-            items = [public(o) for (k, n, _), o in sorted(self.objects.items()) if k == kind and n == ns
-                     and _matches(o["metadata"].get("labels") or {}, selector)]
+            items = [
+                public(o)
+                for (k, n, _), o in sorted(self.objects.items())
+                if k == kind and n == ns and _matches(o["metadata"].get("labels") or {}, selector)
+            ]
             rv = str(self.history[-1][0]) if self.history else "0"
-            return {"apiVersion": api_version, "kind": f"{kind_name}List", "metadata": {"resourceVersion": rv}, "items": items}
+            return {
+                "apiVersion": api_version,
+                "kind": f"{kind_name}List",
+                "metadata": {"resourceVersion": rv},
+                "items": items,
+            }
 
         async def create(request: Request, ns: str, resource: str) -> Any:
             kind, _, _ = kinds[resource]

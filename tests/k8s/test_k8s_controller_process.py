@@ -54,19 +54,44 @@ def start_controller(api: FakeApiServer, server: ServerThread, tmp_path: Path, i
     kubeconfig = api.kubeconfig(str(tmp_path / f"{name}.kubeconfig"))
     paths = [SRC, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "CALCX_KEY": KEY}
-    cmd = [sys.executable, "-m", "calcx.controller", "--runner", "k8s", "--server", server.url,
-           "--controller-id", f"ctl-{name}", "--concurrency", "4", "--agent-image", image,
-           "--kubeconfig", kubeconfig, "--namespace", "calcx", "--max-jobs-per-s", "50"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "calcx.controller",
+        "--runner",
+        "k8s",
+        "--server",
+        server.url,
+        "--controller-id",
+        f"ctl-{name}",
+        "--concurrency",
+        "4",
+        "--agent-image",
+        image,
+        "--kubeconfig",
+        kubeconfig,
+        "--namespace",
+        "calcx",
+        "--max-jobs-per-s",
+        "50",
+    ]
     return ManagedProcess(f"controller-{name}", cmd, tmp_path / f"controller-{name}.log", env).start(
-        CONTROLLER_READY, 120.0)
+        CONTROLLER_READY, 120.0
+    )
 
 
 def run_rollouts(client: CalcxClient, ids: list[str], *, deadline_s: float) -> dict[str, Rollout]:
-    client.create_rollouts([
-        {"rollout_id": rid, "row": {"question": f"What is {i} + 2? It's \"{rid}\": really", "result": str(i + 2)},
-         "deadline_s": deadline_s, "max_attempts": 1}
-        for i, rid in enumerate(ids)
-    ])
+    client.create_rollouts(
+        [
+            {
+                "rollout_id": rid,
+                "row": {"question": f'What is {i} + 2? It\'s "{rid}": really', "result": str(i + 2)},
+                "deadline_s": deadline_s,
+                "max_attempts": 1,
+            }
+            for i, rid in enumerate(ids)
+        ]
+    )
     out = {}
     for rid in ids:
         rollout = client.wait(rid, timeout_s=60.0)
@@ -76,8 +101,16 @@ def run_rollouts(client: CalcxClient, ids: list[str], *, deadline_s: float) -> d
     return out
 
 
-def run_one_under(api: FakeApiServer, server: ServerThread, client: CalcxClient, tmp_path: Path, image: str,
-                  rid: str, *, deadline_s: float) -> Rollout:
+def run_one_under(
+    api: FakeApiServer,
+    server: ServerThread,
+    client: CalcxClient,
+    tmp_path: Path,
+    image: str,
+    rid: str,
+    *,
+    deadline_s: float,
+) -> Rollout:
     """One rollout under a controller of `image`, which must then exit cleanly."""
     controller = start_controller(api, server, tmp_path, image)
     try:
@@ -91,19 +124,21 @@ def env_of(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_controller_runs_rollouts_as_jobs_with_the_key_in_a_secret(
-        api: FakeApiServer, server: ServerThread, client: CalcxClient, tmp_path: Path) -> None:
+    api: FakeApiServer, server: ServerThread, client: CalcxClient, tmp_path: Path
+) -> None:
     controller = start_controller(api, server, tmp_path, "fake/agent:ok")
     try:
         ids = [f"k8s-ok-{i}" for i in range(3)]
         done = run_rollouts(client, ids, deadline_s=60)
         assert {rid: (r.state, r.latest_attempt.controller_id) for rid, r in done.items()} == {
-            rid: ("SUCCEEDED", "ctl-ok") for rid in ids}
+            rid: ("SUCCEEDED", "ctl-ok") for rid in ids
+        }
 
         jobs = [api.get("job", name) for name in api.names("job")]
         by_rollout = {env_of(job)["QUESTION"]["value"]: job for job in jobs if job is not None}
         assert len(by_rollout) == 3
         for i, rid in enumerate(ids):
-            job = by_rollout[f"What is {i} + 2? It's \"{rid}\": really"]  # the question verbatim
+            job = by_rollout[f'What is {i} + 2? It\'s "{rid}": really']  # the question verbatim
             env = env_of(job)
             assert env["RESULT"]["value"] == str(i + 2)
             ref = env["AGL_KEY"]["valueFrom"]["secretKeyRef"]
@@ -121,7 +156,8 @@ def test_controller_runs_rollouts_as_jobs_with_the_key_in_a_secret(
 
 
 def test_image_pull_failure_is_reported_as_such(
-        api: FakeApiServer, server: ServerThread, client: CalcxClient, tmp_path: Path) -> None:
+    api: FakeApiServer, server: ServerThread, client: CalcxClient, tmp_path: Path
+) -> None:
     rollout = run_one_under(api, server, client, tmp_path, "fake/agent:image-pull", "k8s-pull", deadline_s=120)
     attempt = rollout.latest_attempt
     assert (rollout.state, attempt.reason) == ("FAILED", "image_pull")
@@ -129,7 +165,8 @@ def test_image_pull_failure_is_reported_as_such(
 
 
 def test_a_slow_pull_is_not_mistaken_for_an_image_pull_failure(
-        api: FakeApiServer, server: ServerThread, client: CalcxClient, tmp_path: Path) -> None:
+    api: FakeApiServer, server: ServerThread, client: CalcxClient, tmp_path: Path
+) -> None:
     rollout = run_one_under(api, server, client, tmp_path, "fake/agent:slow-pull", "k8s-slow-pull", deadline_s=2)
     attempt = rollout.latest_attempt
     # waited through ContainerCreating until the Job's own deadline ended it

@@ -91,13 +91,33 @@ def kind_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         pytest.skip(reason="kind cluster unavailable: " + "; ".join(problems))
     name = f"calcx-test-{uuid.uuid4().hex[:6]}"
     kubeconfig = tmp_path_factory.mktemp("kind") / "kubeconfig"
-    run = lambda *args, timeout=300: subprocess.run(args, check=True, capture_output=True, text=True, timeout=timeout)  # noqa: E731
-    run("kind", "create", "cluster", "--name", name, "--image", KIND_NODE_IMAGE, "--kubeconfig", str(kubeconfig),
-        "--wait", "120s", timeout=400)
+
+    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(args, check=True, capture_output=True, text=True, timeout=timeout)
+
+    run(
+        "kind",
+        "create",
+        "cluster",
+        "--name",
+        name,
+        "--image",
+        KIND_NODE_IMAGE,
+        "--kubeconfig",
+        str(kubeconfig),
+        "--wait",
+        "120s",
+        timeout=400,
+    )
     try:
         run("kind", "load", "docker-image", AGENT_IMAGE, "--name", name)
         out = tmp_path_factory.mktemp("manifests")
-        build(out, StaticSettings(namespace=NAMESPACE, agent_image=AGENT_IMAGE), "kind-test-key-0123456789-abcdefghij", "1.31")
+        build(
+            out,
+            StaticSettings(namespace=NAMESPACE, agent_image=AGENT_IMAGE),
+            "kind-test-key-0123456789-abcdefghij",
+            "1.31",
+        )
         run("kubectl", "--kubeconfig", str(kubeconfig), "create", "namespace", NAMESPACE)
         run("kubectl", "--kubeconfig", str(kubeconfig), "apply", "-k", str(out))
         yield kubeconfig
@@ -106,19 +126,34 @@ def kind_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _claim(rid: str, deadline_s: float = 120) -> Claim:
-    rollout = Rollout(rollout_id=rid, row={"question": "What is 2 + 3?", "result": "5"}, state="RUNNING",
-                      attempts=[Attempt(attempt_id="1", state="RUNNING", created_at=0.0)], created_at=0.0)
+    rollout = Rollout(
+        rollout_id=rid,
+        row={"question": "What is 2 + 3?", "result": "5"},
+        state="RUNNING",
+        attempts=[Attempt(attempt_id="1", state="RUNNING", created_at=0.0)],
+        created_at=0.0,
+    )
     base = f"http://127.0.0.1:9/v1/rollouts/{rid}/attempts/1"  # nothing listens there inside the pod
     token = attempt_token("kind-test-key-0123456789-abcdefghij", rid, "1", "feedc0de")
-    env = {"QUESTION": "What is 2 + 3?", "RESULT": "5", "AGL_OPENAI_BASE_URL": f"{base}/v1",
-           "AGL_EVENT_URL": f"{base}/events", "CALCX_MODEL_MAX_RETRIES": "0"}
+    env = {
+        "QUESTION": "What is 2 + 3?",
+        "RESULT": "5",
+        "AGL_OPENAI_BASE_URL": f"{base}/v1",
+        "AGL_EVENT_URL": f"{base}/events",
+        "CALCX_MODEL_MAX_RETRIES": "0",
+    }
     return Claim(rollout=rollout, attempt_id="1", token=token, env=env, deadline_s=deadline_s)
 
 
 def _runner(kubeconfig: Path, image: str) -> K8sRunner:
-    return K8sRunner(K8sRunnerConfig(
-        job=JobSettings(namespace=NAMESPACE, image=image, image_pull_policy="IfNotPresent", controller_id="kind-test"),
-        kubeconfig=str(kubeconfig)))
+    return K8sRunner(
+        K8sRunnerConfig(
+            job=JobSettings(
+                namespace=NAMESPACE, image=image, image_pull_policy="IfNotPresent", controller_id="kind-test"
+            ),
+            kubeconfig=str(kubeconfig),
+        )
+    )
 
 
 def test_real_job_of_the_real_image_maps_the_agent_exit(kind_cluster: Path) -> None:
@@ -160,7 +195,23 @@ def test_close_leaves_nothing_behind(kind_cluster: Path) -> None:
         await asyncio.wait_for(task, 60)
 
     asyncio.run(main())
-    left = subprocess.run(["kubectl", "--kubeconfig", str(kind_cluster), "-n", NAMESPACE, "get", "jobs,secrets",
-                           "-l", "app.kubernetes.io/managed-by=calcx-controller", "-o", "name"],
-                          capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    left = subprocess.run(
+        [
+            "kubectl",
+            "--kubeconfig",
+            str(kind_cluster),
+            "-n",
+            NAMESPACE,
+            "get",
+            "jobs,secrets",
+            "-l",
+            "app.kubernetes.io/managed-by=calcx-controller",
+            "-o",
+            "name",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
     assert [name for name in left if "kind-close" in name] == []

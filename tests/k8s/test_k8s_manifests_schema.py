@@ -20,8 +20,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _attempt(directory: Path | None = None):  # type: ignore[no-untyped-def]
-    return render_attempt(rollout_id="r", attempt_id="1", group_id="g", env={"QUESTION": "q", "RESULT": "1"},
-                          token="t", deadline_s=10, settings=JobSettings(), directory=directory)
+    return render_attempt(
+        rollout_id="r",
+        attempt_id="1",
+        group_id="g",
+        env={"QUESTION": "q", "RESULT": "1"},
+        token="t",
+        deadline_s=10,
+        settings=JobSettings(),
+        directory=directory,
+    )
 
 
 def test_all_rendered_manifests_pass_the_strict_schema() -> None:
@@ -31,8 +39,16 @@ def test_all_rendered_manifests_pass_the_strict_schema() -> None:
     objects["job"] = attempt.job
     objects["secret"] = attempt.secret
     validate_all(objects)
-    assert {o["kind"] for o in objects.values()} >= {"Job", "Secret", "Deployment", "ServiceAccount", "Role", "RoleBinding",
-                                                    "Namespace", "NetworkPolicy"}
+    assert {o["kind"] for o in objects.values()} >= {
+        "Job",
+        "Secret",
+        "Deployment",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Namespace",
+        "NetworkPolicy",
+    }
 
 
 def _broken_copy(tmp_path: Path, original: str, broken: str) -> Path:
@@ -51,10 +67,12 @@ def _broken_copy(tmp_path: Path, original: str, broken: str) -> Path:
         ("automountServiceAccountToken:", "automountServiceAcountToken:", "automountServiceAcountToken"),
         ("imagePullPolicy:", "imagePulPolicy:", "imagePulPolicy"),
         ("emptyDir:", "emptyDirectory:", "emptyDirectory"),
-        ("readOnlyRootFilesystem: true", "readOnlyRootFilesystem: \"yes\"", "yes"),
+        ("readOnlyRootFilesystem: true", 'readOnlyRootFilesystem: "yes"', "yes"),
     ],
 )
-def test_a_broken_copy_of_the_job_template_fails_validation(tmp_path: Path, original: str, broken: str, field: str) -> None:
+def test_a_broken_copy_of_the_job_template_fails_validation(
+    tmp_path: Path, original: str, broken: str, field: str
+) -> None:
     attempt = _attempt(_broken_copy(tmp_path, original, broken))
     with pytest.raises(ManifestInvalid, match=field):
         validate_manifest(attempt.job, source="job.yaml.j2 copy")
@@ -68,11 +86,21 @@ def test_a_broken_copy_of_the_job_template_fails_validation(tmp_path: Path, orig
         ("value: {{ env_value | q }}", "value: {{ env_value }}", "container env|not valid YAML"),
     ],
 )
-def test_the_renderer_refuses_a_template_that_drops_its_guarantees(tmp_path: Path, original: str, broken: str, what: str) -> None:
+def test_the_renderer_refuses_a_template_that_drops_its_guarantees(
+    tmp_path: Path, original: str, broken: str, what: str
+) -> None:
     copy = _broken_copy(tmp_path, original, broken)
     with pytest.raises(RenderError, match=what):
-        render_attempt(rollout_id="r", attempt_id="1", group_id="g", env={"QUESTION": "a: b", "RESULT": "1"},
-                       token="t", deadline_s=10, settings=JobSettings(), directory=copy)
+        render_attempt(
+            rollout_id="r",
+            attempt_id="1",
+            group_id="g",
+            env={"QUESTION": "a: b", "RESULT": "1"},
+            token="t",
+            deadline_s=10,
+            settings=JobSettings(),
+            directory=copy,
+        )
 
 
 def test_misspelled_field_in_a_static_template_fails(tmp_path: Path) -> None:
@@ -95,7 +123,9 @@ def test_rbac_is_namespaced_and_limited_to_what_the_runner_uses() -> None:
     role = static["role.yaml"][1]
     binding = static["rolebinding.yaml"][1]
     assert role["kind"] == "Role" and role["metadata"]["namespace"] == "team-a"
-    granted = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    granted = {
+        (g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+    }
     assert granted == {
         ("batch", "jobs"): {"create", "get", "list", "watch", "patch", "delete"},
         ("", "pods"): {"list", "watch"},
@@ -107,7 +137,11 @@ def test_rbac_is_namespaced_and_limited_to_what_the_runner_uses() -> None:
     all_verbs = set().union(*granted.values())
     assert "*" not in all_verbs and "escalate" not in all_verbs and "bind" not in all_verbs
     assert not any("*" in rule["resources"] or "*" in rule["apiGroups"] for rule in role["rules"])
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "calcx-controller", "namespace": "team-a"}]
     deployment = static["controller-deployment.yaml"][1]
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "calcx-controller"
@@ -142,9 +176,24 @@ def test_build_cli_writes_a_valid_directory(tmp_path: Path) -> None:
     out = tmp_path / "manifests"
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "calcx.k8s.build", "--out", str(out), "--namespace", "ml",
-         "--agent-image", "registry.local/calcx/agent:1.2", "--server-key-file", str(key_file)],
-        capture_output=True, text=True, timeout=60, cwd=REPO, env={"PYTHONPATH": str(REPO / "src/python"), "PATH": "/usr/bin:/bin"},
+        [
+            sys.executable,
+            "-m",
+            "calcx.k8s.build",
+            "--out",
+            str(out),
+            "--namespace",
+            "ml",
+            "--agent-image",
+            "registry.local/calcx/agent:1.2",
+            "--server-key-file",
+            str(key_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO / "src/python"), "PATH": "/usr/bin:/bin"},
     )
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr
@@ -163,8 +212,20 @@ def test_build_cli_writes_a_valid_directory(tmp_path: Path) -> None:
 
 def test_build_cli_reports_an_unreadable_key_file(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "calcx.k8s.build", "--out", str(tmp_path / "o"), "--server-key-file", str(tmp_path / "nope")],
-        capture_output=True, text=True, timeout=60, cwd=REPO, env={"PYTHONPATH": str(REPO / "src/python"), "PATH": "/usr/bin:/bin"},
+        [
+            sys.executable,
+            "-m",
+            "calcx.k8s.build",
+            "--out",
+            str(tmp_path / "o"),
+            "--server-key-file",
+            str(tmp_path / "nope"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO / "src/python"), "PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 2 and "--server-key-file" in proc.stderr
     assert not (tmp_path / "o").exists()
@@ -176,8 +237,10 @@ def test_the_namespace_enforces_the_restricted_pod_security_standard() -> None:
     labels = namespace["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
     # what `restricted` demands of every pod, the agent's and the controller's have
-    for pod in (_attempt().job["spec"]["template"]["spec"],
-                render_static(StaticSettings())["controller-deployment.yaml"][1]["spec"]["template"]["spec"]):
+    for pod in (
+        _attempt().job["spec"]["template"]["spec"],
+        render_static(StaticSettings())["controller-deployment.yaml"][1]["spec"]["template"]["spec"],
+    ):
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         for container in pod["containers"]:
@@ -188,7 +251,11 @@ def test_the_namespace_enforces_the_restricted_pod_security_standard() -> None:
 @pytest.mark.parametrize(
     ("server_url", "peer", "port"),
     [
-        ("http://calcx-server:8000", {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "calcx-server"}}}, 8000),
+        (
+            "http://calcx-server:8000",
+            {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "calcx-server"}}},
+            8000,
+        ),
         ("http://172.18.0.1:8123", {"ipBlock": {"cidr": "172.18.0.1/32"}}, 8123),
         ("https://calcx.example", {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "calcx-server"}}}, 443),
     ],

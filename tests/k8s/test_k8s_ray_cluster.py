@@ -28,8 +28,10 @@ def cluster(ray: RaySettings | None = None, static: StaticSettings | None = None
 
 def pods(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
     spec = obj["spec"]
-    return {"head": spec["headGroupSpec"]["template"]["spec"],
-            "worker": spec["workerGroupSpecs"][0]["template"]["spec"]}
+    return {
+        "head": spec["headGroupSpec"]["template"]["spec"],
+        "worker": spec["workerGroupSpecs"][0]["template"]["spec"],
+    }
 
 
 def test_the_default_cluster_is_a_head_without_gpus_and_one_worker_with_one() -> None:
@@ -44,13 +46,18 @@ def test_the_default_cluster_is_a_head_without_gpus_and_one_worker_with_one() ->
 
 
 def test_nodes_and_gpus_are_render_parameters() -> None:
-    obj = cluster(RaySettings(workers=4, gpus_per_worker=8, worker_cpu="32", worker_memory="512Gi"),
-                  StaticSettings(namespace="team-a"))
+    obj = cluster(
+        RaySettings(workers=4, gpus_per_worker=8, worker_cpu="32", worker_memory="512Gi"),
+        StaticSettings(namespace="team-a"),
+    )
     validate_manifest(obj, source="raycluster")
     group = obj["spec"]["workerGroupSpecs"][0]
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (4, 4, 4)
     assert group["template"]["spec"]["containers"][0]["resources"]["limits"] == {
-        "cpu": "32", "memory": "512Gi", "nvidia.com/gpu": 8}
+        "cpu": "32",
+        "memory": "512Gi",
+        "nvidia.com/gpu": 8,
+    }
     assert obj["metadata"]["namespace"] == "team-a"
 
 
@@ -67,8 +74,11 @@ def test_every_node_reaches_the_agents_server_with_the_key_from_its_secret() -> 
     for node, pod in pods(cluster(static=static)).items():
         env = {e["name"]: e for e in pod["containers"][0]["env"]}
         assert env["CALCX_SERVER"] == controller_env["CALCX_SERVER"], node  # the URL agents are given
-        assert env["CALCX_KEY"] == controller_env["CALCX_KEY"] == {
-            "name": "CALCX_KEY", "valueFrom": {"secretKeyRef": {"name": "our-key", "key": "key"}}}, node
+        assert (
+            env["CALCX_KEY"]
+            == controller_env["CALCX_KEY"]
+            == {"name": "CALCX_KEY", "valueFrom": {"secretKeyRef": {"name": "our-key", "key": "key"}}}
+        ), node
         assert "value" not in env["CALCX_KEY"]
 
 
@@ -122,11 +132,22 @@ HEAD_POD = ("spec", "headGroupSpec", "template", "spec")
         (lambda o: _set(o, "2", *GROUP, "replicas"), "is not of type 'integer'"),
         (lambda o: _set(o, [], "spec", "workerGroupSpecs"), "should be non-empty"),
         (lambda o: _set(o, {"name": "CALCX_KEY", "value": KEY}, *WORKER_CONTAINER, "env", 1), "never a plain value"),
-        (lambda o: _set(o, {"name": "CALCX_KEY", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "key"}}},
-                        *WORKER_CONTAINER, "env", 1), "'secretKeyRef' is a required property"),
+        (
+            lambda o: _set(
+                o,
+                {"name": "CALCX_KEY", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "key"}}},
+                *WORKER_CONTAINER,
+                "env",
+                1,
+            ),
+            "'secretKeyRef' is a required property",
+        ),
         (lambda o: _set(o, True, *HEAD_POD, "automountServiceAccountToken"), "False was expected"),
         (lambda o: _without(o, *WORKER_CONTAINER, "resources", "limits"), "'limits' is a required property"),
-        (lambda o: _set(o, o["spec"]["workerGroupSpecs"], "spec", "workerGroupSpec"), "'workerGroupSpec' was unexpected"),
+        (
+            lambda o: _set(o, o["spec"]["workerGroupSpecs"], "spec", "workerGroupSpec"),
+            "'workerGroupSpec' was unexpected",
+        ),
         (lambda o: _set(o, 1, *GROUP, "replica"), "'replica' was unexpected"),
         (lambda o: _set(o, "ray.io/v1alpha1", "apiVersion"), "Couldn't find schema for kind RayCluster"),
         (lambda o: _set(o, "Never", *WORKER_CONTAINER, "imagePulPolicy"), "'imagePulPolicy' was unexpected"),

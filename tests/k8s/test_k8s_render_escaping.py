@@ -16,7 +16,7 @@ from calcx.k8s.render import SECRET_KEY_NAME, JobSettings, RenderError, render_a
 from calcx.k8s.validate import validate_manifest
 
 HOSTILE = [
-    'He said "2+3"; she said \'4\'',
+    "He said \"2+3\"; she said '4'",
     "line one\nline two\r\nline three\ttab",
     "answer: 5\nkind: Secret\nmetadata: {name: pwned}",
     "{{ 7*7 }} {% for x in y %} {# comment #}",
@@ -45,7 +45,12 @@ def _render(question: str, result: str = "5", **overrides: Any) -> Any:
         rollout_id=overrides.pop("rollout_id", "r-1"),
         attempt_id=overrides.pop("attempt_id", "1"),
         group_id=overrides.pop("group_id", "g"),
-        env={"QUESTION": question, "RESULT": result, "AGL_OPENAI_BASE_URL": "http://s/v1", "AGL_EVENT_URL": "http://s/e"},
+        env={
+            "QUESTION": question,
+            "RESULT": result,
+            "AGL_OPENAI_BASE_URL": "http://s/v1",
+            "AGL_EVENT_URL": "http://s/e",
+        },
         token=overrides.pop("token", "calcx-at.r-1.1.00ff"),
         deadline_s=overrides.pop("deadline_s", 300),
         settings=JobSettings(**overrides),
@@ -93,7 +98,9 @@ def test_hostile_question_reaches_the_container_env_exactly_and_keeps_structure(
     docs = list(yaml.load_all(rendered.job_yaml, Loader=loader))
 
     # Structure: the same number of documents, kinds and keys as a plain question gives.
-    assert len(ref_docs) == 1 and len(docs) == len(ref_docs), [d.get("kind") if isinstance(d, dict) else d for d in docs]
+    assert len(ref_docs) == 1 and len(docs) == len(ref_docs), [
+        d.get("kind") if isinstance(d, dict) else d for d in docs
+    ]
     assert [(d["apiVersion"], d["kind"]) for d in docs] == [("batch/v1", "Job")]
     assert _shape(docs[0]) == _shape(ref_docs[0])
     env = _container_env(docs[0])
@@ -102,7 +109,9 @@ def test_hostile_question_reaches_the_container_env_exactly_and_keeps_structure(
     # Nothing but the two values differs from the reference Job: no key, label, name or
     # setting was added, dropped or changed by the hostile text.
     assert _with_env_values(docs[0], REFERENCE_QUESTION, REFERENCE_RESULT) == ref_docs[0]
-    assert list(yaml.load_all(rendered.secret_yaml, Loader=loader)) == list(yaml.load_all(reference.secret_yaml, Loader=loader))
+    assert list(yaml.load_all(rendered.secret_yaml, Loader=loader)) == list(
+        yaml.load_all(reference.secret_yaml, Loader=loader)
+    )
 
     # Values: the container env carries the exact text, byte for byte.
     values: dict[str, Any] = {e["name"]: e.get("value") for e in env}
@@ -131,7 +140,9 @@ def test_hostile_ids_and_token_stay_in_annotations_and_secret(text: str) -> None
 
 
 def test_yaml_quote_is_read_back_exactly_by_yaml_and_json() -> None:
-    every_bmp_sample = "".join(chr(c) for c in range(1, 0x3000, 7) if not 0xD800 <= c <= 0xDFFF) + "\U0001F600\U000E0001"
+    every_bmp_sample = (
+        "".join(chr(c) for c in range(1, 0x3000, 7) if not 0xD800 <= c <= 0xDFFF) + "\U0001f600\U000e0001"
+    )
     quoted = yaml_quote(every_bmp_sample)
     assert yaml.safe_load(f"k: {quoted}")["k"] == every_bmp_sample
     assert json.loads(quoted) == every_bmp_sample
@@ -177,8 +188,15 @@ def test_labels_are_valid_and_distinct_for_distinct_ids() -> None:
 
 
 def test_agl_key_in_the_env_is_replaced_by_the_secret_ref() -> None:
-    rendered = render_attempt(rollout_id="r", attempt_id="2", group_id=None, env={"QUESTION": "q", "AGL_KEY": "leak"},
-                              token="calcx-at.r.2.ab", deadline_s=5, settings=JobSettings())
+    rendered = render_attempt(
+        rollout_id="r",
+        attempt_id="2",
+        group_id=None,
+        env={"QUESTION": "q", "AGL_KEY": "leak"},
+        token="calcx-at.r.2.ab",
+        deadline_s=5,
+        settings=JobSettings(),
+    )
     env = rendered.job["spec"]["template"]["spec"]["containers"][0]["env"]
     assert [e for e in env if e["name"] == "AGL_KEY"] == [
         {"name": "AGL_KEY", "valueFrom": {"secretKeyRef": {"name": rendered.secret_name, "key": SECRET_KEY_NAME}}}

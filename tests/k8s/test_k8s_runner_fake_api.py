@@ -39,13 +39,24 @@ NONCE = "feedc0de"  # what a claim's attempt would have drawn
 
 
 def make_claim(rid: str, aid: str = "1", *, question: str = "What is 2+3?", deadline_s: float = 30) -> Claim:
-    rollout = Rollout(rollout_id=rid, group_id="g-1", row={"question": question, "result": "5"},
-                      state="RUNNING", attempts=[Attempt(attempt_id=aid, state="RUNNING", created_at=0.0)],
-                      created_at=0.0, deadline_s=deadline_s)
+    rollout = Rollout(
+        rollout_id=rid,
+        group_id="g-1",
+        row={"question": question, "result": "5"},
+        state="RUNNING",
+        attempts=[Attempt(attempt_id=aid, state="RUNNING", created_at=0.0)],
+        created_at=0.0,
+        deadline_s=deadline_s,
+    )
     base = f"http://127.0.0.1:9/v1/rollouts/{rid}/attempts/{aid}"
     token = attempt_token(KEY, rid, aid, NONCE)
-    env = {"QUESTION": question, "RESULT": "5", "AGL_OPENAI_BASE_URL": f"{base}/v1", "AGL_EVENT_URL": f"{base}/events",
-           "AGL_KEY": token}
+    env = {
+        "QUESTION": question,
+        "RESULT": "5",
+        "AGL_OPENAI_BASE_URL": f"{base}/v1",
+        "AGL_EVENT_URL": f"{base}/events",
+        "AGL_KEY": token,
+    }
     return Claim(rollout=rollout, attempt_id=aid, token=token, env=env, deadline_s=deadline_s)
 
 
@@ -53,8 +64,11 @@ def make_runner(api: FakeApiServer, tmp_path: Path, image: str, **overrides: Any
     kubeconfig = api.kubeconfig(str(tmp_path / "kubeconfig"))
     settings: dict[str, Any] = {"max_jobs_per_s": 50.0, "burst": 10, "deadline_grace_s": 5.0, "watch_timeout_s": 5}
     settings.update(overrides)
-    return K8sRunner(K8sRunnerConfig(job=JobSettings(namespace="calcx", image=image, controller_id="ctl-test"),
-                                     kubeconfig=kubeconfig, **settings))
+    return K8sRunner(
+        K8sRunnerConfig(
+            job=JobSettings(namespace="calcx", image=image, controller_id="ctl-test"), kubeconfig=kubeconfig, **settings
+        )
+    )
 
 
 def propagation(request: tuple[Any, ...]) -> str | None:
@@ -66,7 +80,9 @@ async def run_one(runner: K8sRunner, claim: Claim, timeout: float = 20) -> RunRe
     return await asyncio.wait_for(runner.run(claim), timeout)
 
 
-def test_success_creates_a_suspended_job_then_its_owned_secret_then_resumes_and_maps_complete(api: FakeApiServer, tmp_path: Path) -> None:
+def test_success_creates_a_suspended_job_then_its_owned_secret_then_resumes_and_maps_complete(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
     async def main() -> RunResult:
         runner = make_runner(api, tmp_path, "fake/agent:ok")
         await runner.start()
@@ -79,14 +95,22 @@ def test_success_creates_a_suspended_job_then_its_owned_secret_then_resumes_and_
             assert secret["stringData"] == {SECRET_KEY_NAME: attempt_token(KEY, "r-ok", "1", NONCE)}
             assert secret["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
             env = job["spec"]["template"]["spec"]["containers"][0]["env"]
-            assert {"name": "AGL_KEY", "valueFrom": {"secretKeyRef": {"name": f"{job_name}-key", "key": SECRET_KEY_NAME}}} in env
-            assert all(e.get("value") != attempt_token(KEY, "r-ok", "1", NONCE) for e in env), "token must not be plain env"
+            assert {
+                "name": "AGL_KEY",
+                "valueFrom": {"secretKeyRef": {"name": f"{job_name}-key", "key": SECRET_KEY_NAME}},
+            } in env
+            assert all(
+                e.get("value") != attempt_token(KEY, "r-ok", "1", NONCE) for e in env
+            ), "token must not be plain env"
             assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 30
             # the Job suspended first, then its Secret (owned by it from its creation), then the Job resumed
             calls = [(r[1], r[2], r[3]) for r in api.requests if r[1] in ("POST", "PATCH")]
             job_path = "/apis/batch/v1/namespaces/calcx/jobs"
-            assert [(m, p) for m, p, _ in calls] == [("POST", job_path), ("POST", "/api/v1/namespaces/calcx/secrets"),
-                                                     ("PATCH", f"{job_path}/{job_name}")]
+            assert [(m, p) for m, p, _ in calls] == [
+                ("POST", job_path),
+                ("POST", "/api/v1/namespaces/calcx/secrets"),
+                ("PATCH", f"{job_path}/{job_name}"),
+            ]
             assert calls[0][2]["spec"]["suspend"] is True and calls[2][2] == {"spec": {"suspend": False}}
             assert calls[1][2]["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
             return result
@@ -106,8 +130,9 @@ def test_success_creates_a_suspended_job_then_its_owned_secret_then_resumes_and_
         ("fake/agent:oom", "crash", 137, "OOMKilled"),
     ],
 )
-def test_failed_job_maps_exit_code_and_failure_line(api: FakeApiServer, tmp_path: Path, image: str, reason: str,
-                                                    exit_code: int, detail_part: str) -> None:
+def test_failed_job_maps_exit_code_and_failure_line(
+    api: FakeApiServer, tmp_path: Path, image: str, reason: str, exit_code: int, detail_part: str
+) -> None:
     async def main() -> RunResult:
         runner = make_runner(api, tmp_path, image)
         await runner.start()
@@ -280,7 +305,7 @@ def test_watch_relists_after_410_gone(api: FakeApiServer, tmp_path: Path) -> Non
 
 
 def test_hostile_question_reaches_the_job_env_verbatim(api: FakeApiServer, tmp_path: Path) -> None:
-    question = 'x: "y"\n---\nkind: Secret\n# {{ 7*7 }} \\n \u2603 \U0001F600'
+    question = 'x: "y"\n---\nkind: Secret\n# {{ 7*7 }} \\n \u2603 \U0001f600'
 
     async def main() -> tuple[RunResult, dict[str, Any] | None]:
         runner = make_runner(api, tmp_path, "fake/agent:ok")
@@ -301,6 +326,7 @@ def test_hostile_question_reaches_the_job_env_verbatim(api: FakeApiServer, tmp_p
 def test_a_job_gets_the_controllers_tool_rounds_and_prompt(tmp_path: Path) -> None:
     """The trainer's calcx.agent_tool_rounds and agent_prompt reach a Job's agent through the
     controller's environment, as they reach a local agent; a Job inherits nothing else of it."""
+
     def job_env(runner: K8sRunner) -> dict[str, Any]:
         job = runner.render(make_claim("r-rounds")).job
         return {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
@@ -310,8 +336,15 @@ def test_a_job_gets_the_controllers_tool_rounds_and_prompt(tmp_path: Path) -> No
     assert job_env(forwarded)["CALCX_AGENT_TOOL_ROUNDS"] == "8"
     assert "CALCX_AGENT_TOOL_ROUNDS" not in job_env(K8sRunner(K8sRunnerConfig(job=job)))
 
-    args = argparse.Namespace(controller_id="ctl-test", namespace="calcx", agent_image="fake/agent:ok",
-                              image_pull_policy="IfNotPresent", job_ttl_s=600, kubeconfig=None, max_jobs_per_s=5.0)
+    args = argparse.Namespace(
+        controller_id="ctl-test",
+        namespace="calcx",
+        agent_image="fake/agent:ok",
+        image_pull_policy="IfNotPresent",
+        job_ttl_s=600,
+        kubeconfig=None,
+        max_jobs_per_s=5.0,
+    )
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CALCX_AGENT_TOOL_ROUNDS", "3")
         assert job_env(build_runner(args))["CALCX_AGENT_TOOL_ROUNDS"] == "3"
@@ -348,7 +381,9 @@ def test_wrong_credentials_fail_start_with_a_clear_message(api: FakeApiServer, t
     kubeconfig.write_text(kubeconfig.read_text().replace(api.token, "wrong-token"))
 
     async def main() -> None:
-        runner = K8sRunner(K8sRunnerConfig(job=JobSettings(namespace="calcx", image="fake/agent:ok"), kubeconfig=str(kubeconfig)))
+        runner = K8sRunner(
+            K8sRunnerConfig(job=JobSettings(namespace="calcx", image="fake/agent:ok"), kubeconfig=str(kubeconfig))
+        )
         try:
             await runner.start()
         finally:
@@ -368,14 +403,17 @@ def _rbac_request(method: str, path: str, query: dict[str, str]) -> tuple[str, s
         resource = f"{resource}/{rest[4]}"
     watch = query.get("watch") in ("true", "1", "True")
     verb = {"POST": "create", "PATCH": "patch", "PUT": "update"}.get(method) or (
-        ("delete" if named else "deletecollection") if method == "DELETE"
-        else "watch" if watch else "get" if named else "list")
+        ("delete" if named else "deletecollection")
+        if method == "DELETE"
+        else "watch" if watch else "get" if named else "list"
+    )
     return group, resource, verb
 
 
 def test_every_call_the_runner_makes_is_granted_by_the_shipped_role(api: FakeApiServer, tmp_path: Path) -> None:
     """The Role is the narrowest the runner needs: what a run, a failure and a close call is
     granted, and nothing else is (no reading or listing Secrets, such as the server key's)."""
+
     async def main() -> None:
         runner = make_runner(api, tmp_path, "fake/agent:ok")
         await runner.start()
@@ -392,8 +430,9 @@ def test_every_call_the_runner_makes_is_granted_by_the_shipped_role(api: FakeApi
 
     asyncio.run(main())
     role = render_static(StaticSettings(namespace="calcx"))["role.yaml"][1]
-    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-               for v in rule["verbs"]}
+    granted = {
+        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
     used = {_rbac_request(method, path, query) for _, method, path, _, query in api.requests}
     assert used <= granted, sorted(used - granted)
     # read_namespaced_job: only when the runner's deadline backstop looks at a Job the cluster never reported

@@ -34,8 +34,9 @@ TEXT = "Hello, the cat in 2 + 2 == 4!"
 
 def byte_level_alphabet() -> list[str]:
     """GPT-2's byte-to-unicode table: the 256 single-character tokens of a byte-level BPE."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     codes, extra = printable[:], 0
     for byte in range(256):
         if byte not in printable:
@@ -74,15 +75,28 @@ def source_tensors(arch: str, vocab: int) -> dict[str, np.ndarray]:
             b + "ffn_down.weight": t(HIDDEN, FFN),
         }
         if arch == "qwen2":
-            tensors |= {b + "attn_q.bias": t(HIDDEN), b + "attn_k.bias": t(KV_HEADS * HEAD_DIM),
-                        b + "attn_v.bias": t(KV_HEADS * HEAD_DIM)}
+            tensors |= {
+                b + "attn_q.bias": t(HIDDEN),
+                b + "attn_k.bias": t(KV_HEADS * HEAD_DIM),
+                b + "attn_v.bias": t(KV_HEADS * HEAD_DIM),
+            }
     return tensors
 
 
-HF_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
-            "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-            "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
-            "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+HF_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 
 
 def hf_name(gguf_name: str) -> str:
@@ -92,8 +106,9 @@ def hf_name(gguf_name: str) -> str:
     return f"{HF_NAMES[parts[0]]}.{parts[1]}"
 
 
-def write_gguf(path: Path, arch: str, *, chat_template: str | None = CHAT_TEMPLATE,
-               q8_0: bool = False) -> dict[str, np.ndarray]:
+def write_gguf(
+    path: Path, arch: str, *, chat_template: str | None = CHAT_TEMPLATE, q8_0: bool = False
+) -> dict[str, np.ndarray]:
     """Write the tiny model; with ``q8_0`` its matrices are stored Q8_0-quantized (like a real GGUF)."""
     vocab = tokens()
     writer = gguf.GGUFWriter(str(path), arch)
@@ -146,8 +161,9 @@ def converted(request, tmp_path_factory):
 
 
 def read_from_gguf(source: Path):
-    return transformers.AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name,
-                                                             dtype=torch.float32)
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(source.parent), gguf_file=source.name, dtype=torch.float32
+    )
 
 
 def test_config_has_the_architecture_and_sizes(converted):
@@ -155,8 +171,13 @@ def test_config_has_the_architecture_and_sizes(converted):
     config = transformers.AutoConfig.from_pretrained(out)
     assert config.model_type == arch
     assert config.architectures == ["Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM"]
-    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
-            config.num_key_value_heads, config.intermediate_size) == (HIDDEN, LAYERS, HEADS, KV_HEADS, FFN)
+    assert (
+        config.hidden_size,
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.intermediate_size,
+    ) == (HIDDEN, LAYERS, HEADS, KV_HEADS, FFN)
     assert config.vocab_size == len(tokens())
     assert config.tie_word_embeddings is (arch == "llama")
     assert getattr(config, "quantization_config", None) is None
@@ -202,8 +223,9 @@ def test_tokenizer_keeps_the_chat_template_and_round_trips(converted):
     ids = tokenizer.encode(TEXT, add_special_tokens=False)
     assert tokenizer.decode(ids) == TEXT
     assert tokenizer.convert_tokens_to_ids("Ġthe") in ids  # the merges were applied
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True
+    )
     assert prompt == "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -316,8 +338,9 @@ def test_gguf_without_chat_template_needs_one(tmp_path, capsys):
     assert "has no tokenizer.chat_template; pass --chat-template FILE" in err
     template = tmp_path / "chat.jinja"
     template.write_text("{{ messages[0]['content'] }}")
-    assert main(["from-gguf", "--gguf", str(source), "--out", str(tmp_path / "m"),
-                 "--chat-template", str(template)]) == 0
+    assert (
+        main(["from-gguf", "--gguf", str(source), "--out", str(tmp_path / "m"), "--chat-template", str(template)]) == 0
+    )
     assert transformers.AutoTokenizer.from_pretrained(tmp_path / "m").chat_template == template.read_text()
 
 

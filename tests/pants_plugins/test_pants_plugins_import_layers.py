@@ -100,7 +100,11 @@ def test_a_wrong_import_fails_with_its_file_and_line(repo_copy: Path) -> None:
 
 
 def test_relative_and_type_checking_imports_count(repo_copy: Path) -> None:
-    _plant(repo_copy, "contract/env.py", "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..procs import procutil\n")
+    _plant(
+        repo_copy,
+        "contract/env.py",
+        "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..procs import procutil\n",
+    )
     _plant(repo_copy, "procs/managed.py", "\nfrom . import procutil as _same_package\n")
     found = layers.violations(repo_copy)
     assert len(found) == 1 and "calcx.contract imports calcx.procs" in found[0]
@@ -132,7 +136,9 @@ def test_a_module_belongs_to_the_longest_row_it_lies_in() -> None:
     assert layers.package_of(layers.PurePosixPath("trainer/rollouts/group.py"), rows) == "calcx.trainer.rollouts"
     assert layers.package_of(layers.PurePosixPath("trainer/run/__init__.py"), rows) == "calcx.trainer.run"
     assert layers.package_of(layers.PurePosixPath("trainer/__init__.py"), rows) == "calcx.trainer"
-    assert layers.package_of(layers.PurePosixPath("trainer/run_dir/names.py"), rows) == "calcx.trainer"  # no row of its own
+    assert (
+        layers.package_of(layers.PurePosixPath("trainer/run_dir/names.py"), rows) == "calcx.trainer"
+    )  # no row of its own
     assert layers.package_of(layers.PurePosixPath("cli.py"), rows) == "calcx.cli"
 
 

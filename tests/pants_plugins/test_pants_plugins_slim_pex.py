@@ -24,15 +24,22 @@ slim_pex_args = _load_pex_args().slim_pex_args
 
 
 def test_each_excluded_requirement_becomes_one_exclude_in_order() -> None:
-    args = slim_pex_args(excludes=["torch", "nvidia-cudnn-cu12"], inherit_path=None, venv=False,
-                         include_tools=False, strip_env=None)
+    args = slim_pex_args(
+        excludes=["torch", "nvidia-cudnn-cu12"], inherit_path=None, venv=False, include_tools=False, strip_env=None
+    )
     assert args == ("--exclude=torch", "--exclude=nvidia-cudnn-cu12")
 
 
 def test_the_gpu_trainer_settings_give_venv_tools_and_the_kept_pex_env() -> None:
     args = slim_pex_args(excludes=["torch"], inherit_path="fallback", venv=True, include_tools=True, strip_env=False)
-    assert args == ("--exclude=torch", "--inherit-path=fallback", "--venv", "prepend", "--include-tools",
-                    "--no-strip-pex-env")
+    assert args == (
+        "--exclude=torch",
+        "--inherit-path=fallback",
+        "--venv",
+        "prepend",
+        "--include-tools",
+        "--no-strip-pex-env",
+    )
 
 
 def test_unset_fields_add_nothing_so_pex_defaults_apply() -> None:

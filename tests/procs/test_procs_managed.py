@@ -62,7 +62,8 @@ def test_stop_all_ends_a_child_that_left_the_group(tmp_path: Path) -> None:
 
 
 def test_a_process_that_exits_before_its_ready_line_names_its_log(tmp_path: Path) -> None:
-    part = ManagedProcess("early", [sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path / "early.log",
-                          dict(os.environ))
+    part = ManagedProcess(
+        "early", [sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path / "early.log", dict(os.environ)
+    )
     with pytest.raises(ProcessStartError, match=r"early exited with 3 before it was ready; see .*early\.log"):
         part.start(READY, timeout_s=30)

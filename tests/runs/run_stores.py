@@ -23,8 +23,11 @@ def val_store(path: Path, outcomes: dict[int, dict[str, str]]) -> Path:
     con = new_store(path)
 
     def insert(rid: str, row: dict, labels: dict, state: str, reward: float | None) -> None:
-        con.execute("insert into rollouts (rollout_id, spec, state, latest_attempt, reward, created_at) "
-                    "values (?, ?, ?, 1, ?, 0)", (rid, json.dumps({"row": row, "labels": labels}), state, reward))
+        con.execute(
+            "insert into rollouts (rollout_id, spec, state, latest_attempt, reward, created_at) "
+            "values (?, ?, ?, 1, ?, 0)",
+            (rid, json.dumps({"row": row, "labels": labels}), state, reward),
+        )
 
     for step, rows in outcomes.items():
         for row, results in rows.items():
@@ -32,8 +35,13 @@ def val_store(path: Path, outcomes: dict[int, dict[str, str]]) -> Path:
             for session, result in enumerate(results.split(",")):
                 # a failed rollout keeps whatever reward it last posted: still not scored
                 state, reward = ("FAILED", 1.0) if result == "failed" else ("SUCCEEDED", float(result == "right"))
-                insert(f"calcx-val-s{step}-{row}-{session}", {"id": row, "question": "q", "source": source},
-                       {"partition": "val", "run": "r", "step": str(step)}, state, reward)
+                insert(
+                    f"calcx-val-s{step}-{row}-{session}",
+                    {"id": row, "question": "q", "source": source},
+                    {"partition": "val", "run": "r", "step": str(step)},
+                    state,
+                    reward,
+                )
     insert("calcx-train-s1-a", {"id": "a", "question": "q"}, {"partition": "train", "step": "1"}, "SUCCEEDED", 0.0)
     insert("calcx-val-s10-noid", {"question": "q"}, {"partition": "val", "step": "10"}, "SUCCEEDED", 1.0)
     # int() would read these as 7 and fail on the second

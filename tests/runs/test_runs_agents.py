@@ -25,12 +25,20 @@ def test_the_calls_of_left_out_rollouts_by_status_finish_reason_and_tokens(tmp_p
     con = new_store(tmp_path / "calcx.db")
 
     def call(rid: str, seq: int, status: int, response: dict | None, tokens: list[int]) -> None:
-        con.execute("insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
-                    "response_token_ids, response_logprobs, latency_s, policy_version, endpoint, status_code, "
-                    "created_at) values (?, 1, ?, '{}', ?, ?, ?, ?, 0.5, 3, 'http://r/v1', ?, 0)",
-                    (rid, seq, None if response is None else json.dumps(response).encode(),
-                     array("i", [1, 2]).tobytes(), array("i", tokens).tobytes(),
-                     array("d", [0.0] * len(tokens)).tobytes(), status))
+        con.execute(
+            "insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
+            "response_token_ids, response_logprobs, latency_s, policy_version, endpoint, status_code, "
+            "created_at) values (?, 1, ?, '{}', ?, ?, ?, ?, 0.5, 3, 'http://r/v1', ?, 0)",
+            (
+                rid,
+                seq,
+                None if response is None else json.dumps(response).encode(),
+                array("i", [1, 2]).tobytes(),
+                array("i", tokens).tobytes(),
+                array("d", [0.0] * len(tokens)).tobytes(),
+                status,
+            ),
+        )
 
     def answer(finish: str) -> dict:
         return {"choices": [{"message": {"content": ""}, "finish_reason": finish}]}
@@ -42,13 +50,20 @@ def test_the_calls_of_left_out_rollouts_by_status_finish_reason_and_tokens(tmp_p
     call("r-kept", 0, 200, answer("abort"), [])  # not left out: not counted
     con.commit()
     incomplete = tmp_path / "incomplete_groups.jsonl"
-    incomplete.write_text("".join(json.dumps({"step": 4, "rollout_id": rid, "reason": "no_calls"}) + "\n"
-                                  for rid in ["r-aborted", "r-aborted-2", "r-upstream", "r-none"]))
+    incomplete.write_text(
+        "".join(
+            json.dumps({"step": 4, "rollout_id": rid, "reason": "no_calls"}) + "\n"
+            for rid in ["r-aborted", "r-aborted-2", "r-upstream", "r-none"]
+        )
+    )
     with StoreReader(tmp_path / "calcx.db") as store:
         lines = agents.evicted_calls(store, incomplete).splitlines()
     assert lines[0] == "4 rollouts left out; 1 of them recorded no call"
     assert [tuple(_cells(line)) for line in lines[4:]] == [
-        ("200", "abort", "none", "2"), ("200", "stop", "some", "1"), ("502", "(no choice)", "none", "1")]
+        ("200", "abort", "none", "2"),
+        ("200", "stop", "some", "1"),
+        ("502", "(no choice)", "none", "1"),
+    ]
 
 
 def test_calculator_use_failures_and_lag_are_counted_as_the_trainer_does(tmp_path: Path) -> None:
@@ -57,39 +72,68 @@ def test_calculator_use_failures_and_lag_are_counted_as_the_trainer_does(tmp_pat
     failed attempt and a call answered by older weights than its step starts from are counted."""
     con = new_store(tmp_path / "calcx.db")
 
-    def call(rid: str, attempt: int, seq: int, messages: list, message: dict, version: int = 0,
-             status: int = 200) -> None:
-        con.execute("insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
-                    "response_token_ids, response_logprobs, latency_s, policy_version, endpoint, status_code, "
-                    "created_at) values (?, ?, ?, ?, ?, x'', x'', x'', 0.5, ?, 'http://r/v1', ?, 0)",
-                    (rid, attempt, seq, json.dumps({"messages": messages}).encode(),
-                     json.dumps({"choices": [{"message": message}]}).encode(), version, status))
+    def call(
+        rid: str, attempt: int, seq: int, messages: list, message: dict, version: int = 0, status: int = 200
+    ) -> None:
+        con.execute(
+            "insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
+            "response_token_ids, response_logprobs, latency_s, policy_version, endpoint, status_code, "
+            "created_at) values (?, ?, ?, ?, ?, x'', x'', x'', 0.5, ?, 'http://r/v1', ?, 0)",
+            (
+                rid,
+                attempt,
+                seq,
+                json.dumps({"messages": messages}).encode(),
+                json.dumps({"choices": [{"message": message}]}).encode(),
+                version,
+                status,
+            ),
+        )
 
     def calc(cid: str) -> dict:
-        return {"role": "assistant", "content": None, "tool_calls": [
-            {"id": cid, "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "2*3"}'}}]}
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": cid, "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "2*3"}'}}
+            ],
+        }
 
     user = {"role": "user", "content": "q"}
     call("calcx-train-s1-u-0", 1, 0, [user], calc("a"))
-    call("calcx-train-s1-u-0", 1, 1, [user, calc("a"), {"role": "tool", "tool_call_id": "a", "content": "6"}],
-         {"role": "assistant", "content": "### ANSWER: 6 ###"})
+    call(
+        "calcx-train-s1-u-0",
+        1,
+        1,
+        [user, calc("a"), {"role": "tool", "tool_call_id": "a", "content": "6"}],
+        {"role": "assistant", "content": "### ANSWER: 6 ###"},
+    )
     call("calcx-train-s1-u-1", 1, 0, [user], calc("b"))
-    call("calcx-train-s1-u-1", 1, 1, [user, calc("b"), {"role": "tool", "tool_call_id": "b",
-                                                         "content": "Error executing tool calculate: bad"}],
-         {"role": "assistant", "content": "### ANSWER: 6 ###"})
+    call(
+        "calcx-train-s1-u-1",
+        1,
+        1,
+        [user, calc("b"), {"role": "tool", "tool_call_id": "b", "content": "Error executing tool calculate: bad"}],
+        {"role": "assistant", "content": "### ANSWER: 6 ###"},
+    )
     call("calcx-train-s1-u-2", 1, 0, [user], calc("c"))  # attempt 1 was retried: attempt 2 counts
-    call("calcx-train-s1-u-2", 2, 0, [user], {"role": "assistant", "content": "<tool_call>\n{\"name\": </tool_call>"})
+    call("calcx-train-s1-u-2", 2, 0, [user], {"role": "assistant", "content": '<tool_call>\n{"name": </tool_call>'})
     call("calcx-train-s1-u-3", 1, 0, [user], {"role": "assistant", "content": "### ANSWER: 6 ###"})
     # step 3 starts from version 2: version 0 answering is two syncs behind; a failed call counts nothing
     call("calcx-train-s3-u-0", 1, 0, [user], {"role": "assistant", "content": "### ANSWER: 6 ###"}, version=0)
     call("calcx-train-s3-u-0", 1, 1, [user], {"role": "assistant", "content": "x"}, version=-5, status=502)
     for rid in [f"calcx-train-s1-u-{n}" for n in range(4)] + ["calcx-train-s3-u-0"]:
-        con.execute("insert into rollouts (rollout_id, spec, state, latest_attempt, created_at) "
-                    "values (?, '{}', 'SUCCEEDED', 1, 0)", (rid,))
-    con.execute("insert into attempts (rollout_id, attempt_no, state, created_at) "
-                "values ('calcx-train-s1-u-2', 1, 'FAILED', 0), ('calcx-train-s1-u-2', 2, 'SUCCEEDED', 0), "
-                "('calcx-train-s1-u-0', 1, 'SUCCEEDED', 0), ('calcx-train-s3-u-0', 1, 'SUCCEEDED', 0), "
-                "('calcx-val-s1-v', 1, 'FAILED', 0)")  # a validation rollout is not a step's
+        con.execute(
+            "insert into rollouts (rollout_id, spec, state, latest_attempt, created_at) "
+            "values (?, '{}', 'SUCCEEDED', 1, 0)",
+            (rid,),
+        )
+    con.execute(
+        "insert into attempts (rollout_id, attempt_no, state, created_at) "
+        "values ('calcx-train-s1-u-2', 1, 'FAILED', 0), ('calcx-train-s1-u-2', 2, 'SUCCEEDED', 0), "
+        "('calcx-train-s1-u-0', 1, 'SUCCEEDED', 0), ('calcx-train-s3-u-0', 1, 'SUCCEEDED', 0), "
+        "('calcx-val-s1-v', 1, 'FAILED', 0)"
+    )  # a validation rollout is not a step's
     con.commit()
     with StoreReader(tmp_path / "calcx.db") as store:
         stats = agents.agent_stats(store)
@@ -104,15 +148,24 @@ def _timed_store(path: Path) -> None:
     con = new_store(path)
 
     def rollout(rid: str, created: float, finished: float) -> None:
-        con.execute("insert into rollouts (rollout_id, spec, state, latest_attempt, created_at) "
-                    "values (?, '{}', 'SUCCEEDED', 1, ?)", (rid, created))
-        con.execute("insert into attempts (rollout_id, attempt_no, state, created_at, finished_at) "
-                    "values (?, 1, 'SUCCEEDED', ?, ?)", (rid, created, finished))
+        con.execute(
+            "insert into rollouts (rollout_id, spec, state, latest_attempt, created_at) "
+            "values (?, '{}', 'SUCCEEDED', 1, ?)",
+            (rid, created),
+        )
+        con.execute(
+            "insert into attempts (rollout_id, attempt_no, state, created_at, finished_at) "
+            "values (?, 1, 'SUCCEEDED', ?, ?)",
+            (rid, created, finished),
+        )
 
     def call(rid: str, start: float, end: float) -> None:
-        con.execute("insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
-                    "response_token_ids, response_logprobs, latency_s, status_code, created_at) "
-                    "values (?, 1, 0, '{}', '{}', x'', x'', x'', ?, 200, ?)", (rid, end - start, end))
+        con.execute(
+            "insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
+            "response_token_ids, response_logprobs, latency_s, status_code, created_at) "
+            "values (?, 1, 0, '{}', '{}', x'', x'', x'', ?, 200, ?)",
+            (rid, end - start, end),
+        )
 
     # step 1: created at 100; calls 101-103 and 102-104, a tool gap, 105-106; finished at 106.5
     rollout("calcx-train-s1-a", 100.0, 106.5)
@@ -125,10 +178,16 @@ def _timed_store(path: Path) -> None:
     call("calcx-train-s2-old", 201.0, 229.0)
     rollout("calcx-train-s2-new", 300.0, 303.0)
     call("calcx-train-s2-new", 300.5, 302.5)
-    con.executemany("insert into trained (run, step, rollout_id, attempt_no, trained_at, rolled_back_at) "
-                    "values ('r', ?, ?, 1, 0, ?)",
-                    [(1, "calcx-train-s1-a", None), (1, "calcx-train-s1-b", None),
-                     (2, "calcx-train-s2-old", 250.0), (2, "calcx-train-s2-new", None)])
+    con.executemany(
+        "insert into trained (run, step, rollout_id, attempt_no, trained_at, rolled_back_at) "
+        "values ('r', ?, ?, 1, 0, ?)",
+        [
+            (1, "calcx-train-s1-a", None),
+            (1, "calcx-train-s1-b", None),
+            (2, "calcx-train-s2-old", 250.0),
+            (2, "calcx-train-s2-new", None),
+        ],
+    )
     con.commit()
     con.close()
 
@@ -143,8 +202,13 @@ def test_the_gpus_wait_is_split_and_a_resumed_step_kept_apart(tmp_path: Path) ->
         waits = agents.wait_breakdown(store)
         assert agents.busy_seconds_by_step(store) == {1: 4.0, 2: 2.0}
         assert agents.agent_stats(store)[2]["rollouts"] == 1
-    assert waits[1] == {"before_first_call": 1.0, "between_calls": 1.0, "after_last_call": 0.5,
-                        "agents_window": 6.5, "busy": 4.0}
+    assert waits[1] == {
+        "before_first_call": 1.0,
+        "between_calls": 1.0,
+        "after_last_call": 0.5,
+        "agents_window": 6.5,
+        "busy": 4.0,
+    }
     assert waits[2]["busy"] == 2.0 and waits[2]["before_first_call"] == 0.5 and waits[2]["agents_window"] == 3.0
     steps = {1: {"timing_s/gen": 7.0, "timing_s/step": 10.0}, 2: {"timing_s/gen": 3.5, "timing_s/step": 5.0}}
     rows = agents.wait_table(steps, waits).splitlines()
@@ -158,17 +222,53 @@ def test_the_trainers_sessions_frame_the_agents_window(tmp_path: Path) -> None:
     the killed run's session of step 2 and validation sessions are not the step's."""
     _timed_store(tmp_path / "calcx.db")
     sessions = tmp_path / "session_times.jsonl"
-    sessions.write_text("".join(json.dumps(line) + "\n" for line in [
-        {"step": 1, "partition": "train", "rollout_id": "calcx-train-s1-a", "entered": 99.5, "returned": 107.0, "ok": True},
-        {"step": 1, "partition": "train", "rollout_id": "calcx-train-s1-b", "entered": 99.6, "returned": 106.9, "ok": True},
-        {"step": 2, "partition": "train", "rollout_id": "calcx-train-s2-old", "entered": 150.0, "returned": 231.0,
-         "ok": False},
-        {"step": 0, "partition": "val", "rollout_id": "calcx-train-s2-new", "entered": 1.0, "returned": 2.0, "ok": True}]))
+    sessions.write_text(
+        "".join(
+            json.dumps(line) + "\n"
+            for line in [
+                {
+                    "step": 1,
+                    "partition": "train",
+                    "rollout_id": "calcx-train-s1-a",
+                    "entered": 99.5,
+                    "returned": 107.0,
+                    "ok": True,
+                },
+                {
+                    "step": 1,
+                    "partition": "train",
+                    "rollout_id": "calcx-train-s1-b",
+                    "entered": 99.6,
+                    "returned": 106.9,
+                    "ok": True,
+                },
+                {
+                    "step": 2,
+                    "partition": "train",
+                    "rollout_id": "calcx-train-s2-old",
+                    "entered": 150.0,
+                    "returned": 231.0,
+                    "ok": False,
+                },
+                {
+                    "step": 0,
+                    "partition": "val",
+                    "rollout_id": "calcx-train-s2-new",
+                    "entered": 1.0,
+                    "returned": 2.0,
+                    "ok": True,
+                },
+            ]
+        )
+    )
     with StoreReader(tmp_path / "calcx.db") as store:
         timed = agents.wait_breakdown(store, sessions)
         assert agents.wait_breakdown(store, tmp_path / "absent.jsonl") == agents.wait_breakdown(store)
     assert (timed[1]["sessions_to_first_created"], timed[1]["finished_to_returned"], timed[1]["sessions_window"]) == (
-        0.5, 0.5, 7.5)
+        0.5,
+        0.5,
+        7.5,
+    )
     assert "sessions_window" not in timed[2]
     steps = {1: {"timing_s/gen": 7.0, "timing_s/step": 10.0}, 2: {"timing_s/gen": 3.5, "timing_s/step": 5.0}}
     rows = agents.wait_table(steps, timed).splitlines()

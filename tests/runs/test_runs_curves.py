@@ -32,8 +32,9 @@ def _size(png: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def test_a_third_panel_shows_calculator_use_when_a_run_logged_it(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_third_panel_shows_calculator_use_when_a_run_logged_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from matplotlib.figure import Figure
 
     saved, panels = Figure.savefig, []
@@ -43,15 +44,19 @@ def test_a_third_panel_shows_calculator_use_when_a_run_logged_it(tmp_path: Path,
         saved(fig, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", savefig)
-    out = curves.draw([("today", _run(tmp_path / "a.jsonl", False)), ("recipe", _run(tmp_path / "b.jsonl", True))],
-                      tmp_path / "both.png", "t")
+    out = curves.draw(
+        [("today", _run(tmp_path / "a.jsonl", False)), ("recipe", _run(tmp_path / "b.jsonl", True))],
+        tmp_path / "both.png",
+        "t",
+    )
     assert _size(out) == (1600, 400) and panels[-1][2] == "calculator use (share of rollouts)"
     out = curves.draw([("today", _run(tmp_path / "a.jsonl", False))], tmp_path / "old.png", "t")
     assert _size(out) == (1100, 400) and len(panels[-1]) == 2
 
 
-def test_the_command_draws_labelled_runs_and_refuses_a_missing_file(tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture) -> None:
+def test_the_command_draws_labelled_runs_and_refuses_a_missing_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = tmp_path / "pictures" / "vs.png"
     assert main(["runs", "curves", "--out", str(out), f"default={_run(tmp_path / 'a.jsonl', True)}"]) == 0
     assert capsys.readouterr().out == f"{out}\n" and _size(out) == (1600, 400)
@@ -59,7 +64,9 @@ def test_the_command_draws_labelled_runs_and_refuses_a_missing_file(tmp_path: Pa
         with pytest.raises(SystemExit) as exit_:
             main(["runs", "curves", "--out", str(tmp_path / "bad.png"), bad])
         assert exit_.value.code == 2
-        assert f"calcx runs curves: error: {bad!r}: give LABEL=PATH to an existing metrics file" in capsys.readouterr().err
+        assert (
+            f"calcx runs curves: error: {bad!r}: give LABEL=PATH to an existing metrics file" in capsys.readouterr().err
+        )
     assert not (tmp_path / "bad.png").exists()
 
 

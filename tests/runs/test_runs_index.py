@@ -14,14 +14,21 @@ from calcx.cli import main
 from calcx.runs.record import RecordError, read_record
 
 RECORD = {
-    "name": "calculator-recipe", "date": "2026-12-03", "commit": "5077c31aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    "name": "calculator-recipe",
+    "date": "2026-12-03",
+    "commit": "5077c31aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
     "artifact": {"name": "calcx-gpu.pex", "bytes": 750626545, "sha256": "f4f3069b1cef" + "0" * 52},
-    "command": "calcx-gpu.pex train --profile gsm8k-h200-calculator", "profile": "gsm8k-h200-calculator",
-    "mode": "sync", "steps": 20, "model": "Qwen2.5-Coder-1.5B-Instruct",
+    "command": "calcx-gpu.pex train --profile gsm8k-h200-calculator",
+    "profile": "gsm8k-h200-calculator",
+    "mode": "sync",
+    "steps": 20,
+    "model": "Qwen2.5-Coder-1.5B-Instruct",
     "machine": {"gpu": "NVIDIA H200, 143771 MiB"},
     "train_sets": [{"file": "train.parquet", "rows": 6473, "source": "gsm8k"}],
-    "validation_sets": [{"file": "test.parquet", "rows": 1000, "source": "gsm8k"},
-                        {"file": "test-hard.parquet", "rows": 434, "source": "gsm8k-hard"}],
+    "validation_sets": [
+        {"file": "test.parquet", "rows": 1000, "source": "gsm8k"},
+        {"file": "test-hard.parquet", "rows": 434, "source": "gsm8k-hard"},
+    ],
 }
 
 
@@ -35,16 +42,28 @@ def _run(root: Path, record: dict, metrics: list[dict] | None = None) -> Path:
 
 
 def test_the_headline_is_the_last_validation_by_source_with_its_standard_error(tmp_path: Path) -> None:
-    folder = _run(tmp_path, RECORD, [
-        {"step": 0, "data": {"val-core/gsm8k/reward/mean@1": 0.26}},
-        {"step": 20, "data": {"val-core/gsm8k/reward/mean@1": 0.716, "val-core/gsm8k-hard/reward/mean@1": 0.606,
-                              "timing_s/step": 10.0}},
-    ])
+    folder = _run(
+        tmp_path,
+        RECORD,
+        [
+            {"step": 0, "data": {"val-core/gsm8k/reward/mean@1": 0.26}},
+            {
+                "step": 20,
+                "data": {
+                    "val-core/gsm8k/reward/mean@1": 0.716,
+                    "val-core/gsm8k-hard/reward/mean@1": 0.606,
+                    "timing_s/step": 10.0,
+                },
+            },
+        ],
+    )
     last = read_record(folder).last_validation()
     assert last is not None
     step, accuracies = last
     assert step == 20 and [(a.source, a.accuracy, a.n) for a in accuracies] == [
-        ("gsm8k", 0.716, 1000), ("gsm8k-hard", 0.606, 434)]
+        ("gsm8k", 0.716, 1000),
+        ("gsm8k-hard", 0.606, 434),
+    ]
     assert accuracies[0].standard_error == pytest.approx(math.sqrt(0.716 * 0.284 / 1000))
 
 
@@ -56,9 +75,11 @@ def test_index_is_made_from_the_records_and_checked_against_them(tmp_path: Path,
     assert main([*args, "--check"]) == 1 and "is not what the records make" in capsys.readouterr().err
     assert main(args) == 0 and "(2 runs)" in capsys.readouterr().out
     lines = out.read_text().splitlines()
-    assert lines[-2] == ("| [2026-12-03-calculator-recipe](runs/2026-12-03-calculator-recipe/) | gsm8k-h200-calculator "
-                         "| sync | 20 | gsm8k 1000, gsm8k-hard 434 | step 20: gsm8k 0.500 (0.016) | `f4f3069b1cef` "
-                         "| `5077c31aa` |")
+    assert lines[-2] == (
+        "| [2026-12-03-calculator-recipe](runs/2026-12-03-calculator-recipe/) | gsm8k-h200-calculator "
+        "| sync | 20 | gsm8k 1000, gsm8k-hard 434 | step 20: gsm8k 0.500 (0.016) | `f4f3069b1cef` "
+        "| `5077c31aa` |"
+    )
     assert lines[-1].startswith("| [2026-12-03-default-sync](runs/2026-12-03-default-sync/) | gsm8k-h200 |")
     assert lines[-1].endswith("| - | `f4f3069b1cef` | `5077c31aa` |")
     assert main([*args, "--check"]) == 0
@@ -85,9 +106,17 @@ def test_the_committed_index_is_what_the_committed_records_make() -> None:
 
 def test_a_fact_not_known_is_written_unknown_and_a_warm_up_validates_on_nothing(tmp_path: Path) -> None:
     root, out = tmp_path / "runs", tmp_path / "INDEX.md"
-    _run(root, {**RECORD, "name": "early", "commit": "unknown", "artifact": {"name": "wheels", "sha256": "unknown"},
-                "validation_sets": [{"file": "unknown", "rows": "unknown", "source": "gsm8k"}]},
-         [{"step": 10, "data": {"val-core/gsm8k/reward/mean@1": 0.5}}])
+    _run(
+        root,
+        {
+            **RECORD,
+            "name": "early",
+            "commit": "unknown",
+            "artifact": {"name": "wheels", "sha256": "unknown"},
+            "validation_sets": [{"file": "unknown", "rows": "unknown", "source": "gsm8k"}],
+        },
+        [{"step": 10, "data": {"val-core/gsm8k/reward/mean@1": 0.5}}],
+    )
     _run(root, {**RECORD, "name": "warmup", "mode": "warmup", "validation_sets": []})
     early = read_record(root / "2026-12-03-early")
     assert early.validation_sets[0].rows is None
@@ -96,8 +125,10 @@ def test_a_fact_not_known_is_written_unknown_and_a_warm_up_validates_on_nothing(
     assert read_record(root / "2026-12-03-warmup").validation_sets == []
     assert main(["runs", "index", "--root", str(root), "--out", str(out)]) == 0
     lines = out.read_text().splitlines()
-    assert lines[-2] == ("| [2026-12-03-early](runs/2026-12-03-early/) | gsm8k-h200-calculator | sync | 20 | gsm8k unknown "
-                         "| step 10: gsm8k 0.500 (SE unknown) | `unknown` | `unknown` |")
+    assert lines[-2] == (
+        "| [2026-12-03-early](runs/2026-12-03-early/) | gsm8k-h200-calculator | sync | 20 | gsm8k unknown "
+        "| step 10: gsm8k 0.500 (SE unknown) | `unknown` | `unknown` |"
+    )
     assert "| warmup | 20 | none | - |" in lines[-1]
     with pytest.raises(RecordError, match=r"'train_sets' must be a list"):
         read_record(_run(tmp_path / "d", {**RECORD, "train_sets": []}))

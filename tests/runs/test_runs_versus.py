@@ -29,5 +29,6 @@ def test_the_versus_table_compares_only_the_steps_both_runs_validated() -> None:
     paired_se = math.sqrt(sum((d - 0.125) ** 2 for d in diffs) / 4 / 4)
     other_se = math.sqrt(sum((x - 0.625) ** 2 for x in (1.0, 1.0, 0.5, 0.0)) / 4 / 4)
     assert _cells(versus_table(mine, other)) == [
-        ["10", "4", "0.750 (0.217)", f"0.625 ({other_se:.3f})", "2", "1", f"+0.125 ({paired_se:.3f})"]]
+        ["10", "4", "0.750 (0.217)", f"0.625 ({other_se:.3f})", "2", "1", f"+0.125 ({paired_se:.3f})"]
+    ]
     assert _cells(versus_table(mine, {})) == []

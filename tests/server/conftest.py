@@ -62,12 +62,24 @@ class FakeUpstream:
             if aborting:
                 if self.on_abort is not None:
                     await asyncio.to_thread(self.on_abort)
-                return JSONResponse({
-                    "id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": 1,
-                    "model": body["model"], "prompt_token_ids": [100],
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": ""},
-                                 "finish_reason": "abort", "token_ids": [], "logprobs": {"content": []}}],
-                })
+                return JSONResponse(
+                    {
+                        "id": f"chatcmpl-{len(self.requests)}",
+                        "object": "chat.completion",
+                        "created": 1,
+                        "model": body["model"],
+                        "prompt_token_ids": [100],
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {"role": "assistant", "content": ""},
+                                "finish_reason": "abort",
+                                "token_ids": [],
+                                "logprobs": {"content": []},
+                            }
+                        ],
+                    }
+                )
             if self.before_answer is not None:
                 await asyncio.to_thread(self.before_answer)
             if body.get("model") == "reject-me":
@@ -163,7 +175,6 @@ def client(server: ServerThread) -> Iterator[CalcxClient]:
         yield c
 
 
-
 def _read_answer(sock: socket.socket) -> bytes:
     """One HTTP answer (its head, and as much body as its Content-Length says) read from `sock`."""
     answer = b""
@@ -173,8 +184,9 @@ def _read_answer(sock: socket.socket) -> bytes:
             return answer
         answer += more
     head, _, body = answer.partition(b"\r\n\r\n")
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
+    length = next(
+        (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0
+    )
     while len(body) < length:
         more = sock.recv(65536)
         if not more:
@@ -192,8 +204,10 @@ def raw_post() -> Callable[..., bytes]:
 
     def post(server: ServerThread, path: str, token: str, head: str, body: bytes = b"") -> bytes:
         with socket.create_connection((server.host, server.port), timeout=20) as sock:
-            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
-                         f"Content-Type: application/json\r\n{head}\r\n".encode() + body)
+            sock.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                f"Content-Type: application/json\r\n{head}\r\n".encode() + body
+            )
             return _read_answer(sock)
 
     return post

@@ -48,9 +48,7 @@ def server(shared_server: Any) -> Any:
 def two_running(shared_server: Any) -> list[tuple[str, str, str]]:
     """Two RUNNING attempts: (rollout id, attempt id, the attempt's token from its claim)."""
     with CalcxClient(shared_server.url, KEY) as client:
-        client.create_rollouts(
-            [{"rollout_id": r, "row": {"question": "q", "result": "1"}} for r in ("mine", "theirs")]
-        )
+        client.create_rollouts([{"rollout_id": r, "row": {"question": "q", "result": "1"}} for r in ("mine", "theirs")])
         claims = client.claim("c", 2, timeout_s=1).claims
     return [(c.rollout.rollout_id, c.attempt_id, c.token) for c in claims]
 
@@ -129,8 +127,11 @@ def test_attempt_token_works_on_its_own_urls_and_server_key_everywhere(
 ) -> None:
     rid, aid, token = two_running[0]
     base = f"{server.url}/v1/rollouts/{rid}/attempts/{aid}"
-    event = _HTTP[0].post(f"{base}/events", json={"event_type": "reward", "data": {"value": 1}},
-                       headers={"authorization": f"Bearer {token}"})
+    event = _HTTP[0].post(
+        f"{base}/events",
+        json={"event_type": "reward", "data": {"value": 1}},
+        headers={"authorization": f"Bearer {token}"},
+    )
     assert event.status_code == 200 and event.json()["event_id"] >= 1
     models = _HTTP[0].get(f"{base}/v1/models", headers={"x-api-key": token})
     assert models.status_code == 200 and models.json()["object"] == "list"
@@ -179,8 +180,10 @@ def test_a_token_of_a_deleted_rollout_does_not_open_its_namesake(tmp_path: Any) 
             old = http.post(url, json=reward, headers={"authorization": f"Bearer {first.token}"})
             assert old.status_code == 401 and "earlier one" in old.json()["error"]["message"], old.text
             assert client.get_rollout("again").reward is None
-            gateway = http.get(f"/v1/rollouts/again/attempts/{second.attempt_id}/v1/models",
-                               headers={"authorization": f"Bearer {first.token}"})
+            gateway = http.get(
+                f"/v1/rollouts/again/attempts/{second.attempt_id}/v1/models",
+                headers={"authorization": f"Bearer {first.token}"},
+            )
             assert gateway.status_code == 401
             new = http.post(url, json=reward, headers={"authorization": f"Bearer {second.token}"})
             assert new.status_code == 200 and client.get_rollout("again").reward == 1.0

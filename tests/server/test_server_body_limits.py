@@ -41,7 +41,8 @@ def claimed(srv: ServerThread, key: str, rid: str) -> tuple[str, str]:
 
 
 def test_an_event_body_past_its_endpoints_limit_is_413_while_the_gateway_takes_more(
-        srv: ServerThread, server_key: str, upstream: Any) -> None:
+    srv: ServerThread, server_key: str, upstream: Any
+) -> None:
     aid, token = claimed(srv, server_key, "sizes")
     auth = {"Authorization": f"Bearer {token}"}
     base = f"{srv.url}/v1/rollouts/sizes/attempts/{aid}"
@@ -51,22 +52,32 @@ def test_an_event_body_past_its_endpoints_limit_is_413_while_the_gateway_takes_m
     error = refused.json()["error"]
     assert error["code"] == "body_too_large"
     assert f"at most {EVENT_LIMIT} bytes (--max-event-body-bytes)" in error["message"], error
-    assert httpx.post(f"{base}/events", headers=auth, json={"event_type": "log", "data": {"x": "y" * 1000}}
-                      ).status_code == 200
+    assert (
+        httpx.post(f"{base}/events", headers=auth, json={"event_type": "log", "data": {"x": "y" * 1000}}).status_code
+        == 200
+    )
     with CalcxClient(srv.url, server_key) as client:
         client.put_models("m", [upstream.url])
-        call = httpx.post(f"{base}/v1/chat/completions", headers=auth, timeout=30,
-                          json={"messages": [{"role": "user", "content": "z " * EVENT_LIMIT}]})
+        call = httpx.post(
+            f"{base}/v1/chat/completions",
+            headers=auth,
+            timeout=30,
+            json={"messages": [{"role": "user", "content": "z " * EVENT_LIMIT}]},
+        )
         assert call.status_code == 200, call.text  # a long prompt is no event
         assert len(client.get_rollout("sizes").events) == 1
 
 
 def test_a_declared_body_past_the_limit_is_refused_before_any_of_it_is_read(
-        srv: ServerThread, server_key: str, raw_post: Callable[..., bytes]) -> None:
+    srv: ServerThread, server_key: str, raw_post: Callable[..., bytes]
+) -> None:
     aid, token = claimed(srv, server_key, "declared")
     base = f"/v1/rollouts/declared/attempts/{aid}"
-    for path, length in ((f"{base}/events", 10 * 2**20), (f"{base}/v1/chat/completions", DEFAULTS.max_body_bytes + 1),
-                         ("/v1/rollouts", 100 * 2**20)):
+    for path, length in (
+        (f"{base}/events", 10 * 2**20),
+        (f"{base}/v1/chat/completions", DEFAULTS.max_body_bytes + 1),
+        ("/v1/rollouts", 100 * 2**20),
+    ):
         answer = raw_post(srv, path, server_key if path == "/v1/rollouts" else token, f"Content-Length: {length}\r\n")
         assert answer.startswith(b"HTTP/1.1 413") and b"body_too_large" in answer, (path, answer[:300])
     # without a Content-Length: read until it passes the limit, refused there, not at its end
@@ -77,7 +88,8 @@ def test_a_declared_body_past_the_limit_is_refused_before_any_of_it_is_read(
 
 
 def test_many_concurrent_oversized_events_with_one_token_are_refused_and_the_controller_is_served(
-        srv: ServerThread, server_key: str) -> None:
+    srv: ServerThread, server_key: str
+) -> None:
     aid, token = claimed(srv, server_key, "flood")
     url = f"{srv.url}/v1/rollouts/flood/attempts/{aid}/events"
     body = b'{"event_type": "log", "data": {"x": "' + b"y" * 2**20 + b'"}}'  # 1 MiB: under the old 8 MiB limit

@@ -32,8 +32,9 @@ def start(tmp_path: Path, server_key: str) -> Iterator[Callable[..., ServerThrea
     threads: list[ServerThread] = []
 
     def run(**settings: Any) -> ServerThread:
-        thread = start_server_thread(str(tmp_path / "budget.db"), server_key, upstream_backoff_s=0.01,
-                                     upstream_timeout_s=30.0, **settings)
+        thread = start_server_thread(
+            str(tmp_path / "budget.db"), server_key, upstream_backoff_s=0.01, upstream_timeout_s=30.0, **settings
+        )
         threads.append(thread)
         return thread
 
@@ -82,7 +83,8 @@ def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 30.0) ->
 
 
 def test_hundreds_of_concurrent_calls_with_one_token_stop_exactly_at_the_call_cap(
-        start: Callable[..., ServerThread], server_key: str, upstream: Any) -> None:
+    start: Callable[..., ServerThread], server_key: str, upstream: Any
+) -> None:
     cap, sent = 256, 400
     server = start(max_calls_per_attempt=cap, max_in_flight_per_attempt=1000)
     upstream.delay_s = 0.3  # the answers come after every call has been let in or refused
@@ -102,7 +104,8 @@ def test_hundreds_of_concurrent_calls_with_one_token_stop_exactly_at_the_call_ca
 
 
 def test_concurrent_large_calls_stop_at_the_byte_cap(
-        start: Callable[..., ServerThread], server_key: str, upstream: Any, raw_post: Callable[..., bytes]) -> None:
+    start: Callable[..., ServerThread], server_key: str, upstream: Any, raw_post: Callable[..., bytes]
+) -> None:
     cap = 1024 * 1024
     server = start(max_call_bytes_per_attempt=cap, max_in_flight_per_attempt=100)
     upstream.delay_s = 0.3
@@ -110,8 +113,9 @@ def test_concurrent_large_calls_stop_at_the_byte_cap(
         client.put_models("m", [upstream.url])
         aid, token = running(client, "large")["large"]
         url = f"{server.url}/v1/rollouts/large/attempts/{aid}/v1/chat/completions"
-        bodies = [{"model": "m", "messages": [{"role": "user", "content": f"{i:02d} " + "x" * 100_000}]}
-                  for i in range(40)]  # 4 MB in all against 1 MiB
+        bodies = [
+            {"model": "m", "messages": [{"role": "user", "content": f"{i:02d} " + "x" * 100_000}]} for i in range(40)
+        ]  # 4 MB in all against 1 MiB
         answers = asyncio.run(call_all(url, token, bodies))
         counted = codes(answers)
         assert set(counted) == {(200, None), (413, "attempt_limit")} and counted[(200, None)] >= 1
@@ -121,14 +125,16 @@ def test_concurrent_large_calls_stop_at_the_byte_cap(
             request_bytes = db.execute("SELECT SUM(LENGTH(request)) FROM calls").fetchone()[0]
         assert request_bytes <= cap  # the requests let in fit in the cap; none was forwarded past it
         # a body declared larger than the bytes left is refused before any of it is sent
-        answer = raw_post(server, f"/v1/rollouts/large/attempts/{aid}/v1/chat/completions", token,
-                          f"Content-Length: {2 * cap}\r\n")
+        answer = raw_post(
+            server, f"/v1/rollouts/large/attempts/{aid}/v1/chat/completions", token, f"Content-Length: {2 * cap}\r\n"
+        )
         assert answer.startswith(b"HTTP/1.1 413") and b"attempt_limit" in answer and b"Content-Length" in answer
     assert server.app.state.calcx.budgets.held("large", aid) == (0, 0, 0)
 
 
 def test_a_reservation_ends_with_its_call_on_upstream_failure_and_when_the_agent_hangs_up(
-        start: Callable[..., ServerThread], server_key: str, upstream: Any) -> None:
+    start: Callable[..., ServerThread], server_key: str, upstream: Any
+) -> None:
     server = start(max_calls_per_attempt=3, upstream_retries=0)
     budgets = server.app.state.calcx.budgets
     with CalcxClient(server.url, server_key) as client:
@@ -157,7 +163,8 @@ def test_a_reservation_ends_with_its_call_on_upstream_failure_and_when_the_agent
 
 
 def test_one_token_holds_at_most_max_in_flight_requests_and_others_are_still_served(
-        start: Callable[..., ServerThread], server_key: str, upstream: Any) -> None:
+    start: Callable[..., ServerThread], server_key: str, upstream: Any
+) -> None:
     limit = 4
     server = start(max_in_flight_per_attempt=limit)
     release = threading.Event()
@@ -170,24 +177,35 @@ def test_one_token_holds_at_most_max_in_flight_requests_and_others_are_still_ser
         auth = {"Authorization": f"Bearer {token}"}
 
         def call(i: int) -> int:
-            return httpx.post(f"{base}/v1/chat/completions", headers=auth, timeout=60,
-                              json={"messages": [{"role": "user", "content": f"hold {i}"}]}).status_code
+            return httpx.post(
+                f"{base}/v1/chat/completions",
+                headers=auth,
+                timeout=60,
+                json={"messages": [{"role": "user", "content": f"hold {i}"}]},
+            ).status_code
 
         with ThreadPoolExecutor(max_workers=limit) as pool:
             held = [pool.submit(call, i) for i in range(limit)]
             wait_until(lambda: len(upstream.requests) == limit, "every place taken by a call upstream")
-            for refused in (httpx.post(f"{base}/events", headers=auth, json={"event_type": "log", "data": {}}),
-                            httpx.post(f"{base}/v1/chat/completions", headers=auth,
-                                       json={"messages": [{"role": "user", "content": "one more"}]})):
+            for refused in (
+                httpx.post(f"{base}/events", headers=auth, json={"event_type": "log", "data": {}}),
+                httpx.post(
+                    f"{base}/v1/chat/completions",
+                    headers=auth,
+                    json={"messages": [{"role": "user", "content": "one more"}]},
+                ),
+            ):
                 assert refused.status_code == 429, refused.text
                 error = refused.json()["error"]
                 assert error["code"] == "too_many_requests" and f"at most {limit} at once" in error["message"]
                 assert refused.headers["retry-after"] == "1"
             # another attempt's token, and the controller, are served meanwhile
             other_aid, other_token = attempts["other"]
-            other = httpx.post(f"{server.url}/v1/rollouts/other/attempts/{other_aid}/events",
-                               headers={"Authorization": f"Bearer {other_token}"},
-                               json={"event_type": "reward", "data": {"value": 1.0}})
+            other = httpx.post(
+                f"{server.url}/v1/rollouts/other/attempts/{other_aid}/events",
+                headers={"Authorization": f"Bearer {other_token}"},
+                json={"event_type": "reward", "data": {"value": 1.0}},
+            )
             assert other.status_code == 200
             assert client.heartbeat("ctl").held
             release.set()

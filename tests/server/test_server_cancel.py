@@ -13,8 +13,12 @@ from calcx.contract.labels import RUN_LABEL, STEP_LABEL
 
 
 def _create(client: CalcxClient, run: str, ids: list[str]) -> None:
-    client.create_rollouts([{"rollout_id": rid, "row": {"question": "q", "result": "1"},
-                             "labels": {RUN_LABEL: run, STEP_LABEL: "1"}} for rid in ids])
+    client.create_rollouts(
+        [
+            {"rollout_id": rid, "row": {"question": "q", "result": "1"}, "labels": {RUN_LABEL: run, STEP_LABEL: "1"}}
+            for rid in ids
+        ]
+    )
 
 
 def test_cancelling_a_run_ends_its_queued_and_running_attempts_only(client: CalcxClient) -> None:

@@ -42,10 +42,12 @@ def test_the_store_runs_in_wal_mode(tmp_path: Path) -> None:
 def test_a_database_from_before_the_token_nonce_gets_the_column(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     old = sqlite3.connect(path)
-    old.execute("CREATE TABLE attempts (rollout_id TEXT NOT NULL, attempt_no INTEGER NOT NULL, state TEXT NOT NULL, "
-                "created_at REAL NOT NULL, started_at REAL, finished_at REAL, controller_id TEXT, reason TEXT, "
-                "exit_code INTEGER, agent_seconds REAL, detail TEXT, lease_expires_at REAL, "
-                "PRIMARY KEY (rollout_id, attempt_no)) WITHOUT ROWID")
+    old.execute(
+        "CREATE TABLE attempts (rollout_id TEXT NOT NULL, attempt_no INTEGER NOT NULL, state TEXT NOT NULL, "
+        "created_at REAL NOT NULL, started_at REAL, finished_at REAL, controller_id TEXT, reason TEXT, "
+        "exit_code INTEGER, agent_seconds REAL, detail TEXT, lease_expires_at REAL, "
+        "PRIMARY KEY (rollout_id, attempt_no)) WITHOUT ROWID"
+    )
     old.execute("INSERT INTO attempts (rollout_id, attempt_no, state, created_at) VALUES ('r', 1, 'QUEUED', 0)")
     old.commit()
     old.close()

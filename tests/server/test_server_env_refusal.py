@@ -31,10 +31,16 @@ def row(question: Any = "What is 1 + 1?", **extra: Any) -> dict[str, Any]:
     [
         ({"row": row("2+3\x00")}, "'question' (as QUESTION)", "NUL character"),
         ({"row": row("x" * MAX_ENV_BYTES)}, "'question' (as QUESTION)", "Linux limits one variable"),
-        ({"row": row(notes={"a": "\ud800"}), "env_map": {"QUESTION": "question", "NOTES": "notes"}},
-         "'notes' (as NOTES)", "not valid Unicode"),
-        ({"row": row(), "env_map": {"QUESTION": "question", "MY VAR": "result"}},
-         "'result' (as MY VAR)", "not a valid C identifier-like name"),
+        (
+            {"row": row(notes={"a": "\ud800"}), "env_map": {"QUESTION": "question", "NOTES": "notes"}},
+            "'notes' (as NOTES)",
+            "not valid Unicode",
+        ),
+        (
+            {"row": row(), "env_map": {"QUESTION": "question", "MY VAR": "result"}},
+            "'result' (as MY VAR)",
+            "not a valid C identifier-like name",
+        ),
     ],
 )
 def test_row_no_runner_can_carry_is_refused_at_creation(
@@ -42,8 +48,11 @@ def test_row_no_runner_can_carry_is_refused_at_creation(
 ) -> None:
     body = {"rollouts": [{"rollout_id": "fine", "row": row()}, {"rollout_id": "bad", **spec}]}
     # sent as ASCII JSON: a lone surrogate has no UTF-8 form, but JSON can escape it
-    answer = httpx.post(f"{server.url}/v1/rollouts", content=json.dumps(body),
-                        headers={"Authorization": f"Bearer {server_key}", "Content-Type": "application/json"})
+    answer = httpx.post(
+        f"{server.url}/v1/rollouts",
+        content=json.dumps(body),
+        headers={"Authorization": f"Bearer {server_key}", "Content-Type": "application/json"},
+    )
     assert answer.status_code == 422, answer.text
     error = answer.json()["error"]
     assert error["code"] == "invalid_body"
@@ -65,8 +74,18 @@ def test_hostile_text_a_runner_can_carry_is_accepted(client: CalcxClient) -> Non
 
 @pytest.mark.parametrize(
     "key",
-    [CALCX_CALCULATOR_CMD, CALCX_KEY, CALCX_ROLLOUT_ID, "CALCX_ANYTHING_NEW", AGL_KEY, AGL_OPENAI_BASE_URL,
-     "PATH", "PYTHONPATH", "PEX_ROOT", "LD_PRELOAD"],
+    [
+        CALCX_CALCULATOR_CMD,
+        CALCX_KEY,
+        CALCX_ROLLOUT_ID,
+        "CALCX_ANYTHING_NEW",
+        AGL_KEY,
+        AGL_OPENAI_BASE_URL,
+        "PATH",
+        "PYTHONPATH",
+        "PEX_ROOT",
+        "LD_PRELOAD",
+    ],
 )
 def test_env_map_may_not_set_a_reserved_variable(client: CalcxClient, key: str) -> None:
     """A row picks data for its agent, never the calculator command, the attempt token, the

@@ -50,9 +50,7 @@ def error(resp: httpx.Response, status: int, code: str | None = None) -> str:
 
 
 def test_malformed_json_is_422_with_position(http: httpx.Client) -> None:
-    message = error(
-        http.post("/v1/rollouts", content=b'{"rollouts": [ {"rollout_id": "x",, }]}'), 422, "invalid_json"
-    )
+    message = error(http.post("/v1/rollouts", content=b'{"rollouts": [ {"rollout_id": "x",, }]}'), 422, "invalid_json")
     assert "line 1 column" in message
     error(http.post("/v1/rollouts", content=b""), 422, "invalid_json")
     error(http.post("/v1/rollouts", content=b"\xff\xfe{"), 422, "invalid_json")
@@ -124,7 +122,8 @@ def test_bad_rewards_are_422_and_not_stored(http: httpx.Client, running: tuple[s
     )
     for value in (1e39, -1e39, 1.0000001, -0.5):  # 1e39 passed once and turned an update into NaN
         assert "outside the reward range [0, 1]" in error(
-            http.post(path, json={"event_type": "reward", "data": {"value": value}}), 422, "invalid_reward")
+            http.post(path, json={"event_type": "reward", "data": {"value": value}}), 422, "invalid_reward"
+        )
     error(http.post(path, json={"event_type": "", "data": {}}), 422, "invalid_body")
     error(http.post(path, json={"event_type": "reward", "data": 3}), 422, "invalid_body")
     rollout = http.get(f"/v1/rollouts/{rid}").json()
@@ -188,11 +187,16 @@ def test_an_attempt_id_of_non_ascii_digits_is_404_not_a_500(http: httpx.Client, 
 
 def test_rollout_ids_that_are_dot_segments_are_refused(http: httpx.Client) -> None:
     for rid in (".", ".."):
-        message = error(http.post("/v1/rollouts", json={"rollouts": [{"rollout_id": rid, "row": {"question": "q",
-                                                                                                 "result": "1"}}]}),
-                        422, "invalid_body")
+        message = error(
+            http.post(
+                "/v1/rollouts", json={"rollouts": [{"rollout_id": rid, "row": {"question": "q", "result": "1"}}]}
+            ),
+            422,
+            "invalid_body",
+        )
         assert "dot segment" in message and "rollouts.0.rollout_id" in message, message
-    created = http.post("/v1/rollouts", json={"rollouts": [{"rollout_id": "...", "row": {"question": "q",
-                                                                                          "result": "1"}}]})
+    created = http.post(
+        "/v1/rollouts", json={"rollouts": [{"rollout_id": "...", "row": {"question": "q", "result": "1"}}]}
+    )
     assert created.status_code == 200  # three dots are no path segment of their own
     assert http.get("/v1/rollouts/...").json()["rollout_id"] == "..."

@@ -62,10 +62,12 @@ def test_calls_carry_the_policy_version_served_at_the_time_of_the_call(client: C
     """The version a rollout declares (the step it was made for) is not what answered it: each call
     records the registry's version when it was made, which the trainer moves after a weight sync."""
     client.put_models("m", [upstream.url], policy_version=6)
-    client.create_rollouts([
-        {"rollout_id": "step-7", "row": {"question": "q", "result": "4"}, "policy_version": 7},
-        {"rollout_id": "no-step", "row": {"question": "q", "result": "4"}},
-    ])
+    client.create_rollouts(
+        [
+            {"rollout_id": "step-7", "row": {"question": "q", "result": "4"}, "policy_version": 7},
+            {"rollout_id": "no-step", "row": {"question": "q", "result": "4"}},
+        ]
+    )
     claims = {c.rollout.rollout_id: c for c in client.claim("ctl", 2, timeout_s=2).claims}
     for rid in ("step-7", "no-step"):
         client.chat_completions(rid, claims[rid].attempt_id, {"model": "m", "messages": MESSAGES})
@@ -91,7 +93,8 @@ def test_upstream_5xx_is_retried_then_recorded_once(client: CalcxClient, upstrea
 
 
 def test_an_aborted_call_is_sent_again_and_recorded_with_the_version_that_answered(
-        client: CalcxClient, upstream: Any) -> None:
+    client: CalcxClient, upstream: Any
+) -> None:
     """vLLM ends the calls in flight with finish reason "abort" when the trainer pauses generation
     for a weight update: the agent waits and gets the model's answer, made by the new weights."""
     client.put_models("m", [upstream.url], policy_version=4)
@@ -121,7 +124,8 @@ def test_a_call_answered_at_once_keeps_the_version_it_was_sent_at(client: CalcxC
 
 
 def test_an_aborted_call_goes_to_an_endpoint_registered_while_it_waited(
-        client: CalcxClient, make_upstream: Any) -> None:
+    client: CalcxClient, make_upstream: Any
+) -> None:
     paused, serving = make_upstream(), make_upstream()
     client.put_models("m", [paused.url], policy_version=1)
     claim = running_claims(client)[0]
@@ -135,7 +139,8 @@ def test_an_aborted_call_goes_to_an_endpoint_registered_while_it_waited(
 
 
 def test_a_call_aborted_past_abort_retry_s_fails_the_attempt_as_infrastructure(
-        db_path: str, server_key: str, upstream: Any) -> None:
+    db_path: str, server_key: str, upstream: Any
+) -> None:
     """An aborted answer is empty: handed to the agent it would score 0 and train as a wrong
     answer. Past abort_retry_s the attempt fails (model_aborted, retried) and the agent gets a 503."""
     server = start_server_thread(db_path, server_key, abort_retry_s=2.0, upstream_backoff_s=0.01)
@@ -152,7 +157,8 @@ def test_a_call_aborted_past_abort_retry_s_fails_the_attempt_as_infrastructure(
             assert err.value.status == 503 and err.value.code == FailureReason.MODEL_ABORTED
             resent = len(upstream.requests) - 1
             assert resent >= 1 and f'calcx_gateway_upstream_errors_total{{kind="abort"}} {resent + 1}.0' in (
-                client.metrics_text())  # sent again, each abort counted, then given up on
+                client.metrics_text()
+            )  # sent again, each abort counted, then given up on
             assert waited < 60  # bounded by abort_retry_s (2 s + one try and backoff); 30x margin
             calls = client.calls(rid)
             assert len(calls) == 1 and calls[0].status_code == 503 and calls[0].response_token_ids == []
@@ -166,8 +172,7 @@ def test_a_call_aborted_past_abort_retry_s_fails_the_attempt_as_infrastructure(
         server.stop()
 
 
-def test_abort_retry_s_zero_fails_the_attempt_at_once(
-        db_path: str, server_key: str, upstream: Any) -> None:
+def test_abort_retry_s_zero_fails_the_attempt_at_once(db_path: str, server_key: str, upstream: Any) -> None:
     server = start_server_thread(db_path, server_key, abort_retry_s=0.0)
     try:
         with CalcxClient(server.url, server_key, timeout=10.0) as client:
@@ -175,8 +180,9 @@ def test_abort_retry_s_zero_fails_the_attempt_at_once(
             claim = running_claims(client)[0]
             upstream.abort_next = 1
             with pytest.raises(CalcxAPIError) as err:
-                client.chat_completions(claim.rollout.rollout_id, claim.attempt_id,
-                                        {"model": "m", "messages": MESSAGES})
+                client.chat_completions(
+                    claim.rollout.rollout_id, claim.attempt_id, {"model": "m", "messages": MESSAGES}
+                )
             assert err.value.code == FailureReason.MODEL_ABORTED and len(upstream.requests) == 1
             assert client.get_rollout(claim.rollout.rollout_id).state == "FAILED"
     finally:
@@ -266,7 +272,8 @@ def test_endpoint_choice_is_sticky_per_rollout(client: CalcxClient, make_upstrea
 
 
 def test_a_replica_that_fails_gets_no_new_rollout_and_a_busy_one_still_does(
-        db_path: str, server_key: str, make_upstream: Any) -> None:
+    db_path: str, server_key: str, make_upstream: Any
+) -> None:
     """A 429 is a busy replica (it stays in the choice); a 500 takes it out until it answers (the
     probe waits 300 s here, so it stays out)."""
     a, b = make_upstream(), make_upstream()
@@ -277,8 +284,11 @@ def test_a_replica_that_fails_gets_no_new_rollout_and_a_busy_one_still_does(
             claims = {c.rollout.rollout_id: c.attempt_id for c in running_claims(client, 4, prefix="r")}
 
             def call(rid: str) -> list[str | None]:
-                client.chat_completions(rid, claims[rid], {"model": "m", "messages": MESSAGES + [
-                    {"role": "user", "content": str(len(client.calls(rid)))}]})
+                client.chat_completions(
+                    rid,
+                    claims[rid],
+                    {"model": "m", "messages": MESSAGES + [{"role": "user", "content": str(len(client.calls(rid)))}]},
+                )
                 return [c.endpoint for c in client.calls(rid)]
 
             a.fail_next, a.fail_status = 1, 429
@@ -296,7 +306,8 @@ def test_a_replica_that_fails_gets_no_new_rollout_and_a_busy_one_still_does(
 
 
 def test_a_call_the_agent_sent_again_is_recorded_once_with_the_answer_it_used(
-        client: CalcxClient, upstream: Any) -> None:
+    client: CalcxClient, upstream: Any
+) -> None:
     """The agent's client times out on a slow answer and sends the call again: the late answer to
     the first send reaches nobody. One record, the answer the agent got; never two trained turns."""
     client.put_models("m", [upstream.url], policy_version=1)
@@ -310,8 +321,9 @@ def test_a_call_the_agent_sent_again_is_recorded_once_with_the_answer_it_used(
             first_answered.set()
 
     upstream.before_answer = slow_first_answer
-    oa = openai.OpenAI(base_url=claim.env["AGL_OPENAI_BASE_URL"], api_key=claim.env["AGL_KEY"], max_retries=1,
-                       timeout=1.0)
+    oa = openai.OpenAI(
+        base_url=claim.env["AGL_OPENAI_BASE_URL"], api_key=claim.env["AGL_KEY"], max_retries=1, timeout=1.0
+    )
     used = oa.chat.completions.create(model="m", messages=MESSAGES)
     assert first_answered.wait(10)
     time.sleep(0.5)  # the late answer's turn to be recorded
@@ -342,14 +354,20 @@ def _tool_turn_forwarded(client: CalcxClient, upstream: Any, content: Any) -> tu
 
 
 def test_with_the_hermes_parser_an_earlier_tool_turn_goes_back_as_the_model_wrote_it(
-        db_path: str, server_key: str, upstream: Any) -> None:
+    db_path: str, server_key: str, upstream: Any
+) -> None:
     # vLLM's hermes parser leaves the line break before <tool_call> on the text; the chat template
     # puts its own there: one is dropped, so the turn renders as generated (calcx.server.assistant_turns)
     server = start_server_thread(db_path, server_key, upstream_timeout_s=5.0, tool_call_parser="hermes")
     try:
         with CalcxClient(server.url, server_key, timeout=10.0) as client:
-            for content, sent_as in (("She used 10/2 =\n", "She used 10/2 ="), ("x\n\n", "x\n"), ("x", "x"),
-                                     ("", ""), (None, None)):
+            for content, sent_as in (
+                ("She used 10/2 =\n", "She used 10/2 ="),
+                ("x\n\n", "x\n"),
+                ("x", "x"),
+                ("", ""),
+                (None, None),
+            ):
                 messages, forwarded, recorded = _tool_turn_forwarded(client, upstream, content)
                 assert forwarded[1] == {**messages[1], "content": sent_as}, content
                 assert forwarded[0] == messages[0] and forwarded[2:] == messages[2:]
@@ -358,12 +376,15 @@ def test_with_the_hermes_parser_an_earlier_tool_turn_goes_back_as_the_model_wrot
         server.stop()
 
 
-TEMPLATE_CALL = ('Let me compute.\n<tool_call>\n{{"name": "calculate", "arguments": {"expression": "2 * 6 / 4"}}}\n'
-                 '</tool_call>\n### ANSWER: 3')
+TEMPLATE_CALL = (
+    'Let me compute.\n<tool_call>\n{{"name": "calculate", "arguments": {"expression": "2 * 6 / 4"}}}\n'
+    "</tool_call>\n### ANSWER: 3"
+)
 
 
 def test_with_the_hermes_parser_calls_in_the_templates_doubled_braces_are_made(
-        db_path: str, server_key: str, upstream: Any) -> None:
+    db_path: str, server_key: str, upstream: Any
+) -> None:
     """A call written as Qwen2.5's template shows it (`{{"name": ...}}`, which vLLM's parser cannot
     read) reaches the agent as the call it states, and is recorded so; the tokens are the model's."""
     server = start_server_thread(db_path, server_key, upstream_timeout_s=5.0, tool_call_parser="hermes")
@@ -376,8 +397,11 @@ def test_with_the_hermes_parser_calls_in_the_templates_doubled_braces_are_made(
             answer = oa.chat.completions.create(model="m", messages=MESSAGES).choices[0]
             assert answer.finish_reason == "tool_calls" and answer.message.content == "Let me compute.\n"
             made = answer.message.tool_calls or []
-            assert [(c.function.name, json.loads(c.function.arguments)) for c in made
-                    if isinstance(c, ChatCompletionMessageFunctionToolCall)] == [("calculate", {"expression": "2 * 6 / 4"})]
+            assert [
+                (c.function.name, json.loads(c.function.arguments))
+                for c in made
+                if isinstance(c, ChatCompletionMessageFunctionToolCall)
+            ] == [("calculate", {"expression": "2 * 6 / 4"})]
             recorded = client.calls(claim.rollout.rollout_id)[0]
             assert recorded.response is not None
             assert recorded.response["choices"][0]["message"]["tool_calls"][0]["id"] == made[0].id

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from fastapi import FastAPI, Request
@@ -56,18 +57,30 @@ class EchoUpstream:
                 with self.lock:
                     self.in_flight -= 1
             answer = derived_ids(marker, 4, 5000)
-            return JSONResponse({
-                "id": f"chatcmpl-{marker}", "object": "chat.completion", "created": 1, "model": body["model"],
-                "prompt_token_ids": derived_ids(marker, 6, 1000),
-                "choices": [{
-                    "index": 0, "finish_reason": "stop",
-                    "message": {"role": "assistant", "content": f"echo {marker}"},
-                    "token_ids": answer,
-                    "logprobs": {"content": [{"token": str(t), "logprob": lp, "bytes": None, "top_logprobs": []}
-                                             for t, lp in zip(answer, logprobs_of(answer))]},
-                }],
-                "usage": {"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10},
-            })
+            return JSONResponse(
+                {
+                    "id": f"chatcmpl-{marker}",
+                    "object": "chat.completion",
+                    "created": 1,
+                    "model": body["model"],
+                    "prompt_token_ids": derived_ids(marker, 6, 1000),
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": f"echo {marker}"},
+                            "token_ids": answer,
+                            "logprobs": {
+                                "content": [
+                                    {"token": str(t), "logprob": lp, "bytes": None, "top_logprobs": []}
+                                    for t, lp in zip(answer, logprobs_of(answer))
+                                ]
+                            },
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10},
+                }
+            )
 
         return app
 
@@ -83,8 +96,7 @@ def echo_upstream() -> Iterator[tuple[EchoUpstream, str]]:
 
 
 def claim_all(client: CalcxClient, n: int) -> list[Claim]:
-    client.create_rollouts([{"rollout_id": f"conc-{i:02d}", "row": {"question": "q", "result": "4"}}
-                            for i in range(n)])
+    client.create_rollouts([{"rollout_id": f"conc-{i:02d}", "row": {"question": "q", "result": "4"}} for i in range(n)])
     claims: list[Claim] = []
     for _ in range(10):
         claims += client.claim("ctl", n - len(claims), timeout_s=2).claims
@@ -95,7 +107,8 @@ def claim_all(client: CalcxClient, n: int) -> list[Claim]:
 
 
 def test_concurrent_calls_are_recorded_with_their_own_tokens(
-        client: CalcxClient, server: Any, server_key: str, echo_upstream: tuple[EchoUpstream, str]) -> None:
+    client: CalcxClient, server: Any, server_key: str, echo_upstream: tuple[EchoUpstream, str]
+) -> None:
     upstream, url = echo_upstream
     client.put_models("policy", [url])
     claims = claim_all(client, ROLLOUTS)
@@ -106,8 +119,9 @@ def test_concurrent_calls_are_recorded_with_their_own_tokens(
         seen = []
         with CalcxClient(server.url, server_key, timeout=30.0) as own:
             for k in range(CALLS_EACH):
-                answer = own.chat_completions(rid, claim.attempt_id, {
-                    "model": "policy", "messages": [{"role": "user", "content": f"{rid}/{k}"}]})
+                answer = own.chat_completions(
+                    rid, claim.attempt_id, {"model": "policy", "messages": [{"role": "user", "content": f"{rid}/{k}"}]}
+                )
                 seen.append(answer["choices"][0]["message"]["content"])
         return seen
 

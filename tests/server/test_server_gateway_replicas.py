@@ -26,7 +26,6 @@ from calcx.procs.managed import ManagedProcess, ProcessStartError
 from calcx.rehearse.stack import python_env, services_env
 
 
-
 def turn(n: int) -> dict[str, object]:
     """A rollout's call `n`: its conversation grows by a turn each call (a call equal to an
     earlier one of the attempt would be taken for the agent sending it again)."""
@@ -36,7 +35,6 @@ def turn(n: int) -> dict[str, object]:
     return {"model": "m", "messages": messages[:-1]}
 
 
-
 class Stack:
     """The server and its stub replicas; every process is stopped by pid at the end."""
 
@@ -44,15 +42,38 @@ class Stack:
         self.workdir = workdir
         self.key = new_key()
         self.procs: list[ManagedProcess] = []
-        cmd = [sys.executable, "-m", "calcx.server", "--host", "127.0.0.1", "--port", "0", "--db",
-               str(workdir / "calcx.db"), "--log-level", "warning", "--replica-probe-s", "0.2"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "calcx.server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--db",
+            str(workdir / "calcx.db"),
+            "--log-level",
+            "warning",
+            "--replica-probe-s",
+            "0.2",
+        ]
         server = self._start("server", cmd, services_env({CALCX_KEY: self.key}), SERVER_READY)
         assert server.match is not None
         self.url = server.match.group(1)
 
     def stub(self, name: str, *args: str, port: int = 0) -> tuple[ManagedProcess, str]:
-        cmd = [sys.executable, "-m", "calcx.stub_llm", "--host", "127.0.0.1", "--port", str(port),
-               "--log-level", "warning", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "calcx.stub_llm",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *args,
+        ]
         proc = self._start(name, cmd, python_env(), STUB_LLM_READY)
         assert proc.match is not None
         return proc, proc.match.group(1).rstrip("/")
@@ -106,8 +127,7 @@ def stub_requests(url: str) -> int:
     return sum(httpx.get(url.removesuffix("/v1") + "/stub/stats", timeout=10).json()["counts"].values())
 
 
-def run_rollouts(stack: Stack, ids: list[str], calls: int, workers: int,
-                 first_together: bool = False) -> None:
+def run_rollouts(stack: Stack, ids: list[str], calls: int, workers: int, first_together: bool = False) -> None:
     """Each rollout makes `calls` calls one after another, then finishes; `workers` rollouts run
     at once. With `first_together`, every rollout's first call is sent at the same moment."""
     with stack.client() as client:

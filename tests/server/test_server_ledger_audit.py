@@ -11,15 +11,23 @@ from pathlib import Path
 import pytest
 
 from calcx.api.client import CalcxClient
-from calcx.contract.labels import RUN_LABEL
 from calcx.cli import main as calcx_main
+from calcx.contract.labels import RUN_LABEL
 from calcx.server.ledger_audit import audit
 
 
 def _succeed(client: CalcxClient, run: str, ids: list[str], group: str, problem: str = "p") -> None:
-    client.create_rollouts([{"rollout_id": rid, "group_id": group,
-                             "row": {"id": problem, "question": "q", "result": "1"},
-                             "labels": {RUN_LABEL: run}} for rid in ids])
+    client.create_rollouts(
+        [
+            {
+                "rollout_id": rid,
+                "group_id": group,
+                "row": {"id": problem, "question": "q", "result": "1"},
+                "labels": {RUN_LABEL: run},
+            }
+            for rid in ids
+        ]
+    )
     for claim in client.claim("ctl", len(ids), timeout_s=2).claims:
         client.post_event(claim.rollout.rollout_id, claim.attempt_id, "reward", {"value": 1.0})
         client.finish(claim.rollout.rollout_id, claim.attempt_id, "SUCCEEDED")
@@ -39,8 +47,9 @@ def _resumed_run(client: CalcxClient, redrawn_problem: str = "p2") -> None:
     client.record_trained("other", 1, ["x"])
 
 
-def test_a_resumed_run_is_reported_whole_and_trained_once(client: CalcxClient, db_path: str,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_resumed_run_is_reported_whole_and_trained_once(
+    client: CalcxClient, db_path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     _resumed_run(client)
     result = audit(Path(db_path), "r")  # the server is still running: the file is opened read-only
     assert result.check(2) == []
@@ -59,11 +68,13 @@ def test_a_resumed_run_is_reported_whole_and_trained_once(client: CalcxClient, d
     assert json.loads(capsys.readouterr().out)["steps"] == [[1, 2, 1, 2], [2, 2, 1, 2]]
 
 
-def test_a_broken_ledger_is_named_and_exits_1(client: CalcxClient, db_path: str,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_broken_ledger_is_named_and_exits_1(
+    client: CalcxClient, db_path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     _resumed_run(client)
-    client.create_rollouts([{"rollout_id": "left", "row": {"question": "q", "result": "1"},
-                             "labels": {RUN_LABEL: "r"}}])
+    client.create_rollouts(
+        [{"rollout_id": "left", "row": {"question": "q", "result": "1"}, "labels": {RUN_LABEL: "r"}}]
+    )
     with sqlite3.connect(db_path) as db:  # what the server's unique index never lets happen
         db.execute("DROP INDEX trained_once")
         db.execute("INSERT INTO trained VALUES ('r', 4, 'a', 1, 0, NULL)")
@@ -75,8 +86,9 @@ def test_a_broken_ledger_is_named_and_exits_1(client: CalcxClient, db_path: str,
     assert "1 rollout(s) of the run still QUEUED or RUNNING" in out
 
 
-def test_a_rerun_step_that_drew_other_problems_is_named(client: CalcxClient, db_path: str,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_rerun_step_that_drew_other_problems_is_named(
+    client: CalcxClient, db_path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The resumed run's step 2 drew step 1's problem again instead of its own: p2 was skipped and
     p1 came back within the epoch."""
     _resumed_run(client, redrawn_problem="p1")

@@ -57,17 +57,20 @@ def test_events_past_the_attempts_count_or_bytes_are_413(tmp_path: Path, server_
 
 
 def test_model_calls_past_the_attempts_count_are_413_and_not_forwarded(
-        tmp_path: Path, server_key: str, upstream: Any) -> None:
+    tmp_path: Path, server_key: str, upstream: Any
+) -> None:
     server = _start(tmp_path, server_key, max_calls_per_attempt=2)
     try:
         with CalcxClient(server.url, server_key) as client:
             client.put_models("m", [upstream.url], policy_version=1)
             aid, token = _running(client, "chatty")
-            oa = openai.OpenAI(base_url=f"{server.url}/v1/rollouts/chatty/attempts/{aid}/v1", api_key=token,
-                               max_retries=0)
+            oa = openai.OpenAI(
+                base_url=f"{server.url}/v1/rollouts/chatty/attempts/{aid}/v1", api_key=token, max_retries=0
+            )
             # three different calls: a request repeated word for word is a resend, recorded once
             calls: list[list[ChatCompletionUserMessageParam]] = [
-                [{"role": "user", "content": f"call {i}"}] for i in range(3)]
+                [{"role": "user", "content": f"call {i}"}] for i in range(3)
+            ]
             for messages in calls[:2]:
                 oa.chat.completions.create(model="m", messages=messages)
             sent = len(upstream.requests)
@@ -85,8 +88,9 @@ def test_model_calls_past_the_attempts_bytes_are_413(tmp_path: Path, server_key:
         with CalcxClient(server.url, server_key) as client:
             client.put_models("m", [upstream.url], policy_version=1)
             aid, token = _running(client, "long")
-            oa = openai.OpenAI(base_url=f"{server.url}/v1/rollouts/long/attempts/{aid}/v1", api_key=token,
-                               max_retries=0)
+            oa = openai.OpenAI(
+                base_url=f"{server.url}/v1/rollouts/long/attempts/{aid}/v1", api_key=token, max_retries=0
+            )
             long_prompt: list[ChatCompletionUserMessageParam] = [{"role": "user", "content": "x " * 800}]
             oa.chat.completions.create(model="m", messages=long_prompt)  # recorded: about 2000 of 2500 bytes
             sent = len(upstream.requests)

@@ -23,7 +23,9 @@ def test_metrics_count_the_run(client: CalcxClient, server: Any, upstream: Any) 
     client.create_rollouts([{"rollout_id": f"m-{i}", "row": {"question": "q", "result": "1"}} for i in range(4)])
     claims = client.claim("ctl", 3, timeout_s=1).claims
     for c in claims:
-        client.chat_completions(c.rollout.rollout_id, c.attempt_id, {"model": "m", "messages": [{"role": "user", "content": "x"}]})
+        client.chat_completions(
+            c.rollout.rollout_id, c.attempt_id, {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+        )
         client.post_reward(c.rollout.rollout_id, c.attempt_id, 1.0)
     client.post_event(claims[0].rollout.rollout_id, claims[0].attempt_id, "whatever-custom", {})
     client.finish(claims[0].rollout.rollout_id, claims[0].attempt_id, "SUCCEEDED")

@@ -18,8 +18,9 @@ PARTIAL_HEAD = b"POST /v1/claims/heartbeat HTTP/1.1\r\nHost: calcx\r\n"  # the b
 
 @pytest.fixture
 def srv(tmp_path: Path, server_key: str) -> Iterator[ServerThread]:
-    server = start_server_thread(str(tmp_path / "head.db"), server_key, max_connections=8,
-                                 request_head_timeout_s=HEAD_TIMEOUT_S)
+    server = start_server_thread(
+        str(tmp_path / "head.db"), server_key, max_connections=8, request_head_timeout_s=HEAD_TIMEOUT_S
+    )
     yield server
     server.stop()
 
@@ -29,8 +30,10 @@ def _connect(srv: ServerThread) -> socket.socket:
 
 
 def _request(path: str, key: str, body: bytes = b"") -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: calcx\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: calcx\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 def _read_response(sock: socket.socket) -> bytes:
@@ -41,8 +44,9 @@ def _read_response(sock: socket.socket) -> bytes:
         assert chunk, f"connection closed after {data!r}"
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
+    length = next(
+        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+    )
     while len(body) < length:
         chunk = sock.recv(4096)
         assert chunk, f"connection closed after {data!r}"
@@ -52,15 +56,20 @@ def _read_response(sock: socket.socket) -> bytes:
 
 
 def test_connections_that_never_finish_their_head_are_closed_and_free_the_limit(
-        srv: ServerThread, server_key: str) -> None:
+    srv: ServerThread, server_key: str
+) -> None:
     held = [_connect(srv) for _ in range(8)]
     try:
         for sock in held[:6]:
             sock.sendall(PARTIAL_HEAD)  # the rest send nothing at all
         for sock in held:
             assert sock.recv(1024) == b""  # closed by the server, unanswered
-        heartbeat = httpx.post(f"{srv.url}/v1/claims/heartbeat", json={"controller_id": "ctl"},
-                               headers={"Authorization": f"Bearer {server_key}"}, timeout=30)
+        heartbeat = httpx.post(
+            f"{srv.url}/v1/claims/heartbeat",
+            json={"controller_id": "ctl"},
+            headers={"Authorization": f"Bearer {server_key}"},
+            timeout=30,
+        )
         assert heartbeat.status_code == 200, heartbeat.text
     finally:
         for sock in held:

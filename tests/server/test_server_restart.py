@@ -80,12 +80,16 @@ def test_restart_mid_run_loses_nothing(tmp_path: Path, upstream: Any, server_key
                 while not stop.is_set():
                     rid = f"r-{i}"
                     try:
-                        client.create_rollout({"rollout_id": rid, "group_id": f"g{i // 4}", "row": {"question": "q", "result": "1"}})
+                        client.create_rollout(
+                            {"rollout_id": rid, "group_id": f"g{i // 4}", "row": {"question": "q", "result": "1"}}
+                        )
                         acked["created"].append(rid)
                         claim = client.claim("ctl", 1, timeout_s=1).claims[0]
                         acked["claimed"].append(claim.rollout.rollout_id)
                         rid, aid = claim.rollout.rollout_id, claim.attempt_id
-                        client.chat_completions(rid, aid, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+                        client.chat_completions(
+                            rid, aid, {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+                        )
                         acked["called"].append(rid)
                         client.post_reward(rid, aid, 1.0)
                         acked["rewarded"].append(rid)
@@ -177,7 +181,10 @@ def test_refuses_to_start_without_a_key(tmp_path: Path) -> None:
     env["PYTHONPATH"] = SRC
     result = subprocess.run(
         [sys.executable, "-m", "calcx.server", "--port", "0", "--db", str(tmp_path / "x.db")],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert "--key-file" in result.stderr and "CALCX_KEY" in result.stderr
@@ -228,8 +235,11 @@ def test_a_graceful_shutdown_fails_no_running_attempt(tmp_path: Path, upstream: 
             client.put_models("m", [upstream.url])
             client.create_rollout({"rollout_id": "d-1", "row": {"question": "q", "result": "1"}})
             claim = client.claim("ctl", 1, timeout_s=1).claims[0]
-            call = threading.Thread(target=lambda: client.chat_completions(
-                "d-1", claim.attempt_id, {"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+            call = threading.Thread(
+                target=lambda: client.chat_completions(
+                    "d-1", claim.attempt_id, {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+                )
+            )
             call.start()
             while not upstream.requests:
                 time.sleep(0.02)
@@ -260,7 +270,10 @@ def test_refuses_a_store_it_cannot_use(tmp_path: Path) -> None:
     for db in (str(not_a_db), str(tmp_path / "missing-dir" / "x.db")):
         result = subprocess.run(
             [sys.executable, "-m", "calcx.server", "--port", "0", "--db", db],
-            env=env, capture_output=True, text=True, timeout=60,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert result.returncode == 1 and "cannot use" in result.stderr and db in result.stderr
     assert not_a_db.read_text().startswith("these are notes")  # left as it was

@@ -59,7 +59,11 @@ def test_env_map_must_name_row_fields(client: CalcxClient) -> None:
         client.create_rollout({"rollout_id": "noq", "row": {"text": "hi", "result": "1"}})
     assert err.value.status == 422 and "question" in err.value.message
     ok = client.create_rollout(
-        {"rollout_id": "mapped", "row": {"text": "hi", "answer": 7}, "env_map": {"QUESTION": "text", "RESULT": "answer"}}
+        {
+            "rollout_id": "mapped",
+            "row": {"text": "hi", "answer": 7},
+            "env_map": {"QUESTION": "text", "RESULT": "answer"},
+        }
     )
     assert ok.env_map == {"QUESTION": "text", "RESULT": "answer"}
     claim = client.claim("c", 1, timeout_s=1).claims[0]

@@ -40,8 +40,13 @@ def running(server: ServerThread) -> tuple[str, str, str]:
 
 
 def test_the_app_serves_every_declared_endpoint_and_nothing_else(server: ServerThread) -> None:
-    served = [(method, route.path, route.name) for route in server.app.routes if isinstance(route, Route)
-              for method in (route.methods or ()) if method != "HEAD"]
+    served = [
+        (method, route.path, route.name)
+        for route in server.app.routes
+        if isinstance(route, Route)
+        for method in (route.methods or ())
+        if method != "HEAD"
+    ]
     assert sorted(served) == sorted((e.method, e.path, e.name) for e in ENDPOINTS)
 
 
@@ -56,6 +61,7 @@ def test_each_endpoint_takes_the_credentials_it_declares(
     query = {"timeout_s": 0} if endpoint.long_poll and endpoint.method == "GET" else None
     body = {"timeout_s": 0} if endpoint.long_poll and endpoint.method == "POST" else None
     with httpx.Client(base_url=server.url, timeout=10) as http:
+
         def status(bearer: str | None) -> int:
             headers = {"authorization": f"Bearer {bearer}"} if bearer else {}
             return http.request(endpoint.method, path, headers=headers, params=query, json=body).status_code

@@ -48,8 +48,9 @@ def test_a_second_start_of_a_live_run_is_refused_and_changes_nothing(url: str) -
         assert (lease.owner, lease.live, lease.took_over) == ("trainer-a", True, False)
         _trained_rollout(first, "s1")
         first.record_trained(RUN, 1, ["s1"], owner="trainer-a")
-        first.create_rollout({"rollout_id": "queued", "row": {"question": "q", "result": "1"},
-                              "labels": {RUN_LABEL: RUN}})
+        first.create_rollout(
+            {"rollout_id": "queued", "row": {"question": "q", "result": "1"}, "labels": {RUN_LABEL: RUN}}
+        )
 
         err = _refused(second.acquire_lease, RUN, "trainer-b")
         assert (err.status, err.code) == (409, "run_leased")
@@ -57,9 +58,11 @@ def test_a_second_start_of_a_live_run_is_refused_and_changes_nothing(url: str) -
         assert RUN in err.message and "'trainer-a'" in err.message and lapse in err.message
         assert "--take-over" in err.message
         # what the second start would do next is refused too, without the lease
-        for refused in (_refused(second.cancel, run=RUN, owner="trainer-b"),
-                        _refused(second.rewind, RUN, 0, owner="trainer-b"),
-                        _refused(second.cancel, run=RUN)):  # no owner: refused while a lease is live
+        for refused in (
+            _refused(second.cancel, run=RUN, owner="trainer-b"),
+            _refused(second.rewind, RUN, 0, owner="trainer-b"),
+            _refused(second.cancel, run=RUN),
+        ):  # no owner: refused while a lease is live
             assert (refused.status, refused.code) == (409, "lease_lost")
         assert first.get_rollout("queued").state == "QUEUED"
         assert first.record_trained(RUN, 1, ["s1"], owner="trainer-a") == 1  # the ledger as it was
@@ -72,8 +75,9 @@ def test_a_take_over_fences_the_old_trainer_off(url: str) -> None:
         _trained_rollout(old, "s1")
         old.record_trained(RUN, 1, ["s1"], owner="trainer-a")
         _trained_rollout(old, "s2")
-        old.create_rollout({"rollout_id": "queued", "row": {"question": "q", "result": "1"},
-                            "labels": {RUN_LABEL: RUN}})
+        old.create_rollout(
+            {"rollout_id": "queued", "row": {"question": "q", "result": "1"}, "labels": {RUN_LABEL: RUN}}
+        )
 
         taken = new.acquire_lease(RUN, "trainer-b", take_over=True)
         assert (taken.owner, taken.previous_owner, taken.took_over) == ("trainer-b", "trainer-a", True)
@@ -81,12 +85,14 @@ def test_a_take_over_fences_the_old_trainer_off(url: str) -> None:
         assert new.rewind(RUN, 0, owner="trainer-b") == [1]
 
         # the old trainer: each write it makes for the run is refused, not silently accepted
-        for refused in (_refused(old.record_trained, RUN, 2, ["s1"], owner="trainer-a"),
-                        _refused(old.record_trained, RUN, 2, ["s2"], owner="trainer-a"),
-                        _refused(old.rewind, RUN, 0, owner="trainer-a"),
-                        _refused(old.cancel, run=RUN, owner="trainer-a"),
-                        _refused(old.renew_lease, RUN, "trainer-a"),
-                        _refused(old.release_lease, RUN, "trainer-a")):
+        for refused in (
+            _refused(old.record_trained, RUN, 2, ["s1"], owner="trainer-a"),
+            _refused(old.record_trained, RUN, 2, ["s2"], owner="trainer-a"),
+            _refused(old.rewind, RUN, 0, owner="trainer-a"),
+            _refused(old.cancel, run=RUN, owner="trainer-a"),
+            _refused(old.renew_lease, RUN, "trainer-a"),
+            _refused(old.release_lease, RUN, "trainer-a"),
+        ):
             assert (refused.status, refused.code) == (409, "lease_lost")
             assert "'trainer-b'" in refused.message
         # ... nor revives its cancelled work
@@ -102,13 +108,17 @@ def test_a_trainer_taken_over_cannot_cancel_the_runs_rollouts_by_id(url: str) ->
     with CalcxClient(url, KEY) as old, CalcxClient(url, KEY) as new:
         old.acquire_lease(RUN, "trainer-a")
         new.acquire_lease(RUN, "trainer-b", take_over=True)
-        new.create_rollout({"rollout_id": "new-work", "row": {"question": "q", "result": "1"},
-                            "labels": {RUN_LABEL: RUN}})
+        new.create_rollout(
+            {"rollout_id": "new-work", "row": {"question": "q", "result": "1"}, "labels": {RUN_LABEL: RUN}}
+        )
         new.create_rollout({"rollout_id": "unlabelled", "row": {"question": "q", "result": "1"}})
 
         refused = _refused(old.cancel, rollout_ids=["unlabelled", "new-work"], owner="trainer-a")
         assert (refused.status, refused.code) == (409, "lease_lost") and "'trainer-b'" in refused.message
-        assert [new.get_rollout(rid).state for rid in ("new-work", "unlabelled")] == ["QUEUED", "QUEUED"]  # nothing cancelled
+        assert [new.get_rollout(rid).state for rid in ("new-work", "unlabelled")] == [
+            "QUEUED",
+            "QUEUED",
+        ]  # nothing cancelled
         # the holder cancels its own work by id
         assert [r.rollout_id for r in new.cancel(rollout_ids=["new-work"], owner="trainer-b")] == ["new-work"]
 

@@ -32,8 +32,16 @@ def create(sampling: Any) -> RolloutCreate:
     [
         {},
         {"temperature": 0},
-        {"temperature": 2, "top_p": 1, "top_k": -1, "min_p": 0, "repetition_penalty": 1.05,
-         "presence_penalty": -2, "frequency_penalty": 2, "seed": -(2**63)},
+        {
+            "temperature": 2,
+            "top_p": 1,
+            "top_k": -1,
+            "min_p": 0,
+            "repetition_penalty": 1.05,
+            "presence_penalty": -2,
+            "frequency_penalty": 2,
+            "seed": -(2**63),
+        },
         {"top_k": 0, "top_p": 0.01, "min_p": 1, "seed": 2**63 - 1},
     ],
 )
@@ -73,15 +81,18 @@ def test_sampling_refuses_bad_types_and_ranges(sampling: Any, where: str, says: 
 
 def test_unknown_sampling_key_is_a_422_naming_it_and_the_allowed_ones(client: CalcxClient) -> None:
     with pytest.raises(CalcxAPIError) as err:
-        client.create_rollouts([
-            {"rollout_id": "fine", "row": ROW},
-            {"rollout_id": "typo", "row": ROW, "sampling": {"temprature": 0.0, "max_tokens": 5}},
-        ])
+        client.create_rollouts(
+            [
+                {"rollout_id": "fine", "row": ROW},
+                {"rollout_id": "typo", "row": ROW, "sampling": {"temprature": 0.0, "max_tokens": 5}},
+            ]
+        )
     assert err.value.status == 422 and err.value.code == "invalid_body"
     message = err.value.message
     assert "rollouts.1.sampling" in message and "'max_tokens', 'temprature'" in message, message
-    assert ("allowed: temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, "
-            "frequency_penalty, seed") in message, message
+    assert (
+        "allowed: temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, " "frequency_penalty, seed"
+    ) in message, message
     with pytest.raises(CalcxAPIError) as missing:  # the batch was refused whole
         client.get_rollout("fine")
     assert missing.value.status == 404
@@ -91,14 +102,18 @@ def test_sampling_is_stored_shown_and_survives_a_restart(db_path: str, server_ke
     first = start_server_thread(db_path, server_key)
     try:
         with CalcxClient(first.url, server_key) as client:
-            created = client.create_rollouts([
-                {"rollout_id": "with", "row": ROW, "sampling": {"temperature": 1, "top_k": 40}},
-                {"rollout_id": "without", "row": ROW},
-            ])
+            created = client.create_rollouts(
+                [
+                    {"rollout_id": "with", "row": ROW, "sampling": {"temperature": 1, "top_k": 40}},
+                    {"rollout_id": "without", "row": ROW},
+                ]
+            )
             assert created[0].sampling == {"temperature": 1.0, "top_k": 40}
             assert created[1].sampling is None
             # the same body again is the same rollout; other sampling is another body
-            again = client.create_rollout({"rollout_id": "with", "row": ROW, "sampling": {"top_k": 40, "temperature": 1.0}})
+            again = client.create_rollout(
+                {"rollout_id": "with", "row": ROW, "sampling": {"top_k": 40, "temperature": 1.0}}
+            )
             assert again.created_at == created[0].created_at
             with pytest.raises(CalcxAPIError) as clash:
                 client.create_rollout({"rollout_id": "with", "row": ROW, "sampling": {"temperature": 0.5, "top_k": 40}})
@@ -118,19 +133,22 @@ def test_sampling_is_stored_shown_and_survives_a_restart(db_path: str, server_ke
         second.stop()
 
 
-def test_a_store_written_before_sampling_existed_still_works(
-    tmp_path: Path, server_key: str, upstream: Any
-) -> None:
+def test_a_store_written_before_sampling_existed_still_works(tmp_path: Path, server_key: str, upstream: Any) -> None:
     """The store keeps each create body as JSON in `rollouts.spec`; an older server wrote it
     without a `sampling` key. Such a file opens, its rollouts read as having no sampling, the
     identical body sent again is still the same rollout, and their calls pass through."""
     path = str(tmp_path / "old.db")
-    old_spec = ('{"deadline_s":300.0,"env_map":null,"group_id":null,"labels":{"k":"v"},"max_attempts":3,'
-                '"policy_version":null,"rollout_id":"old-1","row":{"question":"What is 2 + 2 ?","result":"4"}}')
+    old_spec = (
+        '{"deadline_s":300.0,"env_map":null,"group_id":null,"labels":{"k":"v"},"max_attempts":3,'
+        '"policy_version":null,"rollout_id":"old-1","row":{"question":"What is 2 + 2 ?","result":"4"}}'
+    )
     db = sqlite3.connect(path)
     db.executescript(SCHEMA)
-    db.execute("INSERT INTO rollouts (rollout_id, group_id, spec, state, latest_attempt, created_at) "
-               "VALUES ('old-1', NULL, ?, 'QUEUED', 1, 1000.0)", (old_spec,))
+    db.execute(
+        "INSERT INTO rollouts (rollout_id, group_id, spec, state, latest_attempt, created_at) "
+        "VALUES ('old-1', NULL, ?, 'QUEUED', 1, 1000.0)",
+        (old_spec,),
+    )
     db.execute("INSERT INTO attempts (rollout_id, attempt_no, state, created_at) VALUES ('old-1', 1, 'QUEUED', 1000.0)")
     db.commit()
     db.close()
@@ -155,10 +173,12 @@ def test_gateway_applies_the_rollouts_sampling_over_the_agents(
     client: CalcxClient, upstream: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     client.put_models("policy", [upstream.url])
-    client.create_rollouts([
-        {"rollout_id": "trained", "row": ROW, "sampling": TRAINER},
-        {"rollout_id": "plain", "row": ROW},
-    ])
+    client.create_rollouts(
+        [
+            {"rollout_id": "trained", "row": ROW, "sampling": TRAINER},
+            {"rollout_id": "plain", "row": ROW},
+        ]
+    )
     claims = {c.rollout.rollout_id: c for c in client.claim("ctl", 2, timeout_s=2).claims}
     caplog.set_level(logging.DEBUG, logger="calcx.server.gateway")
 

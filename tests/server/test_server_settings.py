@@ -49,9 +49,16 @@ def test_every_flag_default_is_the_settings_default() -> None:
 
 def test_help_shows_the_settings_defaults() -> None:
     text = " ".join(build_parser().format_help().split())
-    for shown in (f"default {DEFAULTS.host}", f"default {DEFAULTS.port};", f"default {DEFAULTS.max_tokens_ceiling})",
-                  f"default {DEFAULTS.lease_s:g})", f"default {DEFAULTS.max_poll_s:g})",
-                  f"default {DEFAULTS.upstream_retries})", f"default {DEFAULTS.abort_retry_s:g})", f"default {DEFAULTS.max_body_bytes // 2**20} MiB"):
+    for shown in (
+        f"default {DEFAULTS.host}",
+        f"default {DEFAULTS.port};",
+        f"default {DEFAULTS.max_tokens_ceiling})",
+        f"default {DEFAULTS.lease_s:g})",
+        f"default {DEFAULTS.max_poll_s:g})",
+        f"default {DEFAULTS.upstream_retries})",
+        f"default {DEFAULTS.abort_retry_s:g})",
+        f"default {DEFAULTS.max_body_bytes // 2**20} MiB",
+    ):
         assert shown in text
 
 
@@ -62,7 +69,12 @@ def test_every_flag_reaches_the_settings_the_server_runs_with() -> None:
     argv += ["--host", "0.0.0.0", "--db", "x.db", "--log-level", "debug", "--access-log"]
     settings = settings_from_args(build_parser().parse_args(argv), key="k", port=9, public_url="http://h:9")
     assert {name: getattr(settings, name) for name in given} == given
-    assert (settings.host, settings.store_path, settings.log_level, settings.access_log) == ("0.0.0.0", "x.db", "debug", True)
+    assert (settings.host, settings.store_path, settings.log_level, settings.access_log) == (
+        "0.0.0.0",
+        "x.db",
+        "debug",
+        True,
+    )
     assert (settings.key, settings.port, settings.public_url) == ("k", 9, "http://h:9")
 
 
@@ -83,14 +95,16 @@ def test_start_server_thread_passes_settings_through(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", ["-1", "nan", "inf"])
 def test_abort_retry_s_must_be_a_finite_number_not_below_zero(
-        bad: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    bad: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CALCX_KEY", "settings-test-key-0123456789-abcdef")
     assert main(["--abort-retry-s", bad]) == 2
     assert "--abort-retry-s must be a number of seconds >= 0" in capsys.readouterr().err
 
 
 def test_a_short_key_is_refused_with_how_to_make_one(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a port no server can bind: a key let through fails at once (status 1), it never serves
     monkeypatch.setenv("CALCX_KEY", "k" * 31)
     assert main(["--port", "-1", "--db", str(tmp_path / "x.db")]) == 2
@@ -125,7 +139,8 @@ def test_the_configured_reward_range_is_the_one_enforced(tmp_path: Path) -> None
 
 
 def test_a_key_on_the_command_line_is_refused_saying_where_keys_come_from(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["--key", "settings-test-key-0123456789-abcdef", "--db", str(tmp_path / "x.db")]) == 2
     err = capsys.readouterr().err
     assert "/proc/PID/cmdline" in err and "CALCX_KEY" in err and "--key-file" in err
@@ -133,8 +148,9 @@ def test_a_key_on_the_command_line_is_refused_saying_where_keys_come_from(
     assert not (tmp_path / "x.db").exists()
 
 
-def test_the_key_is_read_from_a_key_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_key_is_read_from_a_key_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("CALCX_KEY", raising=False)
     key_file = tmp_path / "server.key"
     key_file.write_text("k" * 31 + "\n")

@@ -23,12 +23,29 @@ def _written(path: Path) -> RolloutStore:
     """Two rollouts through the server's store: one trained in step 1, one failed once and retried;
     three recorded calls, one of them answered 502."""
     store = RolloutStore(str(path), clock=lambda: next(CLOCK))
-    store.rollouts.create([RolloutCreate(rollout_id=rid, row={"id": rid}, labels={"run": "r", "step": "1"})
-                           for rid in ("calcx-train-s1-a", "calcx-train-s1-b")])
+    store.rollouts.create(
+        [
+            RolloutCreate(rollout_id=rid, row={"id": rid}, labels={"run": "r", "step": "1"})
+            for rid in ("calcx-train-s1-a", "calcx-train-s1-b")
+        ]
+    )
     store.attempts.claim("c", 2, 30.0)
     for rid, seq_tokens in (("calcx-train-s1-a", [7, 8]), ("calcx-train-s1-b", [])):
-        store.calls.record(CallRecord(rid, "1", json.dumps({"n": rid}).encode(), b'{"choices": []}', 200, 1.5, 0,
-                                      "http://v/v1", [1], seq_tokens, [0.0] * len(seq_tokens)))
+        store.calls.record(
+            CallRecord(
+                rid,
+                "1",
+                json.dumps({"n": rid}).encode(),
+                b'{"choices": []}',
+                200,
+                1.5,
+                0,
+                "http://v/v1",
+                [1],
+                seq_tokens,
+                [0.0] * len(seq_tokens),
+            )
+        )
     store.calls.record(CallRecord("calcx-train-s1-b", "1", b'{"n": 2}', None, 502, 0.5, None, None))
     store.attempts.finish("calcx-train-s1-a", "1", "SUCCEEDED", None, 0, 1.0, None)
     store.attempts.finish("calcx-train-s1-b", "1", "FAILED", FailureReason.CRASH, 1, 1.0, None)
@@ -45,18 +62,31 @@ def test_it_reads_what_the_store_wrote_beside_the_live_connection(tmp_path: Path
             assert list(times) == ["calcx-train-s1-a", "calcx-train-s1-b"]
             assert reader.first_trained_created() == {1: times["calcx-train-s1-a"]}
             assert [json.loads(spec)["row"] for spec, _, _ in reader.rollout_specs()] == [
-                {"id": "calcx-train-s1-a"}, {"id": "calcx-train-s1-b"}]
-            assert sorted(reader.attempt_states()) == [("calcx-train-s1-a", "SUCCEEDED"),
-                                                       ("calcx-train-s1-b", "FAILED"), ("calcx-train-s1-b", "QUEUED")]
+                {"id": "calcx-train-s1-a"},
+                {"id": "calcx-train-s1-b"},
+            ]
+            assert sorted(reader.attempt_states()) == [
+                ("calcx-train-s1-a", "SUCCEEDED"),
+                ("calcx-train-s1-b", "FAILED"),
+                ("calcx-train-s1-b", "QUEUED"),
+            ]
             assert set(reader.last_finished()) == {"calcx-train-s1-a", "calcx-train-s1-b"}
             answered = list(reader.answered_calls())
             assert [(c.rollout_id, c.attempt_id, c.seq, c.request) for c in answered] == [
-                ("calcx-train-s1-a", "1", 0, {"n": "calcx-train-s1-a"}), ("calcx-train-s1-b", "1", 0, {"n": "calcx-train-s1-b"})]
+                ("calcx-train-s1-a", "1", 0, {"n": "calcx-train-s1-a"}),
+                ("calcx-train-s1-b", "1", 0, {"n": "calcx-train-s1-b"}),
+            ]
             # the same models the API answers with
-            assert answered == [c for rid in ("calcx-train-s1-a", "calcx-train-s1-b")
-                                for c in map(RecordedCall.model_validate, store.calls.query(rid)) if c.status_code == 200]
+            assert answered == [
+                c
+                for rid in ("calcx-train-s1-a", "calcx-train-s1-b")
+                for c in map(RecordedCall.model_validate, store.calls.query(rid))
+                if c.status_code == 200
+            ]
             assert [(rid, latency) for rid, _, latency in reader.answered_call_times()] == [
-                ("calcx-train-s1-a", 1.5), ("calcx-train-s1-b", 1.5)]
+                ("calcx-train-s1-a", 1.5),
+                ("calcx-train-s1-b", 1.5),
+            ]
             assert reader.call_outcomes("calcx-train-s1-a") == [(200, b'{"choices": []}', True)]
             assert reader.call_outcomes("calcx-train-s1-b") == [(200, b'{"choices": []}', False), (502, None, False)]
             assert reader.call_outcomes("nope") == []

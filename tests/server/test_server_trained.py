@@ -18,8 +18,9 @@ from calcx.server.serve import ServerThread, start_server_thread
 
 
 def _succeed(client: CalcxClient, run: str, ids: list[str]) -> None:
-    client.create_rollouts([{"rollout_id": rid, "row": {"question": "q", "result": "1"},
-                             "labels": {RUN_LABEL: run}} for rid in ids])
+    client.create_rollouts(
+        [{"rollout_id": rid, "row": {"question": "q", "result": "1"}, "labels": {RUN_LABEL: run}} for rid in ids]
+    )
     for claim in client.claim("ctl", len(ids), timeout_s=2).claims:
         client.post_event(claim.rollout.rollout_id, claim.attempt_id, "reward", {"value": 1.0})
         client.finish(claim.rollout.rollout_id, claim.attempt_id, "SUCCEEDED")
@@ -33,8 +34,9 @@ def _refused(call, status: int, words: str) -> None:  # type: ignore[no-untyped-
 
 def _live(db_path: str) -> list[tuple[str, int, str]]:
     with sqlite3.connect(db_path) as db:
-        return db.execute("SELECT run, step, rollout_id FROM trained WHERE rolled_back_at IS NULL "
-                          "ORDER BY step, rollout_id").fetchall()
+        return db.execute(
+            "SELECT run, step, rollout_id FROM trained WHERE rolled_back_at IS NULL " "ORDER BY step, rollout_id"
+        ).fetchall()
 
 
 def test_a_rollout_is_trained_at_most_once_until_its_step_is_rolled_back(client: CalcxClient, db_path: str) -> None:
@@ -70,12 +72,22 @@ def test_a_rewind_rolls_back_its_own_run_only(client: CalcxClient, db_path: str)
 def test_only_a_succeeded_rollout_of_the_run_is_trained(client: CalcxClient, db_path: str) -> None:
     _succeed(client, "mine", ["ok"])
     _succeed(client, "theirs", ["other"])
-    client.create_rollouts([{"rollout_id": rid, "row": {"question": "q", "result": "1"}, "max_attempts": 1,
-                             "labels": {RUN_LABEL: "mine"}} for rid in ("running", "failed")])
+    client.create_rollouts(
+        [
+            {
+                "rollout_id": rid,
+                "row": {"question": "q", "result": "1"},
+                "max_attempts": 1,
+                "labels": {RUN_LABEL: "mine"},
+            }
+            for rid in ("running", "failed")
+        ]
+    )
     claims = {c.rollout.rollout_id: c for c in client.claim("ctl", 2, timeout_s=2).claims}
     client.finish("failed", claims["failed"].attempt_id, "FAILED", reason=FailureReason.CRASH)
-    client.create_rollouts([{"rollout_id": "queued", "row": {"question": "q", "result": "1"},
-                             "labels": {RUN_LABEL: "mine"}}])
+    client.create_rollouts(
+        [{"rollout_id": "queued", "row": {"question": "q", "result": "1"}, "labels": {RUN_LABEL: "mine"}}]
+    )
     _refused(lambda: client.record_trained("mine", 1, ["ok", "queued"]), 409, "'queued' is QUEUED")
     _refused(lambda: client.record_trained("mine", 1, ["ok", "running"]), 409, "'running' is RUNNING")
     _refused(lambda: client.record_trained("mine", 1, ["ok", "failed"]), 409, "'failed' is FAILED")
@@ -84,13 +96,16 @@ def test_only_a_succeeded_rollout_of_the_run_is_trained(client: CalcxClient, db_
     assert _live(db_path) == []  # a refused step records nothing, not even its good rollouts
 
 
-@pytest.mark.parametrize("body", [
-    {"run": "r", "step": 1, "rollout_ids": []},
-    {"run": "r", "step": -1, "rollout_ids": ["a"]},
-    {"run": "", "step": 1, "rollout_ids": ["a"]},
-    {"run": "r", "step": 1, "rollout_ids": ["a"] * 10_001},
-    {"run": "r", "step": 1, "rollout_ids": ["a"], "extra": 1},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"run": "r", "step": 1, "rollout_ids": []},
+        {"run": "r", "step": -1, "rollout_ids": ["a"]},
+        {"run": "", "step": 1, "rollout_ids": ["a"]},
+        {"run": "r", "step": 1, "rollout_ids": ["a"] * 10_001},
+        {"run": "r", "step": 1, "rollout_ids": ["a"], "extra": 1},
+    ],
+)
 def test_a_malformed_ledger_request_is_a_422(server: ServerThread, server_key: str, db_path: str, body: dict) -> None:
     response = httpx.post(f"{server.url}/v1/trained", json=body, headers={"authorization": f"Bearer {server_key}"})
     assert response.status_code == 422, response.text

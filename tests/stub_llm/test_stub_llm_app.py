@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageFunctionToolCall
 
+from calcx.common.serving import ThreadedServer
 from calcx.stub_llm.app import create_app
 from calcx.stub_llm.script import Script
-from calcx.common.serving import ThreadedServer
 
 TOOLS: list[ChatCompletionFunctionToolParam] = [
-    {"type": "function", "function": {"name": "my_calculator", "description": "evaluates arithmetic",
-                                      "parameters": {"type": "object",
-                                                     "properties": {"expression": {"type": "string"}}}}}]
+    {
+        "type": "function",
+        "function": {
+            "name": "my_calculator",
+            "description": "evaluates arithmetic",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
 WORD = "Lea buys 4 packs of 6 eggs and breaks 3. How many eggs are whole?"
 
 
@@ -35,8 +41,7 @@ def client(stub) -> Iterator[httpx.Client]:
 
 
 def chat(client: httpx.Client, question: str, *, tools=TOOLS, extra_messages=(), headers=None, **body):
-    messages = [{"role": "system", "content": "be careful"}, {"role": "user", "content": question},
-                *extra_messages]
+    messages = [{"role": "system", "content": "be careful"}, {"role": "user", "content": question}, *extra_messages]
     payload = {"model": "m", "messages": messages, **body}
     if tools is not None:
         payload["tools"] = tools
@@ -44,8 +49,10 @@ def chat(client: httpx.Client, question: str, *, tools=TOOLS, extra_messages=(),
 
 
 def tool_turn(call: dict, result: str) -> list[dict]:
-    return [{"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": call["id"], "content": result}]
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": result},
+    ]
 
 
 def test_first_turn_calls_the_offered_tool_with_the_question_arithmetic(client):
@@ -141,8 +148,11 @@ def test_slow_mode_delays_then_answers(client):
 
 def test_hang_mode_never_answers_in_time(client):
     with pytest.raises(httpx.ReadTimeout):
-        client.post("/v1/chat/completions", timeout=0.5,
-                    json={"model": "m", "messages": [{"role": "user", "content": "[stub:hang=30] What is 1 + 1?"}]})
+        client.post(
+            "/v1/chat/completions",
+            timeout=0.5,
+            json={"model": "m", "messages": [{"role": "user", "content": "[stub:hang=30] What is 1 + 1?"}]},
+        )
 
 
 def test_header_selects_mode_and_marker_wins(client):
@@ -167,9 +177,11 @@ def test_vllm_extras_are_deterministic_and_consistent(client):
     assert choice["token_ids"] == second["choices"][0]["token_ids"]
     assert len(choice["logprobs"]["content"]) == len(choice["token_ids"])
     assert all(-3.01 < e["logprob"] < 0 and e["top_logprobs"] for e in choice["logprobs"]["content"])
-    assert first["usage"] == {"prompt_tokens": len(first["prompt_token_ids"]),
-                              "completion_tokens": len(choice["token_ids"]),
-                              "total_tokens": len(first["prompt_token_ids"]) + len(choice["token_ids"])}
+    assert first["usage"] == {
+        "prompt_tokens": len(first["prompt_token_ids"]),
+        "completion_tokens": len(choice["token_ids"]),
+        "total_tokens": len(first["prompt_token_ids"]) + len(choice["token_ids"]),
+    }
     other = chat(client, "What is 9 - 5?", **body).json()
     assert other["prompt_token_ids"] != first["prompt_token_ids"]
 
@@ -206,7 +218,9 @@ def test_models_health_and_stats(client):
 def test_openai_client_reads_the_stub(stub):
     with openai.OpenAI(base_url=f"{stub.url}/v1", api_key="x", max_retries=0) as oa:
         completion = oa.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "What is 5 + 5?"}], tools=TOOLS,
+            model="m",
+            messages=[{"role": "user", "content": "What is 5 + 5?"}],
+            tools=TOOLS,
             extra_body={"return_token_ids": True},
         )
     call = (completion.choices[0].message.tool_calls or [])[0]

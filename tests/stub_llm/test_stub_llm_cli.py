@@ -22,17 +22,25 @@ def test_cli_serves_on_a_free_port_with_a_script(tmp_path):
     script = tmp_path / "script.jsonl"
     script.write_text(json.dumps({"question": "How many legs do 3 cats have?", "expression": "3 * 4"}) + "\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "calcx.stub_llm", "--port", "0", "--script", str(script)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "calcx.stub_llm", "--port", "0", "--script", str(script)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     try:
         line = proc.stdout.readline()
         assert line.startswith("calcx stub-llm: serving on http://127.0.0.1:"), proc.stderr.read()
         base = line.split()[4]
         assert httpx.get(base.removesuffix("/v1") + "/healthz", timeout=10).json()["script_entries"] == 1
-        body = {"model": "m", "messages": [{"role": "user", "content": "How many legs do 3 cats have?"}],
-                "tools": [{"type": "function", "function": {"name": "calculate", "parameters": {}}}]}
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "How many legs do 3 cats have?"}],
+            "tools": [{"type": "function", "function": {"name": "calculate", "parameters": {}}}],
+        }
         call = httpx.post(f"{base}/chat/completions", json=body, timeout=10).json()["choices"][0]
         assert json.loads(call["message"]["tool_calls"][0]["function"]["arguments"]) == {"expression": "3 * 4"}
     finally:
@@ -70,8 +78,13 @@ def test_script_from_calcx_parquet(tmp_path):
 
 @pytest.mark.parametrize(
     "text, expr",
-    [("What is 12 * (3 + 4)?", "12 * (3 + 4)"), ("Compute 2^10.", "2^10"), ("how much is 7.5 / 2.5", "7.5 / 2.5"),
-     ("Tom has 3 apples.", None), ("[stub:wrong] What is 6 * 7?", "6 * 7")],
+    [
+        ("What is 12 * (3 + 4)?", "12 * (3 + 4)"),
+        ("Compute 2^10.", "2^10"),
+        ("how much is 7.5 / 2.5", "7.5 / 2.5"),
+        ("Tom has 3 apples.", None),
+        ("[stub:wrong] What is 6 * 7?", "6 * 7"),
+    ],
 )
 def test_arithmetic_in_question(text, expr):
     assert arithmetic_in(text) == expr

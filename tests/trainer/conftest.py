@@ -17,6 +17,9 @@ if not os.environ.get("CALCX_SERVICES_PYTHON") and _PEX.exists():
     out = subprocess.run(
         [str(_PEX.resolve()), "-c", "import sys; print(sys.executable)"],
         env={**os.environ, "PEX_INTERPRETER": "1"},
-        capture_output=True, text=True, timeout=600, check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
     )
     os.environ["CALCX_SERVICES_PYTHON"] = out.stdout.strip().splitlines()[-1]

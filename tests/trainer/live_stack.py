@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 
@@ -22,21 +23,26 @@ from calcx.trainer.run.services import CALCX_SRC
 
 DEFAULT_SERVICES_PYTHON = "/opt/calcx-dev/bin/python"
 SERVICES_PYTHON = os.environ.get("CALCX_SERVICES_PYTHON") or (
-    DEFAULT_SERVICES_PYTHON if os.path.exists(DEFAULT_SERVICES_PYTHON) else "")
+    DEFAULT_SERVICES_PYTHON if os.path.exists(DEFAULT_SERVICES_PYTHON) else ""
+)
 
 needs_services = pytest.mark.skipif(
     not SERVICES_PYTHON or not os.access(SERVICES_PYTHON, os.X_OK),
     reason="no Python with the CPU service packages: set CALCX_SERVICES_PYTHON "
-           f"(default {DEFAULT_SERVICES_PYTHON} is absent)")
+    f"(default {DEFAULT_SERVICES_PYTHON} is absent)",
+)
 
 
 def start_stub(work: Path, rows: Sequence[dict[str, Any]], *extra: str) -> tuple[ManagedProcess, str]:
     """`python -m calcx.stub_llm` on a free port, scripted with `rows`; (process, OpenAI base URL)."""
     script = work / "stub-rows.jsonl"
     script.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    stub = ManagedProcess("stub-llm", [SERVICES_PYTHON, "-m", "calcx.stub_llm", "--port", "0", "--script", str(script),
-                                       *extra],
-                          work / "stub.log", {**os.environ, "PYTHONPATH": str(CALCX_SRC)})
+    stub = ManagedProcess(
+        "stub-llm",
+        [SERVICES_PYTHON, "-m", "calcx.stub_llm", "--port", "0", "--script", str(script), *extra],
+        work / "stub.log",
+        {**os.environ, "PYTHONPATH": str(CALCX_SRC)},
+    )
     stub.start(STUB_LLM_READY, 60)
     assert stub.match is not None
     return stub, stub.match.group(1).rstrip("/")
@@ -54,9 +60,23 @@ def start_server(work: Path, key: str, *extra: str) -> tuple[ManagedProcess, str
     """`python -m calcx.server` on a free port with a database in `work`; (process, URL)."""
     from calcx.contract.ready import SERVER_READY
 
-    server = ManagedProcess("calcx server", [SERVICES_PYTHON, "-m", "calcx.server", "--host", "127.0.0.1", "--port",
-                                             "0", "--db", str(work / "calcx.db"), *extra],
-                            work / "server.log", {**os.environ, "PYTHONPATH": str(CALCX_SRC), "CALCX_KEY": key})
+    server = ManagedProcess(
+        "calcx server",
+        [
+            SERVICES_PYTHON,
+            "-m",
+            "calcx.server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--db",
+            str(work / "calcx.db"),
+            *extra,
+        ],
+        work / "server.log",
+        {**os.environ, "PYTHONPATH": str(CALCX_SRC), "CALCX_KEY": key},
+    )
     server.start(SERVER_READY, 60)
     assert server.match is not None
     return server, server.match.group(1).rstrip("/")

@@ -25,7 +25,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from calcx.trainer.run.resume import start_resume, settle_previous_run
+from calcx.trainer.run.resume import settle_previous_run, start_resume
 from calcx.trainer.run_dir.server_key import server_key
 
 # torch, torchdata and verl are imported once the previous run is settled (as `calcx train` settles
@@ -61,8 +61,13 @@ class Driver:
         self.kill_phase: str = phase
         self.kill_step: int = int(step) if step else -1
         self.root = Path(str(cfg.trainer.default_local_dir))
-        self.train_dataloader = StatefulDataLoader(dataset=Problems(rows), batch_size=args.batch, num_workers=0,
-                                                   drop_last=True, sampler=create_rl_sampler(cfg.data, Problems(rows)))
+        self.train_dataloader = StatefulDataLoader(
+            dataset=Problems(rows),
+            batch_size=args.batch,
+            num_workers=0,
+            drop_last=True,
+            sampler=create_rl_sampler(cfg.data, Problems(rows)),
+        )
         self.train_dataloader_it: Any = None
         self.global_steps = 0
 
@@ -97,12 +102,33 @@ class Driver:
             uid = uuid.uuid4().hex  # as verl: a new GRPO group id for every prompt of every step
             uids.append(uid)
             for j in range(self.args.n):
-                spec = GroupSpec(uid=uid, session_id=j, n=self.args.n, step=self.global_steps, partition="train",
-                                 row=self.rows[index], env_map=None, deadline_s=60.0, max_attempts=3,
-                                 wait_timeout_s=5.0, group_timeout_s=180.0, run=self.args.run)
-                sessions.append(asyncio.ensure_future(run_session(
-                    spec, server_url=self.args.server, key=self.key, report_dir=self.args.report_dir,
-                    max_prompt_length=4096, max_response_length=2048, join_calls=True)))
+                spec = GroupSpec(
+                    uid=uid,
+                    session_id=j,
+                    n=self.args.n,
+                    step=self.global_steps,
+                    partition="train",
+                    row=self.rows[index],
+                    env_map=None,
+                    deadline_s=60.0,
+                    max_attempts=3,
+                    wait_timeout_s=5.0,
+                    group_timeout_s=180.0,
+                    run=self.args.run,
+                )
+                sessions.append(
+                    asyncio.ensure_future(
+                        run_session(
+                            spec,
+                            server_url=self.args.server,
+                            key=self.key,
+                            report_dir=self.args.report_dir,
+                            max_prompt_length=4096,
+                            max_response_length=2048,
+                            join_calls=True,
+                        )
+                    )
+                )
         if self.kill_here("rollouts"):
             await self._created(uids)
             print(f"driver: step {self.global_steps}'s rollouts in flight", flush=True)
@@ -166,13 +192,20 @@ def main() -> None:
     parser.add_argument("--kill-after-s", type=float, default=0.2)
     args = parser.parse_args()
     rows = [json.loads(line) for line in Path(args.rows).read_text().splitlines() if line.strip()]
-    cfg = OmegaConf.create({
-        "trainer": {"default_local_dir": args.checkpoints, "resume_mode": "auto", "resume_from_path": None,
-                    "experiment_name": args.run, "val_before_train": True},
-        "calcx": {"run": args.run},
-        "actor_rollout_ref": {"actor": {"checkpoint": {"async_save": False}}},
-        "data": {"shuffle": True, "seed": None},  # calcx's default: verl's unseeded generator
-    })
+    cfg = OmegaConf.create(
+        {
+            "trainer": {
+                "default_local_dir": args.checkpoints,
+                "resume_mode": "auto",
+                "resume_from_path": None,
+                "experiment_name": args.run,
+                "val_before_train": True,
+            },
+            "calcx": {"run": args.run},
+            "actor_rollout_ref": {"actor": {"checkpoint": {"async_save": False}}},
+            "data": {"shuffle": True, "seed": None},  # calcx's default: verl's unseeded generator
+        }
+    )
     report_dir = Path(args.report_dir)
     os.environ["VERL_FILE_LOGGER_PATH"] = str(report_dir / "metrics.jsonl")
     key = server_key({"key_file": args.key_file})
@@ -185,8 +218,9 @@ def main() -> None:
     driver = Driver(cfg, args, rows, key)
     client = CalcxClient(args.server, key)
     mark_after_save(driver, lambda: driver.root)
-    record_after_step(driver, lambda batch: batch["rollout_ids"],
-                      lambda step, ids: record_step(client, args.run, step, ids))
+    record_after_step(
+        driver, lambda batch: batch["rollout_ids"], lambda step, ids: record_step(client, args.run, step, ids)
+    )
     driver.fit()
     print("driver: finished", flush=True)
 

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from config_leaves import differing
+from gpu_run_dirs import ended_run, store_path
 from omegaconf import DictConfig, OmegaConf
 
 from calcx.anchor import cli as anchor_cli
 from calcx.anchor.config import TOOLS_FILE, compose_anchor
 from calcx.anchor.data import TOOL_AGENT
-from calcx.trainer.run import cli as trainer_cli
 from calcx.trainer.config.compose import ComposeRequest, ConfigError, compose
-from config_leaves import differing
-from gpu_run_dirs import ended_run, store_path
+from calcx.trainer.run import cli as trainer_cli
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src" / "python")}
@@ -36,26 +36,53 @@ PROBE = (
 # what the two runs must share, key by key: batch and samples, learning rate, lengths, packing and
 # token-budgeted micro-batches, attention, memory settings, engine, algorithm, trainer mode
 SHARED = [
-    "data.train_batch_size", "data.val_batch_size", "actor_rollout_ref.rollout.n",
-    "actor_rollout_ref.rollout.val_kwargs.n", "actor_rollout_ref.actor.ppo_mini_batch_size",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.optim.lr",
-    "data.max_prompt_length", "data.max_response_length", "actor_rollout_ref.rollout.prompt_length",
-    "actor_rollout_ref.rollout.response_length", "actor_rollout_ref.rollout.max_model_len",
-    "data.filter_overlong_prompts", "data.truncation",
-    "actor_rollout_ref.model.use_remove_padding", "actor_rollout_ref.actor.use_dynamic_bsz",
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
-    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
+    "data.train_batch_size",
+    "data.val_batch_size",
+    "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.rollout.val_kwargs.n",
+    "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.actor.optim.lr",
+    "data.max_prompt_length",
+    "data.max_response_length",
+    "actor_rollout_ref.rollout.prompt_length",
+    "actor_rollout_ref.rollout.response_length",
+    "actor_rollout_ref.rollout.max_model_len",
+    "data.filter_overlong_prompts",
+    "data.truncation",
+    "actor_rollout_ref.model.use_remove_padding",
+    "actor_rollout_ref.actor.use_dynamic_bsz",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
     "actor_rollout_ref.model.override_config.attn_implementation",
-    "actor_rollout_ref.model.enable_gradient_checkpointing", "actor_rollout_ref.actor.fsdp_config.param_offload",
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload", "actor_rollout_ref.rollout.gpu_memory_utilization",
-    "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode", "actor_rollout_ref.rollout.temperature",
-    "actor_rollout_ref.rollout.val_kwargs.temperature", "actor_rollout_ref.rollout.calculate_log_probs",
-    "actor_rollout_ref.rollout.engine_kwargs", "actor_rollout_ref.model.path",
-    "actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_high",
-    "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.entropy_coeff",
-    "algorithm.adv_estimator", "algorithm.use_kl_in_reward", "trainer.use_v1", "trainer.v1.trainer_mode",
-    "trainer.v1.sampler.sync_refill_failed_groups", "trainer.n_gpus_per_node", "trainer.total_epochs",
-    "trainer.total_training_steps", "trainer.val_before_train", "trainer.test_freq", "trainer.save_freq",
+    "actor_rollout_ref.model.enable_gradient_checkpointing",
+    "actor_rollout_ref.actor.fsdp_config.param_offload",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+    "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "actor_rollout_ref.rollout.name",
+    "actor_rollout_ref.rollout.mode",
+    "actor_rollout_ref.rollout.temperature",
+    "actor_rollout_ref.rollout.val_kwargs.temperature",
+    "actor_rollout_ref.rollout.calculate_log_probs",
+    "actor_rollout_ref.rollout.engine_kwargs",
+    "actor_rollout_ref.model.path",
+    "actor_rollout_ref.actor.clip_ratio_low",
+    "actor_rollout_ref.actor.clip_ratio_high",
+    "actor_rollout_ref.actor.use_kl_loss",
+    "actor_rollout_ref.actor.entropy_coeff",
+    "algorithm.adv_estimator",
+    "algorithm.use_kl_in_reward",
+    "trainer.use_v1",
+    "trainer.v1.trainer_mode",
+    "trainer.v1.sampler.sync_refill_failed_groups",
+    "trainer.n_gpus_per_node",
+    "trainer.total_epochs",
+    "trainer.total_training_steps",
+    "trainer.val_before_train",
+    "trainer.test_freq",
+    "trainer.save_freq",
 ]
 # all that the anchor changes (besides the run's name and report directory)
 ANCHOR_SETTINGS = {
@@ -87,7 +114,9 @@ def test_the_anchor_is_calcx_trains_config_with_verls_tool_loop() -> None:
     assert anchor_cfg.trainer.experiment_name == "calcx-anchor"
     multi_turn = anchor_cfg.actor_rollout_ref.rollout.multi_turn
     assert multi_turn.format == "hermes" and TOOLS_FILE.is_file()
-    assert OmegaConf.select(anchor_cfg, "data.tool_config_path") == str(TOOLS_FILE)  # verl's length filter sees the tool
+    assert OmegaConf.select(anchor_cfg, "data.tool_config_path") == str(
+        TOOLS_FILE
+    )  # verl's length filter sees the tool
 
 
 def test_verl_checks_the_anchor_config_and_loads_its_parts() -> None:
@@ -106,7 +135,8 @@ def test_verl_checks_the_anchor_config_and_loads_its_parts() -> None:
     import verl.experimental.agent_loop.tool_agent_loop  # noqa: F401  (registers verl's loops)
 
     assert _agent_loop_registry[TOOL_AGENT]["_target_"] == (
-        "verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop")
+        "verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop"
+    )
     score = get_custom_reward_fn(cfg)  # as verl's reward workers load it
     assert score is not None
     assert score(data_source="gsm8k", solution_str="### ANSWER: 12 ###", ground_truth="12", extra_info={}) == 1.0
@@ -114,9 +144,15 @@ def test_verl_checks_the_anchor_config_and_loads_its_parts() -> None:
 
 
 def test_command_line_wins_over_the_anchor_settings() -> None:
-    cfg = compose_anchor(ComposeRequest(run_name="mine", dotlist=[
-        "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=3", "actor_rollout_ref.rollout.multi_turn."
-        "tool_config_path=/elsewhere/tools.yaml"]))
+    cfg = compose_anchor(
+        ComposeRequest(
+            run_name="mine",
+            dotlist=[
+                "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=3",
+                "actor_rollout_ref.rollout.multi_turn." "tool_config_path=/elsewhere/tools.yaml",
+            ],
+        )
+    )
     assert cfg.trainer.experiment_name == "mine"
     assert cfg.actor_rollout_ref.rollout.multi_turn.max_parallel_calls == 3
     assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path == "/elsewhere/tools.yaml"
@@ -124,16 +160,24 @@ def test_command_line_wins_over_the_anchor_settings() -> None:
 
 def test_the_anchors_turns_follow_the_agents_tool_rounds() -> None:
     """One fact: calcx.agent_tool_rounds sets calcx's agent and verl's ToolAgentLoop alike."""
-    multi_turn = compose_anchor(ComposeRequest(dotlist=["calcx.agent_tool_rounds=4"])).actor_rollout_ref.rollout.multi_turn
+    multi_turn = compose_anchor(
+        ComposeRequest(dotlist=["calcx.agent_tool_rounds=4"])
+    ).actor_rollout_ref.rollout.multi_turn
     assert (multi_turn.max_assistant_turns, multi_turn.max_user_turns) == (5, 4)
-    agreeing = compose_anchor(ComposeRequest(dotlist=[
-        "calcx.agent_tool_rounds=2", "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3"]))
+    agreeing = compose_anchor(
+        ComposeRequest(
+            dotlist=["calcx.agent_tool_rounds=2", "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3"]
+        )
+    )
     assert agreeing.actor_rollout_ref.rollout.multi_turn.max_user_turns == 2
     with pytest.raises(ConfigError, match="max_assistant_turns=3 disagrees with calcx.agent_tool_rounds=1"):
         compose_anchor(ComposeRequest(dotlist=["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3"]))
     with pytest.raises(ConfigError, match="max_user_turns=1 disagrees with calcx.agent_tool_rounds=3"):
-        compose_anchor(ComposeRequest(dotlist=["calcx.agent_tool_rounds=3",
-                                               "actor_rollout_ref.rollout.multi_turn.max_user_turns=1"]))
+        compose_anchor(
+            ComposeRequest(
+                dotlist=["calcx.agent_tool_rounds=3", "actor_rollout_ref.rollout.multi_turn.max_user_turns=1"]
+            )
+        )
     with pytest.raises(ConfigError, match="calcx.agent_tool_rounds=17 is out of range"):
         compose_anchor(ComposeRequest(dotlist=["calcx.agent_tool_rounds=17"]))
 
@@ -148,8 +192,9 @@ def test_the_anchors_prompts_open_with_the_system_message_calcx_agent_prompt_nam
 
 
 def _calcx(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120,
-                          env=env or ENV, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120, env=env or ENV, cwd=REPO
+    )
 
 
 def test_print_config_through_the_calcx_command_stays_light() -> None:
@@ -173,9 +218,14 @@ def test_help_lists_the_command_and_training_without_a_gpu_fails_fast(tmp_path: 
     assert helped.returncode == 0
     for flag in ("--train-file", "--val-file", "--model", "--run-name", "--print-config", "KEY=VALUE"):
         assert flag in helped.stdout
-    done = subprocess.run([sys.executable, "-m", "calcx.anchor.cli", "train", "--train-file",
-                           str(tmp_path / "x.parquet")], capture_output=True, text=True, timeout=120,
-                          env={**ENV, "CUDA_VISIBLE_DEVICES": ""}, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "calcx.anchor.cli", "train", "--train-file", str(tmp_path / "x.parquet")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**ENV, "CUDA_VISIBLE_DEVICES": ""},
+        cwd=tmp_path,
+    )
     assert done.returncode == 3 and "no CUDA GPU" in done.stderr
     assert not (tmp_path / "data").exists()
 
@@ -194,8 +244,14 @@ esac
 
 
 def _script(work: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WORK": str(work), "PYTHON": str(work / "python3"), "REAL_PYTHON": sys.executable,
-           "ARGV_DIR": str(work), "CALCX_SOURCES": ENV["PYTHONPATH"]}
+    env = {
+        **os.environ,
+        "WORK": str(work),
+        "PYTHON": str(work / "python3"),
+        "REAL_PYTHON": sys.executable,
+        "ARGV_DIR": str(work),
+        "CALCX_SOURCES": ENV["PYTHONPATH"],
+    }
     return subprocess.run(["bash", str(RUN_SCRIPT), *args], capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -231,10 +287,16 @@ def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path
     anchor_cfg = anchor_cli.compose_from_args(anchor_cli.build_parser().parse_args(anchor_argv[1:]))
     assert_shared(calcx_cfg, anchor_cfg, besides=frozenset({"trainer.test_freq"}))
     # and validates only before training (its run profile, gsm8k-h200-anchor): it is there for its step times
-    assert differing(calcx_cfg, anchor_cfg) == set(ANCHOR_SETTINGS) | {"trainer.experiment_name", "calcx.report_dir",
-                                                                         "trainer.test_freq", "calcx.run_profile_applied"}
-    assert (calcx_cfg.calcx.run_profile_applied, anchor_cfg.calcx.run_profile_applied) == ("gsm8k-h200",
-                                                                                           "gsm8k-h200-anchor")
+    assert differing(calcx_cfg, anchor_cfg) == set(ANCHOR_SETTINGS) | {
+        "trainer.experiment_name",
+        "calcx.report_dir",
+        "trainer.test_freq",
+        "calcx.run_profile_applied",
+    }
+    assert (calcx_cfg.calcx.run_profile_applied, anchor_cfg.calcx.run_profile_applied) == (
+        "gsm8k-h200",
+        "gsm8k-h200-anchor",
+    )
     assert (calcx_cfg.trainer.test_freq, anchor_cfg.trainer.test_freq) == (10, -1)
     assert anchor_cfg.trainer.val_before_train is True
     assert (anchor_cfg.data.train_batch_size, anchor_cfg.actor_rollout_ref.rollout.n) == (32, 4)
@@ -248,8 +310,9 @@ def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path
 
     # status and watch read the anchor's metrics like the others' (no calcx server store: no --calls)
     run = tmp_path / "results" / "anchor"
-    steps = [{"step": s, "data": {"timing_s/step": 20.0 + s, "timing_s/gen": 5.0, "critic/score/mean": 0.5}}
-             for s in (1, 2)]
+    steps = [
+        {"step": s, "data": {"timing_s/step": 20.0 + s, "timing_s/gen": 5.0, "critic/score/mean": 0.5}} for s in (1, 2)
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in steps))
     status = _script(tmp_path, "status", "anchor")
     assert status.returncode == 0, status.stderr
@@ -287,10 +350,20 @@ def test_a_launched_campaign_hands_each_run_its_overrides_and_the_hard_split(tmp
     (carried / "model.gguf.00").write_bytes(b"gguf")
     (carried / "SHA256SUMS.model").write_text(f"{hashlib.sha256(b'gguf').hexdigest()}  model.gguf.00\n")
     (tmp_path / "pex.ready").write_text("")
-    done = subprocess.run(["bash", str(RUN_SCRIPT), "launch", "20", "calculator"], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "WORK": str(tmp_path), "PYTHON": str(tmp_path / "python3"),
-                                           "REAL_PYTHON": sys.executable, "ARGV_DIR": str(tmp_path),
-                                           "CAMPAIGN_OVERRIDES": "trainer.test_freq=20 trainer.save_freq=-1"})
+    done = subprocess.run(
+        ["bash", str(RUN_SCRIPT), "launch", "20", "calculator"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **os.environ,
+            "WORK": str(tmp_path),
+            "PYTHON": str(tmp_path / "python3"),
+            "REAL_PYTHON": sys.executable,
+            "ARGV_DIR": str(tmp_path),
+            "CAMPAIGN_OVERRIDES": "trainer.test_freq=20 trainer.save_freq=-1",
+        },
+    )
     assert done.returncode == 0, done.stderr
     run = tmp_path / "results" / "calculator"
     deadline = time.monotonic() + 60
@@ -301,10 +374,14 @@ def test_a_launched_campaign_hands_each_run_its_overrides_and_the_hard_split(tmp
     assert argv[-2:] == ["trainer.test_freq=20", "trainer.save_freq=-1"], argv
     cfg = _train_config(argv)
     assert cfg.calcx.run_profile_applied == "gsm8k-h200-calculator" and cfg.trainer.test_freq == 20
-    assert list(cfg.data.train_files) == [str(carried / "gsm8k" / "train.parquet"),
-                                          str(carried / "gsm8k" / "train-hard.parquet")]
-    assert list(cfg.data.val_files) == [str(carried / "gsm8k" / "test.parquet"),
-                                        str(carried / "gsm8k" / "test-hard.parquet")]
+    assert list(cfg.data.train_files) == [
+        str(carried / "gsm8k" / "train.parquet"),
+        str(carried / "gsm8k" / "train-hard.parquet"),
+    ]
+    assert list(cfg.data.val_files) == [
+        str(carried / "gsm8k" / "test.parquet"),
+        str(carried / "gsm8k" / "test-hard.parquet"),
+    ]
     assert (run / "command.txt").read_text().startswith("calcx-gpu.pex train --model ")
 
 
@@ -316,9 +393,13 @@ def test_a_runs_status_brings_back_its_store_without_token_ids(tmp_path: Path) -
 
     _fake_python(tmp_path)
     run = ended_run(tmp_path, "sync")
-    (run / "metrics.jsonl").write_text("".join(  # step 2, the first after the restart, pays start-up again
-        json.dumps({"step": step, "data": {"timing_s/step": 30.0 if step == 2 else 10.0, "timing_s/gen": 4.0}}) + "\n"
-        for step in (1, 2, 3)))
+    (run / "metrics.jsonl").write_text(
+        "".join(  # step 2, the first after the restart, pays start-up again
+            json.dumps({"step": step, "data": {"timing_s/step": 30.0 if step == 2 else 10.0, "timing_s/gen": 4.0}})
+            + "\n"
+            for step in (1, 2, 3)
+        )
+    )
     # the run was restarted from step 1's checkpoint: its step 2 paid the start-up again
     (run / "starts.jsonl").write_text('{"first_step": 1}\n{"first_step": 2}\n')
     schema_path = Path("src/python/calcx/server/store/schema.py")
@@ -326,38 +407,53 @@ def test_a_runs_status_brings_back_its_store_without_token_ids(tmp_path: Path) -
     exec(compile(schema_path.read_text(), str(schema_path), "exec"), namespace)
     con = sqlite3.connect(store_path(run))
     con.executescript(namespace["SCHEMA"])
-    con.execute("insert into rollouts (rollout_id, spec, state, latest_attempt, created_at) "
-                "values ('calcx-train-s1-g-0', '{}', 'SUCCEEDED', 1, 100)")
-    con.execute("insert into attempts (rollout_id, attempt_no, state, created_at, finished_at) "
-                "values ('calcx-train-s1-g-0', 1, 'SUCCEEDED', 100, 103.5)")
-    con.execute("insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
-                "response_token_ids, response_logprobs, latency_s, status_code, created_at) "
-                "values ('calcx-train-s1-g-0', 1, 0, '{\"messages\": []}', '{}', ?, ?, ?, 2.0, 200, 103)",
-                (b"p" * 4096, b"r" * 4096, b"l" * 8192))
+    con.execute(
+        "insert into rollouts (rollout_id, spec, state, latest_attempt, created_at) "
+        "values ('calcx-train-s1-g-0', '{}', 'SUCCEEDED', 1, 100)"
+    )
+    con.execute(
+        "insert into attempts (rollout_id, attempt_no, state, created_at, finished_at) "
+        "values ('calcx-train-s1-g-0', 1, 'SUCCEEDED', 100, 103.5)"
+    )
+    con.execute(
+        "insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
+        "response_token_ids, response_logprobs, latency_s, status_code, created_at) "
+        "values ('calcx-train-s1-g-0', 1, 0, '{\"messages\": []}', '{}', ?, ?, ?, 2.0, 200, 103)",
+        (b"p" * 4096, b"r" * 4096, b"l" * 8192),
+    )
     for step, wait in ((2, 3.0), (3, 1.0)):  # one call of 4 - wait s in each later step's 4 s generation
-        con.execute(f"insert into rollouts (rollout_id, spec, state, latest_attempt, created_at) "
-                    f"values ('calcx-train-s{step}-g-0', '{{}}', 'SUCCEEDED', 1, {step * 100})")
-        con.execute(f"insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
-                    f"response_token_ids, response_logprobs, latency_s, status_code, created_at) "
-                    f"values ('calcx-train-s{step}-g-0', 1, 0, '{{}}', '{{}}', x'', x'', x'', {4 - wait}, 200, "
-                    f"{step * 100 + 4})")
+        con.execute(
+            f"insert into rollouts (rollout_id, spec, state, latest_attempt, created_at) "
+            f"values ('calcx-train-s{step}-g-0', '{{}}', 'SUCCEEDED', 1, {step * 100})"
+        )
+        con.execute(
+            f"insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
+            f"response_token_ids, response_logprobs, latency_s, status_code, created_at) "
+            f"values ('calcx-train-s{step}-g-0', 1, 0, '{{}}', '{{}}', x'', x'', x'', {4 - wait}, 200, "
+            f"{step * 100 + 4})"
+        )
     con.commit()
     con.close()
     out = tmp_path / "out"
     status = _script(tmp_path, "status", "sync", str(out))
-    assert ("GPU idle waiting for agents: mean 10.0% of a step over 1 step after the first and step 2, the first "
-            "after a restart (largest 10.0%, step 3)") in status.stdout, status.stdout
-    assert ("mean step time after the first, nor the first after a restart: 10.00 s (median 10.00 s over 1 steps)"
-            in status.stdout), status.stdout
+    assert (
+        "GPU idle waiting for agents: mean 10.0% of a step over 1 step after the first and step 2, the first "
+        "after a restart (largest 10.0%, step 3)"
+    ) in status.stdout, status.stdout
+    assert (
+        "mean step time after the first, nor the first after a restart: 10.00 s (median 10.00 s over 1 steps)"
+        in status.stdout
+    ), status.stdout
     assert status.returncode == 0, status.stderr
     waits = [line for line in status.stdout.splitlines() if line.startswith("| 1 | 4.00 |")]
     assert waits == ["| 1 | 4.00 | 2.00 | 1.00 | 0.00 | 0.50 | 0.50 | 20% |"], status.stdout
     with tarfile.open(out / "sync-store.tar.gz") as tar:  # the store apart from the run's other files
         tar.extract("store-slim.db", tmp_path / "back", filter="data")
     slim = sqlite3.connect(tmp_path / "back" / "store-slim.db")
-    assert slim.execute("select request, length(prompt_token_ids) + length(response_token_ids) "
-                        "+ length(response_logprobs), latency_s, created_at from calls order by created_at").fetchall() == [
-        ('{"messages": []}', 0, 2.0, 103.0), ("{}", 0, 1.0, 204.0), ("{}", 0, 3.0, 304.0)]
+    assert slim.execute(
+        "select request, length(prompt_token_ids) + length(response_token_ids) "
+        "+ length(response_logprobs), latency_s, created_at from calls order by created_at"
+    ).fetchall() == [('{"messages": []}', 0, 2.0, 103.0), ("{}", 0, 1.0, 204.0), ("{}", 0, 3.0, 304.0)]
     assert slim.execute("select count(*) from attempts").fetchone() == (1,)
 
 

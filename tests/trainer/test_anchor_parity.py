@@ -23,16 +23,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from byte_tokenizer import byte_tokenizer
+from live_stack import SERVICES_PYTHON, needs_services
 
 from calcx.agent.calculator_inprocess import calculator_tool_entry
 from calcx.anchor.config import compose_anchor
 from calcx.anchor.data import TOOL_AGENT, anchor_records
 from calcx.data.__main__ import main as data_main
 from calcx.data.io import read_rows
-from byte_tokenizer import byte_tokenizer
 from calcx.trainer.config.compose import ComposeRequest
 from calcx.trainer.run.services import CALCX_SRC
-from live_stack import SERVICES_PYTHON, needs_services
 
 
 @dataclass
@@ -53,8 +53,9 @@ def scripts(rows: list[dict]) -> dict[str, Script]:
         b["question"]: Script("", ["10 / 4"], "### ANSWER: 123456789 ###"),
         c["question"]: Script("Checking.", ["x + 1"], "I cannot tell."),
         d["question"]: Script(f"Easy. ### ANSWER: {d['result']} ###", []),
-        e["question"]: Script("### ANSWER: 123456789 ### but let me check",
-                              ["3 > 2"], f"Corrected: ### ANSWER: {e['result']} ###"),
+        e["question"]: Script(
+            "### ANSWER: 123456789 ### but let me check", ["3 > 2"], f"Corrected: ### ANSWER: {e['result']} ###"
+        ),
     }
 
 
@@ -101,25 +102,54 @@ class _Handler(BaseHTTPRequestHandler):
             message: dict[str, Any] = {"role": "assistant", "content": script.last if results else script.first}
             reason = "stop"
         else:
-            message = {"role": "assistant", "content": script.first or None, "tool_calls": [
-                {"id": f"call_{i}", "type": "function",
-                 "function": {"name": "calculate", "arguments": json.dumps({"expression": expr})}}
-                for i, expr in enumerate(script.calls)]}
+            message = {
+                "role": "assistant",
+                "content": script.first or None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {"name": "calculate", "arguments": json.dumps({"expression": expr})},
+                    }
+                    for i, expr in enumerate(script.calls)
+                ],
+            }
             reason = "tool_calls"
-        self._reply({"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": body.get("model", "m"),
-                     "choices": [{"index": 0, "message": message, "finish_reason": reason}],
-                     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+        self._reply(
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body.get("model", "m"),
+                "choices": [{"index": 0, "message": message, "finish_reason": reason}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
 
 
 def run_agents(rows: list[dict], endpoint: Endpoint) -> None:
     procs = []
     for index, row in enumerate(rows):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AGL_", "CALCX_"))}
-        env.update(PYTHONPATH=str(CALCX_SRC), QUESTION=row["question"], RESULT=row["result"],
-                   AGL_OPENAI_BASE_URL=f"{endpoint.url}/v1", AGL_EVENT_URL=f"{endpoint.url}/event/{index}",
-                   AGL_KEY="k", CALCX_MODEL_MAX_RETRIES="0")
-        procs.append(subprocess.Popen([SERVICES_PYTHON, "-m", "calcx.agent"], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
+        env.update(
+            PYTHONPATH=str(CALCX_SRC),
+            QUESTION=row["question"],
+            RESULT=row["result"],
+            AGL_OPENAI_BASE_URL=f"{endpoint.url}/v1",
+            AGL_EVENT_URL=f"{endpoint.url}/event/{index}",
+            AGL_KEY="k",
+            CALCX_MODEL_MAX_RETRIES="0",
+        )
+        procs.append(
+            subprocess.Popen(
+                [SERVICES_PYTHON, "-m", "calcx.agent"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
     for proc in procs:
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-3000:]
@@ -130,8 +160,9 @@ def run_agents(rows: list[dict], endpoint: Endpoint) -> None:
 
 def hermes_turn(text: str, calls: list[str]) -> str:
     """A turn as a Qwen model writes it: text, then one <tool_call> JSON block per call."""
-    blocks = [f'<tool_call>\n{json.dumps({"name": "calculate", "arguments": {"expression": e}})}\n</tool_call>'
-              for e in calls]
+    blocks = [
+        f'<tool_call>\n{json.dumps({"name": "calculate", "arguments": {"expression": e}})}\n</tool_call>' for e in calls
+    ]
     return "\n".join(([text] if text else []) + blocks)
 
 
@@ -169,23 +200,41 @@ async def run_tool_agent_loop(cfg, records: list[dict], plan: dict[str, Script])
     server = TokenServer(tokenizer, plan)
     multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
     tools = load_all_tools(multi_turn.tool_config_path, multi_turn.function_tool_path)
-    loop = ToolAgentLoop(trainer_config=DictConfigWrap(cfg), server_manager=server, tokenizer=tokenizer,
-                         processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(cfg.data),
-                         tools=ToolListWrap(tools), hf_model_type="qwen2")
+    loop = ToolAgentLoop(
+        trainer_config=DictConfigWrap(cfg),
+        server_manager=server,
+        tokenizer=tokenizer,
+        processor=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(cfg.data),
+        tools=ToolListWrap(tools),
+        hf_model_type="qwen2",
+    )
     reward_manager = load_reward_manager(cfg, tokenizer)
     outcomes = {}
     for record in records:
         question = next(q for q in plan if record["prompt"][1]["content"].startswith(q.strip()))
-        output = await loop.run({"temperature": 1.0}, raw_prompt=record["prompt"], tools_kwargs={},
-                                extra_info=dict(record["extra_info"]))
+        output = await loop.run(
+            {"temperature": 1.0}, raw_prompt=record["prompt"], tools_kwargs={}, extra_info=dict(record["extra_info"])
+        )
         # the DataProto verl's agent loop worker hands its reward workers (AgentLoopWorker._compute_score)
         prompts, responses = torch.tensor([output.prompt_ids]), torch.tensor([output.response_ids])
-        batch = TensorDict({"prompts": prompts, "responses": responses,
-                            "attention_mask": torch.ones(1, prompts.shape[1] + responses.shape[1], dtype=torch.int64),
-                            "input_ids": torch.cat([prompts, responses], dim=1)}, batch_size=1)
+        batch = TensorDict(
+            {
+                "prompts": prompts,
+                "responses": responses,
+                "attention_mask": torch.ones(1, prompts.shape[1] + responses.shape[1], dtype=torch.int64),
+                "input_ids": torch.cat([prompts, responses], dim=1),
+            },
+            batch_size=1,
+        )
         non_tensor = {k: np.array([record[k]], dtype=object) for k in ("data_source", "reward_model", "extra_info")}
-        non_tensor.update({"__num_turns__": np.array([output.num_turns]),
-                           "tool_extra_fields": np.array([output.extra_fields], dtype=object)})
+        non_tensor.update(
+            {
+                "__num_turns__": np.array([output.num_turns]),
+                "tool_extra_fields": np.array([output.extra_fields], dtype=object),
+            }
+        )
         scored = await reward_manager.run_single(DataProto(batch=batch, non_tensor_batch=non_tensor))
         outcomes[question] = (output, scored["reward_score"])
     return server, outcomes
@@ -194,11 +243,45 @@ async def run_tool_agent_loop(cfg, records: list[dict], plan: dict[str, Script])
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     work = tmp_path_factory.mktemp("rows")
-    assert data_main(["generate", "--out", str(work / "gen"), "--train-size", "40", "--test-size", "12",
-                      "--mini-size", "4", "--sample-size", "3"]) == 0
-    assert data_main(["import", str(work / "gen" / "train.parquet"), "--format", "calcx", "--out",
-                      str(work / "imported"), "--val-size", "5", "--seed", "0", "--mini-size", "2",
-                      "--sample-size", "2"]) == 0
+    assert (
+        data_main(
+            [
+                "generate",
+                "--out",
+                str(work / "gen"),
+                "--train-size",
+                "40",
+                "--test-size",
+                "12",
+                "--mini-size",
+                "4",
+                "--sample-size",
+                "3",
+            ]
+        )
+        == 0
+    )
+    assert (
+        data_main(
+            [
+                "import",
+                str(work / "gen" / "train.parquet"),
+                "--format",
+                "calcx",
+                "--out",
+                str(work / "imported"),
+                "--val-size",
+                "5",
+                "--seed",
+                "0",
+                "--mini-size",
+                "2",
+                "--sample-size",
+                "2",
+            ]
+        )
+        == 0
+    )
     found = read_rows(work / "imported" / "train.parquet")
     picked: dict[str, dict[str, Any]] = {}
     for row in found:  # one row per source, so every template of the generator is in play

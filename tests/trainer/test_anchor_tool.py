@@ -13,6 +13,7 @@ import json
 import os
 
 import pytest
+from live_stack import SERVICES_PYTHON, needs_services
 from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 from mcp_server_calculator.calculator import evaluate
@@ -21,16 +22,41 @@ from calcx.agent.calculator_inprocess import calculator_tool_entry, openai_tool
 from calcx.agent.calculator_limits import bounded_evaluate
 from calcx.anchor.config import TOOLS_FILE
 from calcx.trainer.run.services import CALCX_SRC
-from live_stack import SERVICES_PYTHON, needs_services
 
 # arithmetic the model writes, including what the calculator refuses
 EXPRESSIONS = [
-    "2 + 3 * 4", "7 * 12 + 5", "90 * (1 - 2/3)", "10 / 4", "-5 // 2", "17 % 5", "2^10", "3 × 4 ÷ 6", "sqrt(16)",
-    "round(2.675, 2)", "pi * 2", "1e308 * 10", "0.1 + 0.2",
-    "1/0", "7 % 0", "2 +", "(1", "", "x + 1", "3 > 2", "[1, 2]", "2**20000", "factorial(-1)", "'a' + 'b'",
+    "2 + 3 * 4",
+    "7 * 12 + 5",
+    "90 * (1 - 2/3)",
+    "10 / 4",
+    "-5 // 2",
+    "17 % 5",
+    "2^10",
+    "3 × 4 ÷ 6",
+    "sqrt(16)",
+    "round(2.675, 2)",
+    "pi * 2",
+    "1e308 * 10",
+    "0.1 + 0.2",
+    "1/0",
+    "7 % 0",
+    "2 +",
+    "(1",
+    "",
+    "x + 1",
+    "3 > 2",
+    "[1, 2]",
+    "2**20000",
+    "factorial(-1)",
+    "'a' + 'b'",
 ]
 # arguments the model gets wrong
-BAD_ARGUMENTS: list[dict[str, object]] = [{}, {"expression": 5}, {"expr": "1 + 1"}, {"expression": "1 + 1", "extra": True}]
+BAD_ARGUMENTS: list[dict[str, object]] = [
+    {},
+    {"expression": 5},
+    {"expr": "1 + 1"},
+    {"expression": "1 + 1", "extra": True},
+]
 
 
 def _verl_tool():
@@ -43,8 +69,9 @@ def _verl_tool():
 
 async def _server_answers(calls: list[dict]) -> tuple[list[types.Tool], list[types.CallToolResult]]:
     """The agent's calculator command, with MCP's client over stdio."""
-    params = StdioServerParameters(command=SERVICES_PYTHON, args=["-m", "calcx.agent.calculator"],
-                                   env={**os.environ, "PYTHONPATH": str(CALCX_SRC)})
+    params = StdioServerParameters(
+        command=SERVICES_PYTHON, args=["-m", "calcx.agent.calculator"], env={**os.environ, "PYTHONPATH": str(CALCX_SRC)}
+    )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         listed = (await session.list_tools()).tools
@@ -88,8 +115,9 @@ def test_tool_answers_exactly_as_the_agents_calculator_over_stdio() -> None:
 def test_arithmetic_is_the_packages_own_evaluate_within_the_agents_bounds() -> None:
     assert evaluate is not bounded_evaluate  # the package's own, imported before the anchor installed the bounds
     tool = _verl_tool()
-    for expression, (text, is_error) in zip(EXPRESSIONS, asyncio.run(_tool_answers(
-            tool, [{"expression": e} for e in EXPRESSIONS]))):
+    for expression, (text, is_error) in zip(
+        EXPRESSIONS, asyncio.run(_tool_answers(tool, [{"expression": e} for e in EXPRESSIONS]))
+    ):
         try:
             expected, failed = bounded_evaluate(expression), False
         except Exception as exc:  # noqa: BLE001 - whatever evaluate raises is the calculator's answer
@@ -113,8 +141,11 @@ def test_verl_renders_the_schema_the_agent_sends_key_for_key() -> None:
     dumped = tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
     assert json.dumps(dumped) == json.dumps(entry)  # same keys in the same order, as a template prints them
     assert entry["function"]["parameters"] == {
-        "type": "object", "properties": {"expression": {"title": "Expression", "type": "string"}},
-        "required": ["expression"], "additionalProperties": False}
+        "type": "object",
+        "properties": {"expression": {"title": "Expression", "type": "string"}},
+        "required": ["expression"],
+        "additionalProperties": False,
+    }
     assert entry["function"]["strict"] is False
     assert isinstance(tool.tool_schema, OpenAIFunctionToolSchema) and tool.tool_schema.function.name == "calculate"
     plain = OpenAIFunctionToolSchema.model_validate(entry).model_dump(exclude_unset=True, exclude_none=True)
@@ -125,7 +156,9 @@ def test_a_schema_in_the_tool_config_is_refused(tmp_path) -> None:
     from verl.tools.tool_registry import initialize_tools_from_config
 
     config = tmp_path / "tools.yaml"
-    config.write_text(TOOLS_FILE.read_text() + "    tool_schema:\n      type: function\n      function:\n"
-                      "        name: calculate\n        description: other\n")
+    config.write_text(
+        TOOLS_FILE.read_text() + "    tool_schema:\n      type: function\n      function:\n"
+        "        name: calculate\n        description: other\n"
+    )
     with pytest.raises(ValueError, match="mcp_server_calculator"):
         initialize_tools_from_config(str(config))

@@ -25,8 +25,10 @@ def _run_dir(work: Path, name: str, log_bytes: int, store_bytes: int) -> Path:
     run = ended_run(work, name)
     (run / "train.log").write_bytes(os.urandom(log_bytes))  # random bytes: gzip cannot shrink them
     with sqlite3.connect(store_path(run)) as db:
-        db.execute("CREATE TABLE calls (id INTEGER PRIMARY KEY, prompt_token_ids BLOB, response_token_ids BLOB,"
-                   " response_logprobs BLOB, request TEXT)")
+        db.execute(
+            "CREATE TABLE calls (id INTEGER PRIMARY KEY, prompt_token_ids BLOB, response_token_ids BLOB,"
+            " response_logprobs BLOB, request TEXT)"
+        )
         db.execute("CREATE TABLE padding (data BLOB)")
         db.execute("INSERT INTO calls VALUES (1, ?, ?, ?, 'a recorded request')", (TOKENS, TOKENS, TOKENS))
         db.execute("INSERT INTO padding VALUES (?)", (os.urandom(store_bytes),))
@@ -39,8 +41,9 @@ def _env(work: Path) -> dict[str, str]:
 
 
 def _status(work: Path, name: str, out: Path) -> None:
-    done = subprocess.run(["bash", str(RUN_SCRIPT), "status", name, str(out)], capture_output=True, text=True,
-                          timeout=120, env=_env(work))
+    done = subprocess.run(
+        ["bash", str(RUN_SCRIPT), "status", name, str(out)], capture_output=True, text=True, timeout=120, env=_env(work)
+    )
     assert done.returncode == 0, done.stderr
 
 

@@ -22,8 +22,7 @@ pytestmark = pytest.mark.skipif(
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    return subprocess.run([str(PEX.resolve()), *args], capture_output=True, text=True, timeout=600,
-                          env=env, cwd=cwd)
+    return subprocess.run([str(PEX.resolve()), *args], capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
 
 
 def test_cpu_build_prints_its_options(tmp_path: Path) -> None:
@@ -33,8 +32,15 @@ def test_cpu_build_prints_its_options(tmp_path: Path) -> None:
 
 
 def test_cpu_build_refuses_to_train_and_says_why(tmp_path: Path) -> None:
-    done = _run("--model", str(tmp_path / "model"), "--train-file", str(tmp_path / "train.parquet"),
-                "--val-file", str(tmp_path / "val.parquet"), cwd=tmp_path)
+    done = _run(
+        "--model",
+        str(tmp_path / "model"),
+        "--train-file",
+        str(tmp_path / "train.parquet"),
+        "--val-file",
+        str(tmp_path / "val.parquet"),
+        cwd=tmp_path,
+    )
     assert done.returncode == 3, done.stderr
     # the CPU build's own reason, not a hidden device: its torch has no CUDA at all
     assert "no CUDA GPU was found on this machine (torch was built without CUDA)" in done.stderr

@@ -6,17 +6,26 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from byte_tokenizer import byte_tokenizer
+
 from benchmarks.trace_lengths import measure
 from calcx.agent.calculator_inprocess import calculator_tool_entry
 from calcx.data.traces import build_trace, write_traces
 from calcx.trainer.warmup.dataset import tokenize_trace
-from byte_tokenizer import byte_tokenizer
 
-SHORT = {"id": "gsm8k-train-1", "question": "Natalia sold 48 clips in April and half as many in May. How many in May?",
-         "chain": "In May she sold 48/2 = <<48/2=24>>24 clips.", "result": "24"}
-LONG = {"id": "gsm8k-train-2", "question": "Ana has 48 clips, sells half, then buys 10. How many now?",
-        "chain": "She sells 48/2 = <<48/2=24>>24.\nShe keeps 48-24 = <<48-24=24>>24.\n"
-                 "Then 24+10 = <<24+10=34>>34 clips.", "result": "34"}
+SHORT = {
+    "id": "gsm8k-train-1",
+    "question": "Natalia sold 48 clips in April and half as many in May. How many in May?",
+    "chain": "In May she sold 48/2 = <<48/2=24>>24 clips.",
+    "result": "24",
+}
+LONG = {
+    "id": "gsm8k-train-2",
+    "question": "Ana has 48 clips, sells half, then buys 10. How many now?",
+    "chain": "She sells 48/2 = <<48/2=24>>24.\nShe keeps 48-24 = <<48-24=24>>24.\n"
+    "Then 24+10 = <<24+10=34>>34 clips.",
+    "result": "34",
+}
 
 
 def test_lengths_turns_and_rows_past_the_bound(tmp_path: Path) -> None:
@@ -34,4 +43,3 @@ def test_lengths_turns_and_rows_past_the_bound(tmp_path: Path) -> None:
     assert report["trained_turns"] == {"2": 1, "4": 1}
 
     assert measure(str(path), tokenizer, max_length=long)["over_max_length"] == 0
-

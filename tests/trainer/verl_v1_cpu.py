@@ -77,19 +77,23 @@ class MemoryKV:
         return None
 
     def kv_put(self, key: str, partition_id: str, fields: Any = None, tag: dict | None = None, **_: Any) -> KVBatchMeta:
-        return self._put([key], partition_id, [fields] if fields is not None else None,
-                         [tag] if tag is not None else None)
+        return self._put(
+            [key], partition_id, [fields] if fields is not None else None, [tag] if tag is not None else None
+        )
 
-    def kv_batch_put(self, keys: list[str], partition_id: str, fields: Any = None,
-                     tags: list[dict] | None = None, **_: Any) -> KVBatchMeta:
+    def kv_batch_put(
+        self, keys: list[str], partition_id: str, fields: Any = None, tags: list[dict] | None = None, **_: Any
+    ) -> KVBatchMeta:
         return self._put(list(keys), partition_id, fields, tags)
 
-    async def async_kv_put(self, key: str, partition_id: str, fields: Any = None, tag: dict | None = None,
-                           **kw: Any) -> KVBatchMeta:
+    async def async_kv_put(
+        self, key: str, partition_id: str, fields: Any = None, tag: dict | None = None, **kw: Any
+    ) -> KVBatchMeta:
         return self.kv_put(key, partition_id, fields, tag, **kw)
 
-    async def async_kv_batch_put(self, keys: list[str], partition_id: str, fields: Any = None,
-                                 tags: list[dict] | None = None, **kw: Any) -> KVBatchMeta:
+    async def async_kv_batch_put(
+        self, keys: list[str], partition_id: str, fields: Any = None, tags: list[dict] | None = None, **kw: Any
+    ) -> KVBatchMeta:
         return self.kv_batch_put(keys, partition_id, fields, tags, **kw)
 
     def kv_list(self, partition_id: str | None = None) -> dict[str, dict[str, dict]]:
@@ -111,7 +115,7 @@ class MemoryKV:
     def module(self) -> types.ModuleType:
         mod = types.ModuleType("transfer_queue")
         mod.__doc__ = "In-memory stand-in for TransferQueue's KV interface (tests only)."
-        setattr(mod, "KVBatchMeta", KVBatchMeta)
+        mod.KVBatchMeta = KVBatchMeta
         for name in ("init", "kv_put", "kv_batch_put", "async_kv_put", "async_kv_batch_put", "kv_list", "kv_clear"):
             setattr(mod, name, getattr(self, name))
         return mod

@@ -16,8 +16,9 @@ from calcx.worker.protocol import WORKER_MODULE
 
 
 def claim(env: dict[str, str]) -> Claim:
-    rollout = Rollout(rollout_id="r1", row={"question": "q", "result": "1"}, state="RUNNING", attempts=[],
-                      created_at=time.time())
+    rollout = Rollout(
+        rollout_id="r1", row={"question": "q", "result": "1"}, state="RUNNING", attempts=[], created_at=time.time()
+    )
     return Claim(rollout=rollout, attempt_id="1", token="t", env=env, deadline_s=30.0)
 
 
@@ -44,5 +45,3 @@ def test_a_dead_worker_is_restarted_and_the_agent_runs_in_it() -> None:
     assert (result.state, result.reason, result.exit_code) == ("FAILED", "bad_environment", 2)
     assert "QUESTION" in (result.detail or "")
     assert restarts == 1 and second != first
-
-

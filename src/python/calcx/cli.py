@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 # subcommand -> (module holding main(argv), one-line description)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -17,12 +17,21 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("calcx.agent.__main__", "run the Calc-X agent once, from the AGL_* environment"),
     "stub-llm": ("calcx.stub_llm.__main__", "scripted OpenAI-compatible model for rehearsals"),
     "rehearse": ("calcx.rehearse.__main__", "server + controller + stub LLM + a dataset, on CPU"),
-    "data": ("calcx.data.__main__", "generate, import (GSM8K, Calc-X) or validate dataset files; GSM8K tool-use traces"),
+    "data": (
+        "calcx.data.__main__",
+        "generate, import (GSM8K, Calc-X) or validate dataset files; GSM8K tool-use traces",
+    ),
     "train": ("calcx.trainer.run.cli", "GRPO training with verl (needs a CUDA GPU)"),
-    "warmup": ("calcx.trainer.warmup.sft", "supervised warm-up on tool-use traces with verl's SFT trainer (needs a CUDA GPU)"),
+    "warmup": (
+        "calcx.trainer.warmup.sft",
+        "supervised warm-up on tool-use traces with verl's SFT trainer (needs a CUDA GPU)",
+    ),
     "anchor": ("calcx.anchor.cli", "the step-time anchor: verl's own ToolAgentLoop, calculator in-process"),
     "profile-step": ("calcx.trainer.workers.step_profile", "time and profile one GRPO step's GPU work, lever by lever"),
-    "ledger": ("calcx.server.ledger_audit", "check a run's training ledger: each rollout trained at most once, steps whole"),
+    "ledger": (
+        "calcx.server.ledger_audit",
+        "check a run's training ledger: each rollout trained at most once, steps whole",
+    ),
     "k8s": ("calcx.k8s.build", "render and validate the Kubernetes manifests"),
     "model": ("calcx.model.__main__", "convert a GGUF file into a Hugging Face model directory"),
     "runs": ("calcx.runs.__main__", "GPU runs: results/INDEX.md from each run.yaml; a run's step tables; curves"),

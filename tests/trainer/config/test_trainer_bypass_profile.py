@@ -38,11 +38,28 @@ def test_the_bypass_profile_is_the_default_with_bypass_alone(memory: float) -> N
 
 def _joined_rollout() -> RolloutSamples:
     """Two calls of one rollout, the second's prompt the first's prompt, answer and the tool's answer."""
-    first = CallSample(call_id="c0", seq=0, prompt_ids=[1, 2, 3], response_ids=[10, 11], response_mask=[1, 1],
-                       response_logprobs=[-0.5, -0.25], reward=1.0, policy_version=0, latency_s=0.1)
-    second = CallSample(call_id="c1", seq=1, prompt_ids=[1, 2, 3, 10, 11, 20, 21], response_ids=[30, 31],
-                        response_mask=[1, 1], response_logprobs=[-1.0, -0.125], reward=1.0, policy_version=0,
-                        latency_s=0.1)
+    first = CallSample(
+        call_id="c0",
+        seq=0,
+        prompt_ids=[1, 2, 3],
+        response_ids=[10, 11],
+        response_mask=[1, 1],
+        response_logprobs=[-0.5, -0.25],
+        reward=1.0,
+        policy_version=0,
+        latency_s=0.1,
+    )
+    second = CallSample(
+        call_id="c1",
+        seq=1,
+        prompt_ids=[1, 2, 3, 10, 11, 20, 21],
+        response_ids=[30, 31],
+        response_mask=[1, 1],
+        response_logprobs=[-1.0, -0.125],
+        reward=1.0,
+        policy_version=0,
+        latency_s=0.1,
+    )
     samples = RolloutSamples(rollout_id="r", group_id="g", attempt_id="1", reward=1.0, samples=[first, second])
     return join_continued_calls(samples, max_response_length=64)
 
@@ -55,13 +72,21 @@ def test_joined_calls_reach_verl_with_rollout_log_probs_and_the_tool_tokens_stay
     row = output.as_dict()
     rollout_lp, mask = row["rollout_log_probs"], row["response_mask"]  # the key verl's bypass reads
     assert mask.tolist() == [1, 1, 0, 0, 1, 1] and rollout_lp.tolist() == [-0.5, -0.25, 0.0, 0.0, -1.0, -0.125]
-    actor = omega_conf_to_dataclass(compose(ComposeRequest(gpu_memory_gib=140.4, run_profile=BYPASS)).actor_rollout_ref.actor)
+    actor = omega_conf_to_dataclass(
+        compose(ComposeRequest(gpu_memory_gib=140.4, run_profile=BYPASS)).actor_rollout_ref.actor
+    )
     loss_fn = get_policy_loss_fn(actor.policy_loss.loss_mode)  # the v1 trainer keeps the actor's loss
     advantages = torch.tensor([[1.0, -1.0, 1.0, 1.0, -1.0, 1.0]])
 
     def loss(current: list[float]) -> float:
-        value, _ = loss_fn(old_log_prob=rollout_lp[None], log_prob=torch.tensor([current]), advantages=advantages,
-                           response_mask=mask[None], loss_agg_mode=actor.loss_agg_mode, config=actor)
+        value, _ = loss_fn(
+            old_log_prob=rollout_lp[None],
+            log_prob=torch.tensor([current]),
+            advantages=advantages,
+            response_mask=mask[None],
+            loss_agg_mode=actor.loss_agg_mode,
+            config=actor,
+        )
         return float(value)
 
     trained = [-0.4, -0.3, -2.0, -7.0, -0.9, -0.2]

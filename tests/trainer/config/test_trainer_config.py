@@ -7,8 +7,15 @@ import stat
 import pytest
 from omegaconf import OmegaConf
 
-from calcx.trainer.config.compose import (AGENT_LOOPS_FILE, ComposeRequest, ConfigError, choose_gpu_profile, compose,
-                                  redacted_yaml, run_profile_overrides)
+from calcx.trainer.config.compose import (
+    AGENT_LOOPS_FILE,
+    ComposeRequest,
+    ConfigError,
+    choose_gpu_profile,
+    compose,
+    redacted_yaml,
+    run_profile_overrides,
+)
 from calcx.trainer.run_dir.server_key import key_dir, remove_key_file, server_key, write_key_file
 
 
@@ -99,17 +106,31 @@ def test_token_budget_must_hold_the_longest_row() -> None:
     short = compose(ComposeRequest(dotlist=["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"]))
     with pytest.raises(ValueError, match="ppo_max_token_len_per_gpu \\(4096\\) must hold the longest row.*6144"):
         validate_with_verl(short)
-    fixed = compose(ComposeRequest(dotlist=["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
-                                            "actor_rollout_ref.actor.use_dynamic_bsz=false"]))
+    fixed = compose(
+        ComposeRequest(
+            dotlist=[
+                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+                "actor_rollout_ref.actor.use_dynamic_bsz=false",
+            ]
+        )
+    )
     validate_with_verl(fixed)  # fixed micro-batches have no token budget to respect
 
 
 def test_command_line_wins_over_calcx_and_flags() -> None:
-    cfg = compose(ComposeRequest(
-        model="/models/tiny", run_name="r1", server_url="http://127.0.0.1:9",
-        dotlist=["data.train_batch_size=16", "actor_rollout_ref.model.path=/models/other",
-                 "trainer.logger=[console,wandb]", "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_seqs=8"],
-    ))
+    cfg = compose(
+        ComposeRequest(
+            model="/models/tiny",
+            run_name="r1",
+            server_url="http://127.0.0.1:9",
+            dotlist=[
+                "data.train_batch_size=16",
+                "actor_rollout_ref.model.path=/models/other",
+                "trainer.logger=[console,wandb]",
+                "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_seqs=8",
+            ],
+        )
+    )
     assert cfg.data.train_batch_size == 16
     assert cfg.actor_rollout_ref.model.path == "/models/other"  # dotlist after --model
     assert list(cfg.trainer.logger) == ["console", "wandb"]
@@ -137,8 +158,11 @@ def test_agent_prompt_defaults_to_plain_and_is_checked_at_composition() -> None:
     assert compose(ComposeRequest()).calcx.agent_prompt == "plain"
     cfg = compose(ComposeRequest(dotlist=["calcx.agent_prompt=calculator-first"]))
     assert cfg.calcx.agent_prompt == "calculator-first"
-    with pytest.raises(ConfigError, match="calcx.agent_prompt must name one of the agent's system messages "
-                                          r"\(plain, calculator-first\), got 'loud'"):
+    with pytest.raises(
+        ConfigError,
+        match="calcx.agent_prompt must name one of the agent's system messages "
+        r"\(plain, calculator-first\), got 'loud'",
+    ):
         compose(ComposeRequest(dotlist=["calcx.agent_prompt=loud"]))
 
 
@@ -210,10 +234,16 @@ def test_gpu_profile_follows_the_gpu_memory(memory, profile, update_budget, logp
     assert arr.actor.fsdp_config.optimizer_offload is not large_card
     # the profile changes budgets and memory, never the recipe
     base = compose(ComposeRequest(gpu_memory_gib=0))
-    for key in ("actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.actor.clip_ratio_low",
-                "actor_rollout_ref.actor.clip_ratio_high", "data.train_batch_size", "actor_rollout_ref.rollout.n",
-                "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.model.override_config",
-                "actor_rollout_ref.model.use_fused_kernels"):
+    for key in (
+        "actor_rollout_ref.actor.optim.lr",
+        "actor_rollout_ref.actor.clip_ratio_low",
+        "actor_rollout_ref.actor.clip_ratio_high",
+        "data.train_batch_size",
+        "actor_rollout_ref.rollout.n",
+        "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "actor_rollout_ref.model.override_config",
+        "actor_rollout_ref.model.use_fused_kernels",
+    ):
         assert OmegaConf.select(cfg, key) == OmegaConf.select(base, key), key
     validate_with_verl(cfg)
     actor = omega_conf_to_dataclass(arr.actor)
@@ -228,7 +258,9 @@ def test_gpu_profile_named_or_turned_off_on_the_command_line() -> None:
     assert off.calcx.gpu_profile_applied == "none"
     assert off.actor_rollout_ref.model.enable_gradient_checkpointing is True
     # the command line still wins over the profile it picked
-    mine = compose(ComposeRequest(gpu_memory_gib=140.4, dotlist=["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576"]))
+    mine = compose(
+        ComposeRequest(gpu_memory_gib=140.4, dotlist=["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576"])
+    )
     assert mine.calcx.gpu_profile_applied == "large" and mine.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 24576
     with pytest.raises(ConfigError, match="calcx.gpu_profile='huge': no such profile"):
         compose(ComposeRequest(gpu_memory_gib=0, dotlist=["calcx.gpu_profile=huge"]))
@@ -238,7 +270,12 @@ def test_a_gpu_profile_entry_with_a_misspelt_section_is_refused() -> None:
     """A profile whose `overrides` (or `warmup`) is misspelt would otherwise apply nothing, silently."""
     good = {"large": {"min_gib": 120, "overrides": {}, "warmup": {}}, "medium": {"min_gib": 70}}
     assert choose_gpu_profile(good, "auto", 140.0) == "large" and choose_gpu_profile(good, "auto", 80.0) == "medium"
-    misspelt: tuple[object, ...] = ({"min_gib": 120, "overides": {}}, {"min_gib": 120, "warmpu": {}}, {"overrides": {}}, 120)
+    misspelt: tuple[object, ...] = (
+        {"min_gib": 120, "overides": {}},
+        {"min_gib": 120, "warmpu": {}},
+        {"overrides": {}},
+        120,
+    )
     for entry in misspelt:
         with pytest.raises(ConfigError, match="gpu_profiles.large: expected a mapping with 'min_gib'"):
             choose_gpu_profile({"large": entry}, "none", 0.0)
@@ -248,11 +285,18 @@ def test_a_gpu_profile_entry_with_a_misspelt_section_is_refused() -> None:
 # what src/gpu/h200_run.sh passed on the command line (its RUN_ARGS) before calcx.yaml's
 # run_profiles held the documented run's settings
 H200_RUN_ARGS = {
-    "data.train_batch_size": 32, "actor_rollout_ref.rollout.n": 4, "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
+    "data.train_batch_size": 32,
+    "actor_rollout_ref.rollout.n": 4,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
     "actor_rollout_ref.actor.optim.lr": 5e-6,
-    "data.max_prompt_length": 2048, "data.max_response_length": 1024, "actor_rollout_ref.rollout.max_model_len": 4096,
+    "data.max_prompt_length": 2048,
+    "data.max_response_length": 1024,
+    "actor_rollout_ref.rollout.max_model_len": 4096,
     "calcx.controller_concurrency": 128,
-    "trainer.val_before_train": True, "trainer.test_freq": 10, "trainer.save_freq": -1, "trainer.total_epochs": 1,
+    "trainer.val_before_train": True,
+    "trainer.test_freq": 10,
+    "trainer.save_freq": -1,
+    "trainer.total_epochs": 1,
 }
 
 
@@ -263,25 +307,48 @@ def _without_profile_name(cfg) -> dict:
     return data
 
 
-@pytest.mark.parametrize("profile,extra", [
-    ("gsm8k-h200", {}),
-    ("gsm8k-h200-anchor", {"trainer.test_freq": -1}),  # the script's ANCHOR_ARGS
-    ("gsm8k-h200-tooluse", {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8,
-                            "actor_rollout_ref.actor.optim.lr": 2e-6}),
-    ("gsm8k-h200-tooluse-lr5e-6", {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8,
-                                   "calcx.join_calls": False}),
-    ("gsm8k-h200-tooluse-lr5e-6-joined", {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8}),
-    # the first run's TOOLUSE_ARGS (one round: no call continues another, so join_calls does nothing)
-    ("gsm8k-h200-tooluse-one-round", {"calcx.reward.tool_bonus": 0.1, "calcx.join_calls": False}),
-    ("gsm8k-h200-calculator", {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8,
-                               "calcx.reward.mask_void_turns": True}),
-    ("gsm8k-h200-calculator-filtered", {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8,
-                                        "calcx.reward.mask_void_turns": True, "algorithm.filter_groups.enable": True,
-                                        "algorithm.filter_groups.metric": "reward",
-                                        "algorithm.filter_groups.max_inflight_gen_batches": 2}),
-    ("gsm8k-h200-calculator-first", {"calcx.reward.tool_bonus": 0.5, "calcx.agent_tool_rounds": 8,
-                                     "calcx.reward.mask_void_turns": True, "calcx.agent_prompt": "calculator-first"}),
-])
+@pytest.mark.parametrize(
+    "profile,extra",
+    [
+        ("gsm8k-h200", {}),
+        ("gsm8k-h200-anchor", {"trainer.test_freq": -1}),  # the script's ANCHOR_ARGS
+        (
+            "gsm8k-h200-tooluse",
+            {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8, "actor_rollout_ref.actor.optim.lr": 2e-6},
+        ),
+        (
+            "gsm8k-h200-tooluse-lr5e-6",
+            {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8, "calcx.join_calls": False},
+        ),
+        ("gsm8k-h200-tooluse-lr5e-6-joined", {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8}),
+        # the first run's TOOLUSE_ARGS (one round: no call continues another, so join_calls does nothing)
+        ("gsm8k-h200-tooluse-one-round", {"calcx.reward.tool_bonus": 0.1, "calcx.join_calls": False}),
+        (
+            "gsm8k-h200-calculator",
+            {"calcx.reward.tool_bonus": 0.1, "calcx.agent_tool_rounds": 8, "calcx.reward.mask_void_turns": True},
+        ),
+        (
+            "gsm8k-h200-calculator-filtered",
+            {
+                "calcx.reward.tool_bonus": 0.1,
+                "calcx.agent_tool_rounds": 8,
+                "calcx.reward.mask_void_turns": True,
+                "algorithm.filter_groups.enable": True,
+                "algorithm.filter_groups.metric": "reward",
+                "algorithm.filter_groups.max_inflight_gen_batches": 2,
+            },
+        ),
+        (
+            "gsm8k-h200-calculator-first",
+            {
+                "calcx.reward.tool_bonus": 0.5,
+                "calcx.agent_tool_rounds": 8,
+                "calcx.reward.mask_void_turns": True,
+                "calcx.agent_prompt": "calculator-first",
+            },
+        ),
+    ],
+)
 def test_a_run_profile_composes_to_what_the_gpu_script_passed(profile, extra) -> None:
     settings = {**H200_RUN_ARGS, **extra}
     by_profile = compose(ComposeRequest(gpu_memory_gib=140.4, run_profile=profile))
@@ -303,8 +370,13 @@ def test_a_run_profile_wins_over_calcx_yaml_and_loses_to_the_command_line() -> N
     plain = compose(ComposeRequest(gpu_memory_gib=0))
     assert plain.calcx.run_profile_applied == "none"
     assert (plain.actor_rollout_ref.actor.optim.lr, plain.calcx.controller_concurrency) == (1e-6, 32)
-    cfg = compose(ComposeRequest(gpu_memory_gib=0, run_profile="gsm8k-h200-tooluse",
-                                 dotlist=["actor_rollout_ref.actor.optim.lr=3e-6", "calcx.reward.tool_bonus=0.2"]))
+    cfg = compose(
+        ComposeRequest(
+            gpu_memory_gib=0,
+            run_profile="gsm8k-h200-tooluse",
+            dotlist=["actor_rollout_ref.actor.optim.lr=3e-6", "calcx.reward.tool_bonus=0.2"],
+        )
+    )
     assert cfg.actor_rollout_ref.actor.optim.lr == 3e-6 and cfg.calcx.reward.tool_bonus == 0.2
     assert cfg.calcx.controller_concurrency == 128 and cfg.data.max_response_length == 1024
     # over async.yaml and the GPU profile, which it leaves alone where it says nothing
@@ -325,8 +397,13 @@ def test_an_unknown_run_profile_is_refused_with_the_known_ones() -> None:
 
 
 def test_run_profiles_extend_base_first_and_refuse_a_loop() -> None:
-    profiles = {"a": {"overrides": {"x": 1}}, "b": {"extends": "a", "overrides": {"x": 2}},
-                "c": {"extends": "d"}, "d": {"extends": "c"}, "e": {"extends": "gone"}}
+    profiles = {
+        "a": {"overrides": {"x": 1}},
+        "b": {"extends": "a", "overrides": {"x": 2}},
+        "c": {"extends": "d"},
+        "d": {"extends": "c"},
+        "e": {"extends": "gone"},
+    }
     assert run_profile_overrides(profiles, "b") == [{"x": 1}, {"x": 2}]
     with pytest.raises(ConfigError, match="loops"):
         run_profile_overrides(profiles, "c")
@@ -340,9 +417,12 @@ def test_both_train_commands_take_profile() -> None:
 
     calcx_cfg = trainer_cli.compose_from_args(trainer_cli.build_parser().parse_args(["--profile", "gsm8k-h200"]))
     anchor_cfg = anchor_cli.compose_from_args(
-        anchor_cli.build_parser().parse_args(["train", "--profile", "gsm8k-h200-anchor"]))
-    assert (calcx_cfg.calcx.run_profile_applied, anchor_cfg.calcx.run_profile_applied) == ("gsm8k-h200",
-                                                                                           "gsm8k-h200-anchor")
+        anchor_cli.build_parser().parse_args(["train", "--profile", "gsm8k-h200-anchor"])
+    )
+    assert (calcx_cfg.calcx.run_profile_applied, anchor_cfg.calcx.run_profile_applied) == (
+        "gsm8k-h200",
+        "gsm8k-h200-anchor",
+    )
     assert (calcx_cfg.trainer.test_freq, anchor_cfg.trainer.test_freq) == (10, -1)
     assert calcx_cfg.actor_rollout_ref.actor.optim.lr == anchor_cfg.actor_rollout_ref.actor.optim.lr == 5e-6
 

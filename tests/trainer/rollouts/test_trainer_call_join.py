@@ -11,20 +11,38 @@ from calcx.trainer.rollouts.rollout_samples import CallSample, RolloutSamples
 
 
 def call(n: int, prompt: list[int], response: list[int], **kw) -> CallSample:
-    return CallSample(call_id=f"c{n}", seq=n, prompt_ids=prompt, response_ids=response,
-                      response_mask=[1] * len(response), response_logprobs=[-0.5] * len(response),
-                      reward=1.0, policy_version=3, latency_s=0.25, **kw)
+    return CallSample(
+        call_id=f"c{n}",
+        seq=n,
+        prompt_ids=prompt,
+        response_ids=response,
+        response_mask=[1] * len(response),
+        response_logprobs=[-0.5] * len(response),
+        reward=1.0,
+        policy_version=3,
+        latency_s=0.25,
+        **kw,
+    )
 
 
 def rollout(*samples: CallSample) -> RolloutSamples:
-    return RolloutSamples(rollout_id="r", group_id="g", attempt_id="1", reward=1.0, samples=list(samples),
-                          counters={"prompt_truncated": 0})
+    return RolloutSamples(
+        rollout_id="r",
+        group_id="g",
+        attempt_id="1",
+        reward=1.0,
+        samples=list(samples),
+        counters={"prompt_truncated": 0},
+    )
 
 
 SYSTEM, ANSWER_1, TOOL, ANSWER_2, ANSWER_3 = [1, 2, 3], [10, 11], [20, 21, 22], [30], [40, 41]
 # three calls, each prompt the previous prompt, its answer and the tool's answer
-CALLS = (call(0, SYSTEM, ANSWER_1), call(1, SYSTEM + ANSWER_1 + TOOL, ANSWER_2),
-         call(2, SYSTEM + ANSWER_1 + TOOL + ANSWER_2 + TOOL, ANSWER_3))
+CALLS = (
+    call(0, SYSTEM, ANSWER_1),
+    call(1, SYSTEM + ANSWER_1 + TOOL, ANSWER_2),
+    call(2, SYSTEM + ANSWER_1 + TOOL + ANSWER_2 + TOOL, ANSWER_3),
+)
 
 
 def test_calls_that_continue_each_other_become_one_sequence() -> None:
@@ -42,8 +60,9 @@ def test_calls_that_continue_each_other_become_one_sequence() -> None:
 
 def test_a_call_that_does_not_continue_the_last_starts_a_new_sample() -> None:
     rendered_again = call(1, SYSTEM + [12] + TOOL, ANSWER_2)  # the first answer tokenized differently
-    joined = join_continued_calls(rollout(CALLS[0], rendered_again, call(2, rendered_again.prompt_ids + ANSWER_2, [5])),
-                                  max_response_length=100)
+    joined = join_continued_calls(
+        rollout(CALLS[0], rendered_again, call(2, rendered_again.prompt_ids + ANSWER_2, [5])), max_response_length=100
+    )
     assert [s.calls for s in joined.samples] == [1, 2]
     assert joined.samples[0] == CALLS[0]
     assert joined.samples[1].prompt_ids == rendered_again.prompt_ids and joined.samples[1].response_mask == [1, 1]

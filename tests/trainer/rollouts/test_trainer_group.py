@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 import pytest
+from live_stack import needs_services, start_server
 
 from calcx.api.client import AsyncCalcxClient, CalcxClient
 from calcx.api.models import Rollout
@@ -19,14 +20,24 @@ from calcx.contract.failures import FailureReason
 from calcx.contract.labels import RUN_LABEL
 from calcx.trainer.rollouts.group import GroupSpec, RolloutOrigin, settle_group
 from calcx.trainer.rollouts.rollout_samples import RolloutIncomplete
-from live_stack import needs_services, start_server
 
 KEY = "group-test-key-0123456789abcdef0123456789"
 
 
 def _spec() -> GroupSpec:
-    return GroupSpec(uid="u1", session_id=0, n=2, step=1, partition="train", row={"question": "1+1", "result": "2"},
-                     env_map=None, deadline_s=30.0, max_attempts=1, wait_timeout_s=2.0, group_timeout_s=20.0)
+    return GroupSpec(
+        uid="u1",
+        session_id=0,
+        n=2,
+        step=1,
+        partition="train",
+        row={"question": "1+1", "result": "2"},
+        env_map=None,
+        deadline_s=30.0,
+        max_attempts=1,
+        wait_timeout_s=2.0,
+        group_timeout_s=20.0,
+    )
 
 
 def _settle(tmp_path: Path, rewarded: set[int]) -> Rollout:
@@ -123,8 +134,9 @@ def test_a_rollout_the_cancel_api_ended_is_not_retried_and_leaves_the_group_out(
 
 
 def _labelled(labels: dict[str, str]) -> Rollout:
-    return Rollout.model_validate({"rollout_id": "x", "row": {}, "state": "SUCCEEDED", "labels": labels,
-                                   "attempts": [], "created_at": 1.0})
+    return Rollout.model_validate(
+        {"rollout_id": "x", "row": {}, "state": "SUCCEEDED", "labels": labels, "attempts": [], "created_at": 1.0}
+    )
 
 
 def test_a_rollouts_origin_is_read_back_from_its_labels() -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from live_stack import needs_services, start_server
+
 from calcx.api.client import CalcxClient
 from calcx.contract.labels import RUN_LABEL
 from calcx.trainer.rollouts.group import GroupSpec
 from calcx.trainer.rollouts.leftovers import cancel_previous_run
-from live_stack import needs_services, start_server
 
 pytestmark = needs_services
 
@@ -17,9 +18,20 @@ KEY = "leftovers-test-key-0123456789abcdef0123"
 
 
 def _spec(run: str, uid: str) -> GroupSpec:
-    return GroupSpec(uid=uid, session_id=0, n=2, step=3, partition="train", row={"question": "1+1", "result": "2"},
-                     env_map=None, deadline_s=30.0, max_attempts=1, wait_timeout_s=2.0, group_timeout_s=20.0,
-                     run=run)
+    return GroupSpec(
+        uid=uid,
+        session_id=0,
+        n=2,
+        step=3,
+        partition="train",
+        row={"question": "1+1", "result": "2"},
+        env_map=None,
+        deadline_s=30.0,
+        max_attempts=1,
+        wait_timeout_s=2.0,
+        group_timeout_s=20.0,
+        run=run,
+    )
 
 
 def test_a_restarted_run_cancels_its_leftovers_only(tmp_path: Path) -> None:

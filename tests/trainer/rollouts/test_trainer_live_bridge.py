@@ -21,14 +21,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from live_stack import SERVICES_PYTHON, agent_loop, alive, needs_services, stack_rollouts, start_stub
 
 from calcx.api.client import AsyncCalcxClient
 from calcx.trainer.config.compose import ComposeRequest, compose
-from calcx.trainer.run.report import count_incomplete
-from calcx.trainer.run_dir.server_key import write_key_file
-from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
 from calcx.trainer.rollouts.rollout_samples import RolloutIncomplete
-from live_stack import SERVICES_PYTHON, agent_loop, alive, needs_services, stack_rollouts, start_stub
+from calcx.trainer.run.report import count_incomplete
+from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
+from calcx.trainer.run_dir.server_key import write_key_file
 
 pytestmark = [needs_services, pytest.mark.timeout(420)]
 N = 4
@@ -47,10 +47,15 @@ def _rows() -> list[dict[str, Any]]:
 def stack(tmp_path_factory: pytest.TempPathFactory):
     work = tmp_path_factory.mktemp("live-bridge")
     rows = _rows()
-    config = ServicesConfig(workdir=work / "services", services_python=SERVICES_PYTHON,
-                            services_pythonpath=[str(CALCX_SRC)], agent_python=SERVICES_PYTHON,
-                            agent_pythonpath=[str(CALCX_SRC)], concurrency=8,
-                            server_args=["--upstream-retries", "0"])
+    config = ServicesConfig(
+        workdir=work / "services",
+        services_python=SERVICES_PYTHON,
+        services_pythonpath=[str(CALCX_SRC)],
+        agent_python=SERVICES_PYTHON,
+        agent_pythonpath=[str(CALCX_SRC)],
+        concurrency=8,
+        server_args=["--upstream-retries", "0"],
+    )
     services = LocalServices(config)
     stub = None
     try:
@@ -67,11 +72,22 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
 
 def _config(stack: dict, report_dir: Path, *extra: str):
     key_file = write_key_file(stack["services"].key)  # as calcx train hands the key to its workers
-    cfg = compose(ComposeRequest(model="calcx-stub", server_url=stack["services"].server_url,
-                                 dotlist=[
-                                     f"calcx.key_file={key_file}", f"calcx.report_dir={report_dir}", "calcx.max_attempts=2", "calcx.deadline_s=90",
-                                     "calcx.wait_timeout_s=5", "calcx.group_timeout_s=300",
-                                     "actor_rollout_ref.rollout.n=4", *extra]))
+    cfg = compose(
+        ComposeRequest(
+            model="calcx-stub",
+            server_url=stack["services"].server_url,
+            dotlist=[
+                f"calcx.key_file={key_file}",
+                f"calcx.report_dir={report_dir}",
+                "calcx.max_attempts=2",
+                "calcx.deadline_s=90",
+                "calcx.wait_timeout_s=5",
+                "calcx.group_timeout_s=300",
+                "actor_rollout_ref.rollout.n=4",
+                *extra,
+            ],
+        )
+    )
     from omegaconf import OmegaConf
 
     OmegaConf.resolve(cfg)  # as verl's TaskRunner does before any worker sees it
@@ -83,8 +99,9 @@ async def _group(cfg, row: dict, uid: str, step: int) -> list[Any]:
 
     columns = verl_records([row])[0]
     params = {"temperature": float(cfg.actor_rollout_ref.rollout.temperature), "top_p": 1.0}
-    sessions = [agent_loop(cfg).run(params, uid=uid, session_id=i, global_steps=step, index=0, **columns)
-                for i in range(N)]
+    sessions = [
+        agent_loop(cfg).run(params, uid=uid, session_id=i, global_steps=step, index=0, **columns) for i in range(N)
+    ]
     return await asyncio.gather(*sessions, return_exceptions=True)
 
 
@@ -113,8 +130,9 @@ def test_grpo_groups_through_the_agent_loop(stack: dict, tmp_path: Path) -> None
 
     async def scenario():
         await _register(stack, "calcx-stub")
-        return await asyncio.gather(_group(cfg, good, "uid-good", 1), _group(cfg, wrong, "uid-wrong", 1),
-                                    _group(cfg, broken, "uid-broken", 1))
+        return await asyncio.gather(
+            _group(cfg, good, "uid-good", 1), _group(cfg, wrong, "uid-wrong", 1), _group(cfg, broken, "uid-broken", 1)
+        )
 
     results = asyncio.run(scenario())
     rollouts = asyncio.run(stack_rollouts(stack))
@@ -171,13 +189,19 @@ def test_grpo_groups_through_the_agent_loop(stack: dict, tmp_path: Path) -> None
     # every trained rollout's calculator use, counted from its recorded calls, for the step's
     # calcx/train/... metrics: the stub called the calculator once and the calculator answered
     ledger = [json.loads(x) for x in (tmp_path / "report" / "tool_use.jsonl").read_text().splitlines()]
-    assert {x["rollout_id"] for x in ledger} == {f"calcx-train-s1-uid-{g}-{s}" for g in ("good", "wrong")
-                                                 for s in range(N)} and len(ledger) == 2 * N
-    assert all((x["partition"], x["step"], x["calls"], x["successful"], x["parse_failures"]) == ("train", 1, 1, 1, 0)
-               for x in ledger), ledger
+    assert {x["rollout_id"] for x in ledger} == {
+        f"calcx-train-s1-uid-{g}-{s}" for g in ("good", "wrong") for s in range(N)
+    } and len(ledger) == 2 * N
+    assert all(
+        (x["partition"], x["step"], x["calls"], x["successful"], x["parse_failures"]) == ("train", 1, 1, 1, 0)
+        for x in ledger
+    ), ledger
 
     # every session's start and return, beside the server's clocks (the step table's wait split)
-    times = {x["rollout_id"]: x for x in map(json.loads, (tmp_path / "report" / "session_times.jsonl").read_text().splitlines())}
+    times = {
+        x["rollout_id"]: x
+        for x in map(json.loads, (tmp_path / "report" / "session_times.jsonl").read_text().splitlines())
+    }
     assert set(times) == {f"calcx-train-s1-uid-{g}-{s}" for g in ("good", "wrong", "broken") for s in range(N)}
     assert all(x["ok"] is (not rid.startswith("calcx-train-s1-uid-broken")) for rid, x in times.items())
     for rid, x in times.items():
@@ -188,8 +212,8 @@ def test_grpo_groups_through_the_agent_loop(stack: dict, tmp_path: Path) -> None
 def test_reward_options_shape_training_rollouts_not_validation(stack: dict, tmp_path: Path) -> None:
     """`calcx.reward.tool_bonus`: a right answer reached with the calculator trains with 1 + bonus;
     the same row validated keeps the agent's reward, and the server keeps what the agent posted."""
-    from calcx.trainer.run.evaluation import val_session_kwargs
     from calcx.trainer.rollouts.session import run_session_from_config
+    from calcx.trainer.run.evaluation import val_session_kwargs
 
     cfg = _config(stack, tmp_path / "report", "calcx.reward.tool_bonus=0.5")
     good = stack["rows"][0]
@@ -197,7 +221,9 @@ def test_reward_options_shape_training_rollouts_not_validation(stack: dict, tmp_
     async def scenario():
         await _register(stack, "calcx-stub")
         train = await _group(cfg, good, "uid-bonus", 3)
-        val = await run_session_from_config(cfg, {}, val_session_kwargs(good, uid="uid-bonus-val", session_id=0, step=3))
+        val = await run_session_from_config(
+            cfg, {}, val_session_kwargs(good, uid="uid-bonus-val", session_id=0, step=3)
+        )
         return train, val
 
     train, val = asyncio.run(scenario())
@@ -222,19 +248,33 @@ def test_eval_only_driver_and_report_from_the_server(stack: dict, tmp_path: Path
     assert by_source == {(good["id"], 1.0), (wrong["id"], 0.0)}
     assert [u["row_id"] for u in collection.unscored] == [broken["id"]]
     out = tmp_path / "out"
-    write_report(out, metrics_path=out / "absent.jsonl", eval_records=collection.records, allow_no_reward=True,
-                 eval_note=collection.note())
+    write_report(
+        out,
+        metrics_path=out / "absent.jsonl",
+        eval_records=collection.records,
+        allow_no_reward=True,
+        eval_note=collection.note(),
+    )
     assert (out / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
     table = (out / "eval.md").read_text()
     assert "| **all** | 2 | 1 | 50.0% |" in table and "1 not scored (FAILED 1)" in table
 
 
 def test_services_run_the_agent_under_its_own_python_and_path(stack: dict) -> None:
-    flags = ServicesConfig(workdir=Path("/nonexistent"), services_python=sys.executable,
-                           services_pythonpath=["/a"], agent_python=SERVICES_PYTHON,
-                           agent_pythonpath=["/src", "/site/agent"]).agent_commands()
+    flags = ServicesConfig(
+        workdir=Path("/nonexistent"),
+        services_python=sys.executable,
+        services_pythonpath=["/a"],
+        agent_python=SERVICES_PYTHON,
+        agent_pythonpath=["/src", "/site/agent"],
+    ).agent_commands()
     assert json.loads(flags[flags.index("--agent-cmd") + 1]) == [
-        "env", "PYTHONPATH=/src:/site/agent", SERVICES_PYTHON, "-m", "calcx.agent"]
+        "env",
+        "PYTHONPATH=/src:/site/agent",
+        SERVICES_PYTHON,
+        "-m",
+        "calcx.agent",
+    ]
     assert json.loads(flags[flags.index("--worker-cmd") + 1])[-1] == "calcx.worker"
     log = (stack["services"].workdir / "controller.log").read_text()
     assert "runner local" in log
@@ -247,8 +287,13 @@ def test_rollouts_are_sampled_as_the_trainer_says(stack: dict, tmp_path: Path) -
     (greedy by default), and the gateway sends those values with every model call."""
     from calcx.trainer.run.evaluation import run_validation
 
-    cfg = _config(stack, tmp_path / "report", "actor_rollout_ref.rollout.temperature=0.8",
-                  "actor_rollout_ref.rollout.top_p=0.95", "actor_rollout_ref.rollout.top_k=40")
+    cfg = _config(
+        stack,
+        tmp_path / "report",
+        "actor_rollout_ref.rollout.temperature=0.8",
+        "actor_rollout_ref.rollout.top_p=0.95",
+        "actor_rollout_ref.rollout.top_k=40",
+    )
     good = stack["rows"][0]
 
     async def scenario():

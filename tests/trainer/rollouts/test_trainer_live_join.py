@@ -10,14 +10,14 @@ import asyncio
 from typing import Any
 
 import pytest
+from live_stack import SERVICES_PYTHON, agent_loop, needs_services, start_stub
 
 from calcx.api.client import AsyncCalcxClient
 from calcx.trainer.config.compose import ComposeRequest, compose
-from calcx.trainer.run_dir.server_key import write_key_file
-from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
 from calcx.trainer.rollouts.tool_use import ToolUseLedger
+from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
 from calcx.trainer.run_dir.names import TOOL_USE_FILE
-from live_stack import SERVICES_PYTHON, agent_loop, needs_services, start_stub
+from calcx.trainer.run_dir.server_key import write_key_file
 
 pytestmark = [needs_services, pytest.mark.timeout(300)]
 N = 2
@@ -29,9 +29,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
 
     work = tmp_path_factory.mktemp("live-join")
     row = generate_split("train", 1, seed=11)[0]
-    services = LocalServices(ServicesConfig(
-        workdir=work / "services", services_python=SERVICES_PYTHON, services_pythonpath=[str(CALCX_SRC)],
-        agent_python=SERVICES_PYTHON, agent_pythonpath=[str(CALCX_SRC)], concurrency=4, tool_rounds=2))
+    services = LocalServices(
+        ServicesConfig(
+            workdir=work / "services",
+            services_python=SERVICES_PYTHON,
+            services_pythonpath=[str(CALCX_SRC)],
+            agent_python=SERVICES_PYTHON,
+            agent_pythonpath=[str(CALCX_SRC)],
+            concurrency=4,
+            tool_rounds=2,
+        )
+    )
     stub = None
     try:
         services.start()
@@ -49,10 +57,21 @@ def _outputs(stack: dict, uid: str, *extra: str) -> list[list[Any]]:
     from calcx.trainer.run.data import verl_records
 
     services = stack["services"]
-    cfg = compose(ComposeRequest(model="calcx-stub", server_url=services.server_url, dotlist=[
-        f"calcx.key_file={write_key_file(services.key)}", f"calcx.report_dir={stack['work'] / uid}",
-        "calcx.agent_tool_rounds=2", "calcx.wait_timeout_s=5", "calcx.group_timeout_s=200",
-        f"actor_rollout_ref.rollout.n={N}", *extra]))
+    cfg = compose(
+        ComposeRequest(
+            model="calcx-stub",
+            server_url=services.server_url,
+            dotlist=[
+                f"calcx.key_file={write_key_file(services.key)}",
+                f"calcx.report_dir={stack['work'] / uid}",
+                "calcx.agent_tool_rounds=2",
+                "calcx.wait_timeout_s=5",
+                "calcx.group_timeout_s=200",
+                f"actor_rollout_ref.rollout.n={N}",
+                *extra,
+            ],
+        )
+    )
     OmegaConf.resolve(cfg)
     columns = verl_records([stack["row"]])[0]
 
@@ -62,9 +81,16 @@ def _outputs(stack: dict, uid: str, *extra: str) -> list[list[Any]]:
             await client.put_models("calcx-stub", [stack["stub_url"]], 0)
         finally:
             await client.aclose()
-        return list(await asyncio.gather(*(agent_loop(cfg).run({"temperature": 1.0, "top_p": 1.0}, uid=uid,
-                                                               session_id=i, global_steps=1, index=0, **columns)
-                                           for i in range(N))))
+        return list(
+            await asyncio.gather(
+                *(
+                    agent_loop(cfg).run(
+                        {"temperature": 1.0, "top_p": 1.0}, uid=uid, session_id=i, global_steps=1, index=0, **columns
+                    )
+                    for i in range(N)
+                )
+            )
+        )
 
     return asyncio.run(run())
 
@@ -86,10 +112,12 @@ def test_a_rollouts_calls_become_one_sequence_and_stay_apart_when_asked(stack: d
         [sequence] = one
         assert sequence.num_turns == 4 and sequence.reward_score == answer.reward_score == 1.0
         assert sequence.prompt_ids == tool_call.prompt_ids
-        between = answer.prompt_ids[len(tool_call.prompt_ids) + len(tool_call.response_ids):]
+        between = answer.prompt_ids[len(tool_call.prompt_ids) + len(tool_call.response_ids) :]
         assert answer.prompt_ids == tool_call.prompt_ids + tool_call.response_ids + between and between
         assert sequence.response_ids == tool_call.response_ids + between + answer.response_ids
-        assert sequence.response_mask == ([1] * len(tool_call.response_ids) + [0] * len(between)
-                                          + [1] * len(answer.response_ids))
-        assert sequence.response_logprobs == (tool_call.response_logprobs + [0.0] * len(between)
-                                              + answer.response_logprobs)
+        assert sequence.response_mask == (
+            [1] * len(tool_call.response_ids) + [0] * len(between) + [1] * len(answer.response_ids)
+        )
+        assert sequence.response_logprobs == (
+            tool_call.response_logprobs + [0.0] * len(between) + answer.response_logprobs
+        )

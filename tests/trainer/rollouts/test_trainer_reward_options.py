@@ -31,15 +31,32 @@ def _call(seq: int, messages: list, content: str | None, tool_calls: list | None
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = tool_calls
-    return RecordedCall(call_id=seq, rollout_id="r", seq=seq, attempt_id="a1", status_code=200,
-                        prompt_token_ids=[1, 2, 3], response_token_ids=[4, 5], response_logprobs=[-0.1, -0.2],
-                        request={"messages": messages}, response={"choices": [{"message": message}]},
-                        latency_s=0.1, created_at=1.0)
+    return RecordedCall(
+        call_id=seq,
+        rollout_id="r",
+        seq=seq,
+        attempt_id="a1",
+        status_code=200,
+        prompt_token_ids=[1, 2, 3],
+        response_token_ids=[4, 5],
+        response_logprobs=[-0.1, -0.2],
+        request={"messages": messages},
+        response={"choices": [{"message": message}]},
+        latency_s=0.1,
+        created_at=1.0,
+    )
 
 
 def _rollout(reward: float) -> Rollout:
-    return Rollout(rollout_id="r", state="SUCCEEDED", group_id="g", reward=reward, row={}, created_at=1.0,
-                   attempts=[{"attempt_id": "a1", "state": "SUCCEEDED", "created_at": 1.0}])
+    return Rollout(
+        rollout_id="r",
+        state="SUCCEEDED",
+        group_id="g",
+        reward=reward,
+        row={},
+        created_at=1.0,
+        attempts=[{"attempt_id": "a1", "state": "SUCCEEDED", "created_at": 1.0}],
+    )
 
 
 def _samples(reward: float, calls: list[RecordedCall]):
@@ -48,8 +65,10 @@ def _samples(reward: float, calls: list[RecordedCall]):
 
 def tool_then_answer(answer_text: str = "### ANSWER: 42 ###") -> list[RecordedCall]:
     tool_msg = {"role": "tool", "tool_call_id": "c1", "content": "42"}
-    return [_call(0, USER, None, [CALC]),
-            _call(1, [*USER, {"role": "assistant", "tool_calls": [CALC]}, tool_msg], answer_text)]
+    return [
+        _call(0, USER, None, [CALC]),
+        _call(1, [*USER, {"role": "assistant", "tool_calls": [CALC]}, tool_msg], answer_text),
+    ]
 
 
 def test_options_default_off_and_bad_values_are_named() -> None:
@@ -94,7 +113,7 @@ def test_grpo_never_gives_a_wrong_answer_a_positive_advantage(bonus: float) -> N
         scores[:, -1] = torch.tensor([shaped_reward(r, ToolUse(int(t), int(t), 0), options) for r, t in group])
         adv, _ = compute_grpo_outcome_advantage(scores, torch.ones(4, 3), np.array(["g"] * 4, dtype=object))
         per_row = adv[:, 0].tolist()
-        for (reward, tool), value in zip(group, per_row):
+        for (reward, _tool), value in zip(group, per_row):
             if reward == 0.0:
                 assert value <= 1e-6, (group, per_row)
         right_tool = [v for (r, t), v in zip(group, per_row) if r == 1.0 and t]
@@ -123,13 +142,18 @@ def test_an_unreadable_tool_call_is_the_agents_own_failure() -> None:
     samples = _samples(1.0, calls)  # no RolloutIncomplete
     shaped = apply_reward_options(samples, calls, use, RewardOptions(tool_bonus=0.5, mask_void_turns=True))
     assert [s.reward for s in shaped.samples] == [1.0, 1.0]
-    assert [s.response_mask for s in shaped.samples] == [[1, 1], [1, 1]]  # a tool call, even a broken one, is no void turn
+    assert [s.response_mask for s in shaped.samples] == [
+        [1, 1],
+        [1, 1],
+    ]  # a tool call, even a broken one, is no void turn
 
 
 def test_void_turns_leave_the_loss() -> None:
     musing = [USER[0], {"role": "user", "content": "q, asked before the agent's retry"}]  # not a resend of USER
-    calls = [_call(0, musing, "Let me think about the clips."), *[c.model_copy(update={"call_id": c.seq + 1, "seq": c.seq + 1})
-                                                                for c in tool_then_answer("So it is 42.")]]
+    calls = [
+        _call(0, musing, "Let me think about the clips."),
+        *[c.model_copy(update={"call_id": c.seq + 1, "seq": c.seq + 1}) for c in tool_then_answer("So it is 42.")],
+    ]
     samples = _samples(0.0, calls)
     shaped = apply_reward_options(samples, calls, rollout_tool_use(calls), RewardOptions(mask_void_turns=True))
     # the musing turn and the closing turn without ### ANSWER are out; the tool call stays in
@@ -150,7 +174,8 @@ def test_a_rollout_of_only_void_turns_keeps_them_in_the_loss() -> None:
     assert [s.response_mask for s in shaped.samples] == [[1, 1], [1, 1]]
     assert shaped.counters["void_turns_masked"] == 0 and shaped.counters["void_rollouts_kept"] == 1
     [alone] = calls[:1]
-    single = apply_reward_options(_samples(0.0, [alone]), [alone], rollout_tool_use([alone]),
-                                  RewardOptions(mask_void_turns=True))
+    single = apply_reward_options(
+        _samples(0.0, [alone]), [alone], rollout_tool_use([alone]), RewardOptions(mask_void_turns=True)
+    )
     assert [s.response_mask for s in single.samples] == [[1, 1]] and single.counters["void_rollouts_kept"] == 1
     assert all(any(s.response_mask) for s in shaped.samples + single.samples)

@@ -43,10 +43,14 @@ def test_defaults_train_at_the_rollout_settings_and_validate_greedily() -> None:
 
 def test_changed_rollout_and_val_kwargs_settings_reach_the_rollouts() -> None:
     train, val = specs(
-        "actor_rollout_ref.rollout.temperature=0.8", "actor_rollout_ref.rollout.top_p=0.95",
-        "actor_rollout_ref.rollout.top_k=40", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
-        "actor_rollout_ref.rollout.val_kwargs.temperature=0.6", "actor_rollout_ref.rollout.val_kwargs.top_p=0.9",
-        "actor_rollout_ref.rollout.val_kwargs.top_k=20", "actor_rollout_ref.rollout.val_kwargs.n=2",
+        "actor_rollout_ref.rollout.temperature=0.8",
+        "actor_rollout_ref.rollout.top_p=0.95",
+        "actor_rollout_ref.rollout.top_k=40",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0.6",
+        "actor_rollout_ref.rollout.val_kwargs.top_p=0.9",
+        "actor_rollout_ref.rollout.val_kwargs.top_k=20",
+        "actor_rollout_ref.rollout.val_kwargs.n=2",
     )
     assert sent_sampling(train) == [{"temperature": 0.8, "top_p": 0.95, "top_k": 40}] * 4
     assert sent_sampling(val) == [{"temperature": 0.6, "top_p": 0.9, "top_k": 20}] * 2
@@ -59,7 +63,10 @@ def test_top_k_off_is_sent_as_zero(top_k: str) -> None:
 
 
 def test_do_sample_false_is_greedy_whatever_the_val_temperature() -> None:
-    _, val = specs("actor_rollout_ref.rollout.val_kwargs.do_sample=false",
-                   "actor_rollout_ref.rollout.val_kwargs.temperature=0.6",
-                   "actor_rollout_ref.rollout.val_kwargs.top_p=0.5", "actor_rollout_ref.rollout.val_kwargs.top_k=5")
+    _, val = specs(
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0.6",
+        "actor_rollout_ref.rollout.val_kwargs.top_p=0.5",
+        "actor_rollout_ref.rollout.val_kwargs.top_k=5",
+    )
     assert sent_sampling(val) == [GREEDY]

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from calcx.api.models import RecordedCall
-from calcx.trainer.run_dir.names import TOOL_USE_FILE
 from calcx.trainer.rollouts.tool_use import (
     RolloutShape,
     ToolUse,
@@ -26,14 +25,18 @@ from calcx.trainer.rollouts.tool_use import (
     rollout_tool_use,
     tool_use_metrics,
 )
+from calcx.trainer.run_dir.names import TOOL_USE_FILE
 
 SYSTEM = {"role": "system", "content": "You are a careful math assistant."}
 USER = {"role": "user", "content": "Natalia sold 48 clips ..."}
 
 
 def tool_call(call_id: str, expression: str, name: str = "calculate") -> dict[str, Any]:
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": json.dumps({"expression": expression})}}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps({"expression": expression})},
+    }
 
 
 def response(content: str | None = None, tool_calls: list | None = None) -> dict[str, Any]:
@@ -44,8 +47,17 @@ def response(content: str | None = None, tool_calls: list | None = None) -> dict
 
 
 def recorded(seq: int, messages: list, answer: dict | None, attempt: str = "a1", status: int = 200) -> RecordedCall:
-    return RecordedCall(call_id=seq, rollout_id="r", attempt_id=attempt, seq=seq, status_code=status,
-                        request={"model": "m", "messages": messages}, response=answer, latency_s=0.1, created_at=1.0)
+    return RecordedCall(
+        call_id=seq,
+        rollout_id="r",
+        attempt_id=attempt,
+        seq=seq,
+        status_code=status,
+        request={"model": "m", "messages": messages},
+        response=answer,
+        latency_s=0.1,
+        created_at=1.0,
+    )
 
 
 def agent_calls(results: dict[str, str], calls: list[dict]) -> list[RecordedCall]:
@@ -53,13 +65,17 @@ def agent_calls(results: dict[str, str], calls: list[dict]) -> list[RecordedCall
     first = response(None, calls)
     tool_messages = [{"role": "tool", "tool_call_id": cid, "content": text} for cid, text in results.items()]
     second_request = [SYSTEM, USER, first["choices"][0]["message"], *tool_messages]
-    return [recorded(0, [SYSTEM, USER], first),
-            recorded(1, second_request, response("48/2 = 24, so 72.\n### ANSWER: 72 ###"))]
+    return [
+        recorded(0, [SYSTEM, USER], first),
+        recorded(1, second_request, response("48/2 = 24, so 72.\n### ANSWER: 72 ###")),
+    ]
 
 
 def test_a_call_the_calculator_answered_is_a_successful_one() -> None:
-    calls = agent_calls({"c1": "24.0", "c2": "Error executing tool calculate: division by zero"},
-                        [tool_call("c1", "48/2"), tool_call("c2", "1/0")])
+    calls = agent_calls(
+        {"c1": "24.0", "c2": "Error executing tool calculate: division by zero"},
+        [tool_call("c1", "48/2"), tool_call("c2", "1/0")],
+    )
     assert rollout_tool_use(calls) == ToolUse(calls=2, successful=1, parse_failures=0)
     assert rollout_tool_use(calls).used_calculator
 
@@ -75,10 +91,14 @@ def test_errors_unknown_tools_and_unanswered_calls_are_not_successful() -> None:
 
 
 def test_a_tool_call_the_parser_left_as_text_is_a_parse_failure() -> None:
-    broken = ('<tool_call>\n{"name": "calculate", "arguments": {"expression": "48/2"</tool_call>\n'
-              '<tool_call>\n{"name": calculate}\n</tool_call>')
-    calls = [recorded(0, [SYSTEM, USER], response(broken, [])),
-             recorded(1, [SYSTEM, USER], response("### ANSWER: 72 ###"))]
+    broken = (
+        '<tool_call>\n{"name": "calculate", "arguments": {"expression": "48/2"</tool_call>\n'
+        '<tool_call>\n{"name": calculate}\n</tool_call>'
+    )
+    calls = [
+        recorded(0, [SYSTEM, USER], response(broken, [])),
+        recorded(1, [SYSTEM, USER], response("### ANSWER: 72 ###")),
+    ]
     use = rollout_tool_use(calls)
     assert use == ToolUse(calls=0, successful=0, parse_failures=2) and not use.used_calculator
 
@@ -94,9 +114,12 @@ def test_only_the_answered_calls_of_the_trained_attempt_count() -> None:
 def test_metrics_of_a_step() -> None:
     uses = [ToolUse(2, 1, 0), ToolUse(0, 0, 1), ToolUse(1, 1, 0), ToolUse(0, 0, 0)]
     assert tool_use_metrics(uses, "val") == {
-        "calcx/val/tool_use": 0.5, "calcx/val/tool_calls_per_rollout": 0.75,
-        "calcx/val/tool_parse_failures": 1.0, "calcx/val/tool_parse_failure_share": 0.25,
-        "calcx/val/rollouts": 4.0}
+        "calcx/val/tool_use": 0.5,
+        "calcx/val/tool_calls_per_rollout": 0.75,
+        "calcx/val/tool_parse_failures": 1.0,
+        "calcx/val/tool_parse_failure_share": 0.25,
+        "calcx/val/rollouts": 4.0,
+    }
     assert tool_use_metrics([], "train") == {}  # nothing measured is not 0% tool use
     shaped = tool_use_metrics(uses, "train", [RolloutShape(4, 1), RolloutShape(2, 2)])
     assert (shaped["calcx/train/model_calls_per_rollout"], shaped["calcx/train/sequences_per_rollout"]) == (3.0, 1.5)
@@ -104,8 +127,12 @@ def test_metrics_of_a_step() -> None:
 
 
 def test_ledger_hands_out_each_rollout_once_per_partition(tmp_path: Path) -> None:
-    (tmp_path / TOOL_USE_FILE).write_text(json.dumps({"partition": "train", "step": 0, "rollout_id": "old",
-                                                    "calls": 9, "successful": 9, "parse_failures": 0}) + "\n")
+    (tmp_path / TOOL_USE_FILE).write_text(
+        json.dumps(
+            {"partition": "train", "step": 0, "rollout_id": "old", "calls": 9, "successful": 9, "parse_failures": 0}
+        )
+        + "\n"
+    )
     ledger = ToolUseLedger(tmp_path / TOOL_USE_FILE)  # a resumed run: earlier lines are not this run's
     record_tool_use(tmp_path, partition="train", step=1, rollout_id="r1", use=ToolUse(1, 1, 0))
     record_tool_use(tmp_path, partition="train", step=1, rollout_id="r2", use=ToolUse(0, 0, 2))
@@ -125,12 +152,30 @@ def test_ledger_hands_out_each_rollout_once_per_partition(tmp_path: Path) -> Non
 
 def test_ledger_reports_calls_and_sequences_a_rollout_where_recorded(tmp_path: Path) -> None:
     ledger = ToolUseLedger(tmp_path / TOOL_USE_FILE)
-    record_tool_use(tmp_path, partition="train", step=1, rollout_id="r1", use=ToolUse(3, 3, 0),
-                    shape=RolloutShape(model_calls=4, sequences=1))
-    record_tool_use(tmp_path, partition="train", step=1, rollout_id="r2", use=ToolUse(1, 1, 0),
-                    shape=RolloutShape(model_calls=2, sequences=2))
-    record_tool_use(tmp_path, partition="train", step=1, rollout_id="r1", use=ToolUse(3, 3, 0),
-                    shape=RolloutShape(model_calls=4, sequences=1))  # again: counts once
+    record_tool_use(
+        tmp_path,
+        partition="train",
+        step=1,
+        rollout_id="r1",
+        use=ToolUse(3, 3, 0),
+        shape=RolloutShape(model_calls=4, sequences=1),
+    )
+    record_tool_use(
+        tmp_path,
+        partition="train",
+        step=1,
+        rollout_id="r2",
+        use=ToolUse(1, 1, 0),
+        shape=RolloutShape(model_calls=2, sequences=2),
+    )
+    record_tool_use(
+        tmp_path,
+        partition="train",
+        step=1,
+        rollout_id="r1",
+        use=ToolUse(3, 3, 0),
+        shape=RolloutShape(model_calls=4, sequences=1),
+    )  # again: counts once
     train = ledger.take("train")
     assert (train["calcx/train/model_calls_per_rollout"], train["calcx/train/sequences_per_rollout"]) == (3.0, 1.5)
     record_tool_use(tmp_path, partition="train", step=2, rollout_id="r3", use=ToolUse(1, 1, 0))
@@ -149,10 +194,19 @@ def test_ledger_reports_the_equal_reward_groups_of_a_step(tmp_path: Path) -> Non
     rewards = {"g1": [1.0, 1.0], "g2": [0.0, 1.1], "g3": [0.0, 0.0], "g4": [1.0, 0.0]}
     for group, values in rewards.items():
         for i, reward in enumerate(values):
-            record_tool_use(tmp_path, partition="train", step=1, rollout_id=f"{group}-{i}", use=ToolUse(1, 1, 0),
-                            group=group, reward=reward)
+            record_tool_use(
+                tmp_path,
+                partition="train",
+                step=1,
+                rollout_id=f"{group}-{i}",
+                use=ToolUse(1, 1, 0),
+                group=group,
+                reward=reward,
+            )
     # a rollout recorded twice counts once, with its last reward: g4 becomes [1.0, 1.0]
-    record_tool_use(tmp_path, partition="train", step=1, rollout_id="g4-1", use=ToolUse(1, 1, 0), group="g4", reward=1.0)
+    record_tool_use(
+        tmp_path, partition="train", step=1, rollout_id="g4-1", use=ToolUse(1, 1, 0), group="g4", reward=1.0
+    )
     record_tool_use(tmp_path, partition="val", step=1, rollout_id="v1", use=ToolUse(1, 1, 0), group="v", reward=1.0)
     train = ledger.take("train")
     assert train["calcx/train/equal_reward_groups"] == 3 / 4
@@ -193,6 +247,6 @@ def test_verl_trainer_still_has_what_the_hook_wraps() -> None:
     source = (Path(spec.origin).parent / "trainer" / "ppo" / "v1" / "trainer_base.py").read_text()
     assert "def _validate(self) -> dict[str, float]:" in source
     assert "self._compute_metrics(batch, metrics, self.timing_raw" in source
-    fit = source[source.index("    def fit(self"):source.index("    def step(self")]
+    fit = source[source.index("    def fit(self") : source.index("    def step(self")]
     assert fit.index("self._compute_metrics(batch, metrics") < fit.index("self.logger.log(data=metrics")
     assert "val_metrics = self._validate()" in fit and "metrics.update(val_metrics)" in fit

@@ -12,46 +12,63 @@ import pytest
 import torch
 
 from calcx.api.models import RecordedCall, Rollout
-from calcx.trainer.run.report import count_incomplete
 from calcx.trainer.rollouts.rollout_request import rollout_id_for
 from calcx.trainer.rollouts.rollout_samples import RolloutIncomplete, RolloutSamples
 from calcx.trainer.rollouts.translate import translate_rollout
+from calcx.trainer.run.report import count_incomplete
 
 
-def _call(rid: str, aid: str, seq: int, prompt: list[int], response: list[int], *, status: int = 200,
-          version: int = 3) -> dict:
+def _call(
+    rid: str, aid: str, seq: int, prompt: list[int], response: list[int], *, status: int = 200, version: int = 3
+) -> dict:
     return {
-        "call_id": int(aid) * 100 + seq, "rollout_id": rid, "attempt_id": aid, "seq": seq,
-        "request": {"messages": [{"role": "user", "content": str(prompt)}]}, "response": {"choices": []},
-        "prompt_token_ids": prompt, "response_token_ids": response,
+        "call_id": int(aid) * 100 + seq,
+        "rollout_id": rid,
+        "attempt_id": aid,
+        "seq": seq,
+        "request": {"messages": [{"role": "user", "content": str(prompt)}]},
+        "response": {"choices": []},
+        "prompt_token_ids": prompt,
+        "response_token_ids": response,
         "response_logprobs": [-0.1 * (i + 1) for i in range(len(response))],
-        "latency_s": 0.25, "policy_version": version, "endpoint": "http://127.0.0.1:1/v1",
-        "status_code": status, "created_at": 1.0,
+        "latency_s": 0.25,
+        "policy_version": version,
+        "endpoint": "http://127.0.0.1:1/v1",
+        "status_code": status,
+        "created_at": 1.0,
     }
 
 
-def _rollout(rid: str, group: str, reward: float | None, attempts: list[tuple[str, str, str | None]],
-             state: str = "SUCCEEDED") -> dict:
+def _rollout(
+    rid: str, group: str, reward: float | None, attempts: list[tuple[str, str, str | None]], state: str = "SUCCEEDED"
+) -> dict:
     return {
-        "rollout_id": rid, "group_id": group, "row": {"id": "q1", "question": "2+3?", "result": "5",
-                                                      "chain": "", "source": "ape210k"},
-        "state": state, "reward": reward, "max_attempts": 3, "policy_version": 3, "labels": {},
+        "rollout_id": rid,
+        "group_id": group,
+        "row": {"id": "q1", "question": "2+3?", "result": "5", "chain": "", "source": "ape210k"},
+        "state": state,
+        "reward": reward,
+        "max_attempts": 3,
+        "policy_version": 3,
+        "labels": {},
         "attempts": [{"attempt_id": a, "state": s, "reason": r, "created_at": 1.0} for a, s, r in attempts],
-        "events": [], "created_at": 1.0,
+        "events": [],
+        "created_at": 1.0,
     }
 
 
 def _translate(rollout: dict, calls: list[dict], **lengths: Any) -> RolloutSamples:
     """`translate_rollout` on the models the client reads these answers as."""
-    return translate_rollout(Rollout.model_validate(rollout), [RecordedCall.model_validate(c) for c in calls],
-                             **lengths)
+    return translate_rollout(
+        Rollout.model_validate(rollout), [RecordedCall.model_validate(c) for c in calls], **lengths
+    )
 
 
 def _two_turn_rollout(uid: str, session: int, reward: float) -> tuple[dict, list[dict]]:
     rid = rollout_id_for("train", 3, uid, session)
     system_and_question = [151644, 8948, 198, 17 + session, 151645]
-    first_answer = [151657, 4913, 606, 151658]          # tool call
-    tool_result = [151644, 872, 198, 20, 151645]        # tool message, then the model answers
+    first_answer = [151657, 4913, 606, 151658]  # tool call
+    tool_result = [151644, 872, 198, 20, 151645]  # tool message, then the model answers
     final_answer = [14374, 96704, 25, 220, 20, 151645]
     calls = [
         _call(rid, "1", 0, [1, 2, 3], [9, 9], version=2),  # failed first attempt: must be ignored
@@ -84,14 +101,17 @@ def test_lengths_are_capped_keeping_the_prompt_end() -> None:
     assert out.counters == {"prompt_truncated": 2, "response_truncated": 2}
 
 
-@pytest.mark.parametrize("change, reason", [
-    (lambda r, c: r.update(state="FAILED"), "rollout_failed"),
-    (lambda r, c: r.update(reward=None), "no_reward"),
-    (lambda r, c: r.update(reward=float("nan")), "no_reward"),
-    (lambda r, c: c.clear(), "no_calls"),
-    (lambda r, c: c[1].update(response_logprobs=[0.0]), "bad_call_record"),
-    (lambda r, c: r.update(group_id="other"), "wrong_group"),
-])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (lambda r, c: r.update(state="FAILED"), "rollout_failed"),
+        (lambda r, c: r.update(reward=None), "no_reward"),
+        (lambda r, c: r.update(reward=float("nan")), "no_reward"),
+        (lambda r, c: c.clear(), "no_calls"),
+        (lambda r, c: c[1].update(response_logprobs=[0.0]), "bad_call_record"),
+        (lambda r, c: r.update(group_id="other"), "wrong_group"),
+    ],
+)
 def test_rollouts_that_cannot_be_trained_on_are_incomplete_not_zero(change, reason) -> None:
     rollout, calls = _two_turn_rollout("u1", 0, 1.0)
     change(rollout, calls)
@@ -129,8 +149,7 @@ def test_verl_grpo_advantages_on_translated_outputs() -> None:
     rows, index = [], []
     for (uid, session), reward in rewards.items():
         rollout, calls = _two_turn_rollout(uid, session, reward)
-        samples = _translate(rollout, calls, max_prompt_length=4096, max_response_length=2048,
-                                    expected_group_id=uid)
+        samples = _translate(rollout, calls, max_prompt_length=4096, max_response_length=2048, expected_group_id=uid)
         for output in to_agent_loop_outputs(samples, step=3):
             assert output.extra_fields["min_global_steps"] == 3 and output.extra_fields["reward_extra_info"] == {}
             rows.append(output.as_dict())  # verl's own conversion: rm_scores on the last response token
@@ -159,25 +178,33 @@ def test_joined_calls_are_one_verl_row_and_one_member_of_their_group() -> None:
     counted the two-call rollout twice in the group's mean and deviation."""
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-    from calcx.trainer.workers.calcx_agent_loop import to_agent_loop_outputs
     from calcx.trainer.rollouts.call_join import join_continued_calls
+    from calcx.trainer.workers.calcx_agent_loop import to_agent_loop_outputs
 
     two_calls, calls = _two_turn_rollout("g1", 0, 1.0)
-    joined = join_continued_calls(_translate(two_calls, calls, max_prompt_length=4096, max_response_length=2048),
-                                  max_response_length=2048)
+    joined = join_continued_calls(
+        _translate(two_calls, calls, max_prompt_length=4096, max_response_length=2048), max_response_length=2048
+    )
     [first, second] = sorted((c for c in calls if c["attempt_id"] == "2"), key=lambda c: c["seq"])
     one_call, _ = _two_turn_rollout("g1", 1, 0.0)
-    single = _translate(one_call, [_call(one_call["rollout_id"], "2", 0, first["prompt_token_ids"], [7, 7])],
-                               max_prompt_length=4096, max_response_length=2048)
+    single = _translate(
+        one_call,
+        [_call(one_call["rollout_id"], "2", 0, first["prompt_token_ids"], [7, 7])],
+        max_prompt_length=4096,
+        max_response_length=2048,
+    )
     [row] = [o.as_dict() for o in to_agent_loop_outputs(joined, step=3)]
     [other] = [o.as_dict() for o in to_agent_loop_outputs(single, step=3)]
     between = len(second["prompt_token_ids"]) - len(first["prompt_token_ids"]) - len(first["response_token_ids"])
     assert row["prompts"].tolist() == first["prompt_token_ids"]
-    assert row["responses"].tolist() == second["prompt_token_ids"][len(first["prompt_token_ids"]):] + \
+    assert (
+        row["responses"].tolist()
+        == second["prompt_token_ids"][len(first["prompt_token_ids"]) :] + second["response_token_ids"]
+    )
+    assert row["response_mask"].tolist() == [1] * len(first["response_token_ids"]) + [0] * between + [1] * len(
         second["response_token_ids"]
-    assert row["response_mask"].tolist() == [1] * len(first["response_token_ids"]) + [0] * between + \
-        [1] * len(second["response_token_ids"])
-    assert row["rollout_log_probs"].tolist()[len(first["response_token_ids"]):][:between] == [0.0] * between
+    )
+    assert row["rollout_log_probs"].tolist()[len(first["response_token_ids"]) :][:between] == [0.0] * between
     assert [o.num_turns for o in to_agent_loop_outputs(joined, step=3)] == [4]
 
     width = max(row["responses"].numel(), other["responses"].numel())
@@ -199,15 +226,19 @@ def test_trajectory_versions_span_the_versions_that_served_its_calls() -> None:
     rollout, calls = _two_turn_rollout("g1", 0, 1.0)
     calls[1]["policy_version"], calls[2]["policy_version"] = 5, 4  # second turn after a weight sync
     samples = _translate(rollout, calls, max_prompt_length=4096, max_response_length=2048)
-    spans = {(o.extra_fields["min_global_steps"], o.extra_fields["max_global_steps"])
-             for o in to_agent_loop_outputs(samples, step=6)}
+    spans = {
+        (o.extra_fields["min_global_steps"], o.extra_fields["max_global_steps"])
+        for o in to_agent_loop_outputs(samples, step=6)
+    }
     assert spans == {(4, 5)}
 
     for call in calls:
         call["policy_version"] = None
     samples = _translate(rollout, calls, max_prompt_length=4096, max_response_length=2048)
-    spans = {(o.extra_fields["min_global_steps"], o.extra_fields["max_global_steps"])
-             for o in to_agent_loop_outputs(samples, step=6)}
+    spans = {
+        (o.extra_fields["min_global_steps"], o.extra_fields["max_global_steps"])
+        for o in to_agent_loop_outputs(samples, step=6)
+    }
     assert spans == {(5, 5)}
 
 

@@ -25,15 +25,26 @@ PROBE = (
 
 
 def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=60,
-                          env=env or ENV, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=60, env=env or ENV, cwd=REPO
+    )
 
 
 def test_help_lists_every_flag_without_importing_heavy_packages() -> None:
     done = _run("--help")
     assert done.returncode == 0, done.stderr
-    for flag in ("--train-file", "--val-file", "--model", "--agl-base-url", "--agl-key-file", "--run-name",
-                 "--async", "--runner", "--print-config", "KEY=VALUE"):
+    for flag in (
+        "--train-file",
+        "--val-file",
+        "--model",
+        "--agl-base-url",
+        "--agl-key-file",
+        "--run-name",
+        "--async",
+        "--runner",
+        "--print-config",
+        "KEY=VALUE",
+    ):
         assert flag in done.stdout
     assert "HEAVY=\n" in done.stderr + "\n" and "HEAVY=torch" not in done.stderr
 
@@ -65,8 +76,14 @@ def test_print_config_reports_a_misspelt_override() -> None:
 
 def test_train_without_gpu_fails_fast_pointing_to_rehearse(tmp_path: Path) -> None:
     env = {**ENV, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "-m", "calcx.trainer.run.cli", "--train-file", str(tmp_path / "x.parquet")],
-                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "calcx.trainer.run.cli", "--train-file", str(tmp_path / "x.parquet")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
     assert done.returncode == 3
     assert "no CUDA GPU was found" in done.stderr and "calcx rehearse" in done.stderr
     assert not (tmp_path / "data").exists()  # failed before generating or starting anything
@@ -97,10 +114,12 @@ def test_sigterm_and_the_named_errors_end_a_run_with_a_status_and_one_line(capsy
 def test_every_trainer_command_of_calcx_names_a_module_that_exists() -> None:
     """`calcx train`, `calcx warmup` and `calcx profile-step` are found by module name
     (calcx.cli's table): a module moved without its entry there would fail only when run."""
-    probe = ("import importlib.util; from calcx.cli import SUBCOMMANDS\n"
-             "names = [m for m, _ in SUBCOMMANDS.values() if m.startswith('calcx.trainer.')]\n"
-             "missing = [m for m in names if importlib.util.find_spec(m) is None]\n"
-             "print(len(names), missing)\n")
+    probe = (
+        "import importlib.util; from calcx.cli import SUBCOMMANDS\n"
+        "names = [m for m, _ in SUBCOMMANDS.values() if m.startswith('calcx.trainer.')]\n"
+        "missing = [m for m in names if importlib.util.find_spec(m) is None]\n"
+        "print(len(names), missing)\n"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=ENV, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split(" ", 1) == ["3", "[]\n"]

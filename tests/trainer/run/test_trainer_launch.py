@@ -19,7 +19,8 @@ from calcx.trainer.run.services import CALCX_SRC, ServicesConfig, as_path_list, 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_SERVICES_PYTHON = "/opt/calcx-dev/bin/python"
 SERVICES_PYTHON = os.environ.get("CALCX_SERVICES_PYTHON") or (
-    DEFAULT_SERVICES_PYTHON if os.path.exists(DEFAULT_SERVICES_PYTHON) else "")
+    DEFAULT_SERVICES_PYTHON if os.path.exists(DEFAULT_SERVICES_PYTHON) else ""
+)
 
 
 def test_ray_workers_get_calcx_on_their_path_and_the_metrics_file(tmp_path: Path, monkeypatch) -> None:
@@ -28,12 +29,14 @@ def test_ray_workers_get_calcx_on_their_path_and_the_metrics_file(tmp_path: Path
     monkeypatch.setenv("PYTHONPATH", "src/python" + os.pathsep + "/site/trainer")
     monkeypatch.delenv("VERL_FILE_LOGGER_PATH", raising=False)  # prepare_run sets it for verl's driver
     monkeypatch.chdir(REPO)
-    rows = [{"id": "r1", "source": "gsm8k", "question": "What is 2 + 3?", "chain": "<gadget>2+3</gadget>",
-             "result": "5"}]
+    rows = [
+        {"id": "r1", "source": "gsm8k", "question": "What is 2 + 3?", "chain": "<gadget>2+3</gadget>", "result": "5"}
+    ]
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps(rows[0]) + "\n")
-    cfg = compose(ComposeRequest(dotlist=["+ray_kwargs.ray_init.runtime_env.env_vars.KEEP=1",
-                                          f"calcx.report_dir={tmp_path}"]))
+    cfg = compose(
+        ComposeRequest(dotlist=["+ray_kwargs.ray_init.runtime_env.env_vars.KEEP=1", f"calcx.report_dir={tmp_path}"])
+    )
     settings = prepare_run(cfg, train_src=data, val_src=data)
     settings.apply(cfg)
     metrics = settings.metrics_path
@@ -89,11 +92,16 @@ def test_interpreter_paths_and_agent_path_settings() -> None:
 
 def test_the_controller_hands_its_agents_the_configured_tool_rounds_and_prompt() -> None:
     assert ServicesConfig.from_calcx_section(OmegaConf.create({}), Path("/tmp/x")).agent_settings() == {
-        "CALCX_AGENT_TOOL_ROUNDS": "1", "CALCX_AGENT_PROMPT": "plain"}
-    three = ServicesConfig.from_calcx_section(OmegaConf.create({"agent_tool_rounds": 3,
-                                                                "agent_prompt": "calculator-first"}), Path("/tmp/x"))
-    assert three.tool_rounds == 3 and three.agent_settings() == {"CALCX_AGENT_TOOL_ROUNDS": "3",
-                                                                 "CALCX_AGENT_PROMPT": "calculator-first"}
+        "CALCX_AGENT_TOOL_ROUNDS": "1",
+        "CALCX_AGENT_PROMPT": "plain",
+    }
+    three = ServicesConfig.from_calcx_section(
+        OmegaConf.create({"agent_tool_rounds": 3, "agent_prompt": "calculator-first"}), Path("/tmp/x")
+    )
+    assert three.tool_rounds == 3 and three.agent_settings() == {
+        "CALCX_AGENT_TOOL_ROUNDS": "3",
+        "CALCX_AGENT_PROMPT": "calculator-first",
+    }
     for bad in (0, 17, "many", 2.5):
         with pytest.raises(ValueError, match="calcx.agent_tool_rounds"):
             ServicesConfig.from_calcx_section(OmegaConf.create({"agent_tool_rounds": bad}), Path("/tmp/x"))
@@ -108,8 +116,14 @@ def test_the_started_server_gets_the_runs_ceiling_and_tool_call_parser() -> None
     cfg = compose(ComposeRequest(gpu_memory_gib=0))
     ceiling = str(int(cfg.actor_rollout_ref.rollout.response_length))
     assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser == "hermes"
-    assert server_args(cfg, ["--lease-s", "9"]) == ["--lease-s", "9", "--max-tokens-ceiling", ceiling,
-                                                    "--tool-call-parser", "hermes"]
+    assert server_args(cfg, ["--lease-s", "9"]) == [
+        "--lease-s",
+        "9",
+        "--max-tokens-ceiling",
+        ceiling,
+        "--tool-call-parser",
+        "hermes",
+    ]
     mine = ["--tool-call-parser", "other", "--max-tokens-ceiling", "7"]
     assert server_args(cfg, mine) == mine  # calcx.server_args win
     cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser = None
@@ -123,8 +137,11 @@ def _port_open(url: str) -> bool:
         return s.connect_ex((host, int(port.split("/")[0]))) == 0
 
 
-@pytest.mark.skipif(not SERVICES_PYTHON, reason="no Python with the CPU service packages: set CALCX_SERVICES_PYTHON "
-                                                f"(default {DEFAULT_SERVICES_PYTHON} is absent)")
+@pytest.mark.skipif(
+    not SERVICES_PYTHON,
+    reason="no Python with the CPU service packages: set CALCX_SERVICES_PYTHON "
+    f"(default {DEFAULT_SERVICES_PYTHON} is absent)",
+)
 @pytest.mark.timeout(300)
 def test_eval_only_starts_and_ends_its_own_services(tmp_path: Path) -> None:
     from calcx.contract.ready import STUB_LLM_READY
@@ -135,20 +152,41 @@ def test_eval_only_starts_and_ends_its_own_services(tmp_path: Path) -> None:
     rows[2] = {**rows[2], "question": "[stub:wrong] " + rows[2]["question"]}
     val = tmp_path / "val.jsonl"
     val.write_text("".join(json.dumps(x) + "\n" for x in rows))
-    stub = ManagedProcess("stub", [SERVICES_PYTHON, "-m", "calcx.stub_llm", "--port", "0", "--script", str(val)],
-                          tmp_path / "stub.log", {**os.environ, "PYTHONPATH": str(CALCX_SRC)})
+    stub = ManagedProcess(
+        "stub",
+        [SERVICES_PYTHON, "-m", "calcx.stub_llm", "--port", "0", "--script", str(val)],
+        tmp_path / "stub.log",
+        {**os.environ, "PYTHONPATH": str(CALCX_SRC)},
+    )
     try:
         stub.start(STUB_LLM_READY, 60)
         assert stub.match is not None
         report = tmp_path / "run"
         done = subprocess.run(
-            [sys.executable, "-m", "calcx.trainer.run.cli", "--eval-only", "--model-endpoint", stub.match.group(1),
-             "--val-file", str(val), "--model", "calcx-stub", f"calcx.report_dir={report}",
-             f"calcx.services_python={SERVICES_PYTHON}", f"calcx.services_pythonpath=[{CALCX_SRC}]",
-             f"calcx.agent_python={SERVICES_PYTHON}", f"calcx.agent_pythonpath=[{CALCX_SRC}]",
-             "calcx.controller_concurrency=4"],
-            capture_output=True, text=True, timeout=240, cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(CALCX_SRC), "CUDA_VISIBLE_DEVICES": ""})
+            [
+                sys.executable,
+                "-m",
+                "calcx.trainer.run.cli",
+                "--eval-only",
+                "--model-endpoint",
+                stub.match.group(1),
+                "--val-file",
+                str(val),
+                "--model",
+                "calcx-stub",
+                f"calcx.report_dir={report}",
+                f"calcx.services_python={SERVICES_PYTHON}",
+                f"calcx.services_pythonpath=[{CALCX_SRC}]",
+                f"calcx.agent_python={SERVICES_PYTHON}",
+                f"calcx.agent_pythonpath=[{CALCX_SRC}]",
+                "calcx.controller_concurrency=4",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(CALCX_SRC), "CUDA_VISIBLE_DEVICES": ""},
+        )
     finally:
         stub.stop()
     assert done.returncode == 0, done.stderr[-3000:]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from calcx.trainer.workers.replicas import openai_endpoints
 from calcx.trainer.run.report import ReportError, eval_rows, eval_table_markdown, read_metrics, write_report
+from calcx.trainer.workers.replicas import openai_endpoints
 
 
 def _metrics(path: Path) -> Path:
@@ -20,10 +20,14 @@ def _metrics(path: Path) -> Path:
 
 
 def test_report_writes_a_png_and_the_right_table(tmp_path: Path) -> None:
-    records = ([{"source": "ape210k", "reward": 1.0}] * 3 + [{"source": "ape210k", "reward": 0.0}]
-               + [{"source": "gsm8k", "reward": 0.0}, {"source": "gsm8k", "reward": 1.0}])
-    report = write_report(tmp_path / "out", metrics_path=_metrics(tmp_path / "m.jsonl"), eval_records=records,
-                          incomplete_groups=2)
+    records = (
+        [{"source": "ape210k", "reward": 1.0}] * 3
+        + [{"source": "ape210k", "reward": 0.0}]
+        + [{"source": "gsm8k", "reward": 0.0}, {"source": "gsm8k", "reward": 1.0}]
+    )
+    report = write_report(
+        tmp_path / "out", metrics_path=_metrics(tmp_path / "m.jsonl"), eval_records=records, incomplete_groups=2
+    )
     png = tmp_path / "out" / "reward_curve.png"
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -62,7 +66,10 @@ def test_table_with_no_rows_is_still_well_formed() -> None:
 
 def test_replica_addresses_become_openai_base_urls() -> None:
     assert openai_endpoints(["10.0.0.5:8001", "[fd00::1]:8002", "10.0.0.5:8001", "http://h:1/v1/"]) == [
-        "http://10.0.0.5:8001/v1", "http://[fd00::1]:8002/v1", "http://h:1/v1"]
+        "http://10.0.0.5:8001/v1",
+        "http://[fd00::1]:8002/v1",
+        "http://h:1/v1",
+    ]
     with pytest.raises(ValueError, match="no vLLM replica"):
         openai_endpoints(["", " "])
 
@@ -88,16 +95,26 @@ def test_report_draws_and_states_calculator_use(tmp_path: Path, monkeypatch: pyt
     from calcx.trainer.run import report as report_module
 
     lines = [{"step": s, "data": {"critic/score/mean": 0.1 * s, "calcx/train/tool_use": 0.5 / s}} for s in (1, 2)]
-    lines.append({"step": 2, "data": {"calcx/val/tool_use": 0.25, "calcx/val/tool_parse_failures": 4.0,
-                                      "val-core/gsm8k/reward/mean@1": 0.5}})
+    lines.append(
+        {
+            "step": 2,
+            "data": {
+                "calcx/val/tool_use": 0.25,
+                "calcx/val/tool_parse_failures": 4.0,
+                "val-core/gsm8k/reward/mean@1": 0.5,
+            },
+        }
+    )
     metrics = tmp_path / "m.jsonl"
     metrics.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     drawn = _legends_drawn(monkeypatch)
     TRAINING_REWARD = "training reward (mean of a step's rollouts)"  # verl's critic/score/mean, in words
     text = write_report(tmp_path / "out", metrics_path=metrics, eval_records=None).read_text()
     assert drawn[-1] == [TRAINING_REWARD, "validation", "train tool use", "validation tool use"]
-    assert "train tool use (share of rollouts with a successful calculator call): first 50.0% (step 1), " \
-           "last 25.0% (step 2)" in text
+    assert (
+        "train tool use (share of rollouts with a successful calculator call): first 50.0% (step 1), "
+        "last 25.0% (step 2)" in text
+    )
     assert "validation tool use (share of rollouts with a successful calculator call): first 25.0% (step 2)" in text
     assert "tool-call parse failures at the last validation (step 2): 4" in text
 
@@ -106,13 +123,28 @@ def test_report_draws_and_states_calculator_use(tmp_path: Path, monkeypatch: pyt
 
     # several validation sources: one line each, each source's own points
     both = tmp_path / "both.jsonl"
-    both.write_text("".join(json.dumps({"step": s, "data": {"critic/score/mean": 0.5, "val-core/gsm8k/reward/mean@1": g,
-                                                           "val-core/gsm8k-hard/reward/mean@1": h}}) + "\n"
-                            for s, g, h in ((1, 0.6, 0.4), (2, 0.7, 0.5))))
+    both.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "step": s,
+                    "data": {
+                        "critic/score/mean": 0.5,
+                        "val-core/gsm8k/reward/mean@1": g,
+                        "val-core/gsm8k-hard/reward/mean@1": h,
+                    },
+                }
+            )
+            + "\n"
+            for s, g, h in ((1, 0.6, 0.4), (2, 0.7, 0.5))
+        )
+    )
     write_report(tmp_path / "both", metrics_path=both, eval_records=None)
     assert drawn[-1] == [TRAINING_REWARD, "validation (gsm8k)", "validation (gsm8k-hard)"]
     assert report_module.validation_points_by_source(read_metrics(both)) == {
-        "gsm8k": [(1, 0.6), (2, 0.7)], "gsm8k-hard": [(1, 0.4), (2, 0.5)]}
+        "gsm8k": [(1, 0.6), (2, 0.7)],
+        "gsm8k-hard": [(1, 0.4), (2, 0.5)],
+    }
 
 
 def test_the_legend_names_the_training_reward_in_words(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,20 +8,26 @@ import json
 from pathlib import Path
 
 import pytest
+from live_stack import needs_services, start_server
 
 from calcx.api.client import CalcxClient
 from calcx.contract.labels import RUN_LABEL
-from calcx.trainer.run_dir.checkpoints import write_marker
 from calcx.trainer.config.compose import ComposeRequest, compose
 from calcx.trainer.run.launch import rollout_services
 from calcx.trainer.run.resume import start_resume, supersede_rows
+from calcx.trainer.run_dir.checkpoints import write_marker
 from calcx.trainer.run_dir.names import STARTS_FILE, SUPERSEDED_DIR
-from live_stack import needs_services, start_server
 
 
 def _cfg(tmp_path: Path, *dotlist: str):
-    return compose(ComposeRequest(model="calcx-stub", run_name="r1", gpu_memory_gib=0,
-                                  dotlist=[f"trainer.default_local_dir={tmp_path / 'ckpt'}", *dotlist]))
+    return compose(
+        ComposeRequest(
+            model="calcx-stub",
+            run_name="r1",
+            gpu_memory_gib=0,
+            dotlist=[f"trainer.default_local_dir={tmp_path / 'ckpt'}", *dotlist],
+        )
+    )
 
 
 def _save(root: Path, step: int, *, whole: bool) -> Path:
@@ -55,12 +61,15 @@ def test_a_named_run_resumes_from_its_newest_whole_checkpoint(tmp_path: Path) ->
     fresh = start_resume(_cfg(tmp_path, "trainer.resume_mode=disable"), tmp_path / "report")
     assert fresh.step == 0
     assert [(s["first_step"], s["checkpoint"]) for s in _lines(tmp_path / "report" / STARTS_FILE)] == [
-        (5, str(chosen)), (1, None)]
+        (5, str(chosen)),
+        (1, None),
+    ]
     plan.cancelled, plan.rolled_back = 3, [5, 6]
     assert plan.summary() == (
         f"resuming run 'r1' after step 4 from checkpoint {chosen}; 3 rollout attempt(s) the previous run left "
         "queued or running cancelled, 0 adopted (re-run steps draw new groups); training records of step(s) 5-6 "
-        "rolled back; half-written checkpoint(s) removed: global_step_6")
+        "rolled back; half-written checkpoint(s) removed: global_step_6"
+    )
 
 
 def test_without_a_whole_checkpoint_the_run_starts_fresh_and_verl_never_reads_its_tracker(tmp_path: Path) -> None:
@@ -92,11 +101,19 @@ def test_an_asynchronous_save_is_refused(tmp_path: Path) -> None:
         start_resume(_cfg(tmp_path, "actor_rollout_ref.actor.checkpoint.async_save=true"), tmp_path)
 
 
-@pytest.mark.parametrize("setting", ["trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=2",
-                                     "+trainer.remove_previous_ckpt_in_save=true", "calcx.keep_checkpoints=0",
-                                     "calcx.keep_checkpoints=two"])
-def test_checkpoint_retention_other_than_calcxs_own_is_refused_before_anything_starts(tmp_path: Path,
-                                                                                    setting: str) -> None:
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "trainer.max_actor_ckpt_to_keep=1",
+        "trainer.max_critic_ckpt_to_keep=2",
+        "+trainer.remove_previous_ckpt_in_save=true",
+        "calcx.keep_checkpoints=0",
+        "calcx.keep_checkpoints=two",
+    ],
+)
+def test_checkpoint_retention_other_than_calcxs_own_is_refused_before_anything_starts(
+    tmp_path: Path, setting: str
+) -> None:
     with pytest.raises(ValueError, match="keep_checkpoints"):
         start_resume(_cfg(tmp_path, setting), tmp_path)
 
@@ -108,10 +125,12 @@ def test_the_default_keeps_two_whole_checkpoints(tmp_path: Path) -> None:
 
 
 def test_rows_after_the_checkpoint_are_set_aside_not_lost(tmp_path: Path) -> None:
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": {"x": s}}) + "\n"
-                                                    for s in (0, 1, 2, 3, 4, 3)))
-    (tmp_path / "tool_use.jsonl").write_text('{"partition": "train", "step": 2}\n{"partition": "val", "step": 5}\n'
-                                             'not json\n')
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "data": {"x": s}}) + "\n" for s in (0, 1, 2, 3, 4, 3))
+    )
+    (tmp_path / "tool_use.jsonl").write_text(
+        '{"partition": "train", "step": 2}\n{"partition": "val", "step": 5}\n' "not json\n"
+    )
     assert supersede_rows(tmp_path, 2) == {"metrics.jsonl": 3, "tool_use.jsonl": 1}
     assert [m["step"] for m in _lines(tmp_path / "metrics.jsonl")] == [0, 1, 2]
     assert [m["step"] for m in _lines(tmp_path / SUPERSEDED_DIR / "metrics.jsonl")] == [3, 4, 3]
@@ -124,12 +143,17 @@ KEY = "resume-test-key-0123456789abcdef0123456"
 
 @needs_services
 def test_calcx_train_settles_the_previous_run_on_the_server_and_says_so(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     server, url = start_server(tmp_path, KEY)
     try:
         with CalcxClient(url, KEY) as client:
-            client.create_rollouts([{"rollout_id": rid, "row": {"question": "1+1", "result": "2"},
-                                     "labels": {RUN_LABEL: "r1"}} for rid in ("s3", "s5", "s6-queued")])
+            client.create_rollouts(
+                [
+                    {"rollout_id": rid, "row": {"question": "1+1", "result": "2"}, "labels": {RUN_LABEL: "r1"}}
+                    for rid in ("s3", "s5", "s6-queued")
+                ]
+            )
             for claim in client.claim("dead-controller", 2, timeout_s=2).claims:
                 client.post_reward(claim.rollout.rollout_id, claim.attempt_id, 1.0)
                 client.finish(claim.rollout.rollout_id, claim.attempt_id, "SUCCEEDED")
@@ -145,6 +169,8 @@ def test_calcx_train_settles_the_previous_run_on_the_server_and_says_so(
     finally:
         server.stop()
     out = capsys.readouterr().out
-    assert f"calcx train: resuming run 'r1' after step 4 from checkpoint {tmp_path / 'ckpt' / 'global_step_4'}; 1 " \
-           "rollout attempt(s) the previous run left queued or running cancelled" in out
+    assert (
+        f"calcx train: resuming run 'r1' after step 4 from checkpoint {tmp_path / 'ckpt' / 'global_step_4'}; 1 "
+        "rollout attempt(s) the previous run left queued or running cancelled" in out
+    )
     assert "training records of step(s) 5 rolled back" in out

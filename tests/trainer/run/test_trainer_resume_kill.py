@@ -16,17 +16,18 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+from live_stack import SERVICES_PYTHON, needs_services
 
 from calcx.contract.ready import STUB_LLM_READY
 from calcx.procs.managed import ManagedProcess
 from calcx.server.ledger_audit import audit
-from calcx.trainer.run_dir.server_key import remove_key_file, write_key_file
 from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
-from live_stack import SERVICES_PYTHON, needs_services
+from calcx.trainer.run_dir.server_key import remove_key_file, write_key_file
 
 pytestmark = [needs_services, pytest.mark.timeout(600)]
 
@@ -34,19 +35,38 @@ RUN = "resume-kill"
 PROBLEMS, BATCH, N, STEPS, SAVE_FREQ = 8, 2, 2, 8, 2  # 4 steps an epoch, 2 epochs, a checkpoint every 2 steps
 DRIVER = Path(__file__).parents[1] / "resume_driver.py"
 
+
 @pytest.fixture
 def stack(tmp_path: Path):
     from calcx.data.generator import generate_split
 
     rows = generate_split("train", PROBLEMS, seed=25)
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = ServicesConfig(workdir=tmp_path / "services", services_python=SERVICES_PYTHON,
-                            services_pythonpath=[str(CALCX_SRC)], agent_python=SERVICES_PYTHON,
-                            agent_pythonpath=[str(CALCX_SRC)], concurrency=8)
+    config = ServicesConfig(
+        workdir=tmp_path / "services",
+        services_python=SERVICES_PYTHON,
+        services_pythonpath=[str(CALCX_SRC)],
+        agent_python=SERVICES_PYTHON,
+        agent_pythonpath=[str(CALCX_SRC)],
+        concurrency=8,
+    )
     services = LocalServices(config)
-    stub = ManagedProcess("stub-llm", [SERVICES_PYTHON, "-m", "calcx.stub_llm", "--port", "0", "--mode", "slow=0.3",
-                                       "--script", str(tmp_path / "rows.jsonl")],
-                          tmp_path / "stub.log", {**os.environ, "PYTHONPATH": str(CALCX_SRC)})
+    stub = ManagedProcess(
+        "stub-llm",
+        [
+            SERVICES_PYTHON,
+            "-m",
+            "calcx.stub_llm",
+            "--port",
+            "0",
+            "--mode",
+            "slow=0.3",
+            "--script",
+            str(tmp_path / "rows.jsonl"),
+        ],
+        tmp_path / "stub.log",
+        {**os.environ, "PYTHONPATH": str(CALCX_SRC)},
+    )
     key_file = write_key_file(services.key)
     try:
         services.start()
@@ -66,10 +86,30 @@ def stack(tmp_path: Path):
 def drive(stack: dict[str, Any], kill: str | None, on_line: Callable[[str], None] = lambda line: None) -> str:
     """The same command each time (plus where to die); returns its output once it ended."""
     work = stack["work"]
-    command = [sys.executable, str(DRIVER), "--server", stack["services"].server_url,
-               "--key-file", str(stack["key_file"]), "--run", RUN, "--report-dir", str(work / "report"),
-               "--checkpoints", str(work / "checkpoints"), "--rows", str(work / "rows.jsonl"),
-               "--steps", str(STEPS), "--batch", str(BATCH), "--n", str(N), "--save-freq", str(SAVE_FREQ)]
+    command = [
+        sys.executable,
+        str(DRIVER),
+        "--server",
+        stack["services"].server_url,
+        "--key-file",
+        str(stack["key_file"]),
+        "--run",
+        RUN,
+        "--report-dir",
+        str(work / "report"),
+        "--checkpoints",
+        str(work / "checkpoints"),
+        "--rows",
+        str(work / "rows.jsonl"),
+        "--steps",
+        str(STEPS),
+        "--batch",
+        str(BATCH),
+        "--n",
+        str(N),
+        "--save-freq",
+        str(SAVE_FREQ),
+    ]
     if kill:
         command += ["--kill", kill]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -88,7 +128,9 @@ def drive(stack: dict[str, Any], kill: str | None, on_line: Callable[[str], None
                 proc.wait()
     out = "".join(lines)
     expected = -signal.SIGKILL if kill else 0
-    assert proc.returncode == expected, f"{kill}: rc {proc.returncode}\n{out}\n{(work / 'driver.err').read_text()[-4000:]}"
+    assert (
+        proc.returncode == expected
+    ), f"{kill}: rc {proc.returncode}\n{out}\n{(work / 'driver.err').read_text()[-4000:]}"
     return out
 
 
@@ -97,7 +139,7 @@ START_LINE = ("calcx train: resuming run ", "calcx train: starting run ")
 
 
 def start_line(out: str) -> str:
-    (line,) = [ln for ln in out.splitlines() if ln.startswith(START_LINE)]
+    (line,) = (ln for ln in out.splitlines() if ln.startswith(START_LINE))
     return line
 
 
@@ -148,13 +190,15 @@ def test_killed_at_each_phase_the_run_resumes_and_trains_each_rollout_once(stack
         # each group of a surviving step trained all n of its rollouts
         groups = db.execute(
             "SELECT json_extract(r.spec, '$.group_id'), COUNT(*) FROM trained t JOIN rollouts r USING (rollout_id) "
-            "WHERE t.rolled_back_at IS NULL GROUP BY 1").fetchall()
+            "WHERE t.rolled_back_at IS NULL GROUP BY 1"
+        ).fetchall()
         assert {count for _, count in groups} == {N}
         # the problems each surviving step trained, from the rollouts' rows
         questions = {row["question"]: i for i, row in enumerate(stack["rows"])}
         trained = db.execute(
             "SELECT DISTINCT t.step, json_extract(r.spec, '$.group_id'), json_extract(r.spec, '$.row.question') "
-            "FROM trained t JOIN rollouts r USING (rollout_id) WHERE t.rolled_back_at IS NULL ORDER BY t.step").fetchall()
+            "FROM trained t JOIN rollouts r USING (rollout_id) WHERE t.rolled_back_at IS NULL ORDER BY t.step"
+        ).fetchall()
     per_step: dict[int, list[int]] = {}
     for step, _, question in trained:
         per_step.setdefault(step, []).append(questions[question])
@@ -166,6 +210,7 @@ def test_killed_at_each_phase_the_run_resumes_and_trains_each_rollout_once(stack
     metrics = [json.loads(line) for line in (work / "report" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     assert all(sorted(m["data"]["problems"]) == sorted(per_step[m["step"]]) for m in metrics)
-    superseded = [json.loads(line)["step"]
-                  for line in (work / "report" / "superseded" / "metrics.jsonl").read_text().splitlines()]
+    superseded = [
+        json.loads(line)["step"] for line in (work / "report" / "superseded" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert superseded == [5]  # logged by the third run before its checkpoint of step 6 was cut short

@@ -24,9 +24,12 @@ def test_auto_resumes_from_the_newest_whole_step_and_removes_only_later_half_wri
     assert plan.checkpoint == Checkpoint(4, ROOT / "global_step_4") and plan.step == 4
     assert plan.remove == (ROOT / "global_step_6",)  # step 3 is before the checkpoint: it stays
     assert plan.keep_rows_through == 4
-    assert dict(plan.verl) == {"trainer.default_local_dir": str(ROOT), "trainer.resume_mode": "resume_path",
-                               "trainer.resume_from_path": str(ROOT / "global_step_4"),
-                               "trainer.val_before_train": False}
+    assert dict(plan.verl) == {
+        "trainer.default_local_dir": str(ROOT),
+        "trainer.resume_mode": "resume_path",
+        "trainer.resume_from_path": str(ROOT / "global_step_4"),
+        "trainer.val_before_train": False,
+    }
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.remove = ()  # type: ignore[misc]
 
@@ -35,8 +38,11 @@ def test_auto_without_a_whole_step_starts_fresh_and_sets_every_row_aside() -> No
     plan = plan_resume(ResumeSettings(run="r1", root=ROOT, mode="auto"), [_step(2, False)])
     assert plan.checkpoint is None and plan.step == 0 and plan.keep_rows_through == -1
     assert plan.remove == (ROOT / "global_step_2",)
-    assert dict(plan.verl) == {"trainer.default_local_dir": str(ROOT), "trainer.resume_mode": "disable",
-                               "trainer.resume_from_path": None}
+    assert dict(plan.verl) == {
+        "trainer.default_local_dir": str(ROOT),
+        "trainer.resume_mode": "disable",
+        "trainer.resume_from_path": None,
+    }
 
 
 def test_resume_path_is_taken_as_given_and_disable_starts_fresh() -> None:
@@ -45,8 +51,9 @@ def test_resume_path_is_taken_as_given_and_disable_starts_fresh() -> None:
     assert plan.step == 2 and plan.remove == (ROOT / "global_step_5",)  # the whole step 4 stays
     assert dict(plan.verl) == {"trainer.default_local_dir": str(ROOT), "trainer.val_before_train": False}
     fresh = plan_resume(ResumeSettings(run="", root=ROOT, mode="disable"), [_step(4, True)])
-    assert fresh.checkpoint is None and fresh.remove == () and dict(fresh.verl) == {
-        "trainer.default_local_dir": str(ROOT)}
+    assert (
+        fresh.checkpoint is None and fresh.remove == () and dict(fresh.verl) == {"trainer.default_local_dir": str(ROOT)}
+    )
 
 
 def test_an_unknown_resume_mode_is_refused() -> None:

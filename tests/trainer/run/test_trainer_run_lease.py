@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from live_stack import needs_services, start_server
 
 from calcx.api.client import CalcxAPIError, CalcxClient
 from calcx.contract.labels import RUN_LABEL
-from calcx.trainer.workers.ledger import record_step
 from calcx.trainer.run.run_lease import LeaseKeeper, RunLeaseRefused, take_run_lease
-from live_stack import needs_services, start_server
+from calcx.trainer.workers.ledger import record_step
 
 pytestmark = needs_services
 
@@ -88,13 +88,23 @@ def test_calcx_trains_services_step_takes_the_lease_before_it_cancels_anything(t
     server, url = start_server(tmp_path, KEY)
     lost: list[str] = []
     try:
-        cfg = compose(ComposeRequest(model="calcx-stub", run_name=RUN, gpu_memory_gib=0,
-                                     dotlist=[f"calcx.server_url={url}", "calcx.run_lease_wait_s=0",
-                                              f"trainer.default_local_dir={tmp_path / 'ckpt'}"]))
+        cfg = compose(
+            ComposeRequest(
+                model="calcx-stub",
+                run_name=RUN,
+                gpu_memory_gib=0,
+                dotlist=[
+                    f"calcx.server_url={url}",
+                    "calcx.run_lease_wait_s=0",
+                    f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+                ],
+            )
+        )
         with CalcxClient(url, KEY) as client:
             with rollout_services(cfg, tmp_path / "a", KEY, owner="trainer-a", on_lost=lost.append) as first:
-                client.create_rollout({"rollout_id": "live-work", "row": {"question": "q", "result": "1"},
-                                       "labels": {RUN_LABEL: RUN}})
+                client.create_rollout(
+                    {"rollout_id": "live-work", "row": {"question": "q", "result": "1"}, "labels": {RUN_LABEL: RUN}}
+                )
                 with pytest.raises(LaunchError) as refused:
                     with rollout_services(cfg, tmp_path / "b", KEY, owner="trainer-b"):
                         pass
@@ -113,14 +123,16 @@ def test_calcx_trains_services_step_takes_the_lease_before_it_cancels_anything(t
 
 
 def test_with_its_own_server_a_second_start_is_refused_before_its_controller_starts(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The default: calcx train starts its server on the run's database, which a second start in
     the same report directory shares. The second takes no lease, so it starts no controller that
     would claim the live run's work."""
+    from live_stack import SERVICES_PYTHON
+
     from calcx.trainer.config.compose import ComposeRequest, compose
     from calcx.trainer.run.launch import LaunchError, rollout_services
     from calcx.trainer.run.services import CALCX_SRC, LocalServices
-    from live_stack import SERVICES_PYTHON
 
     controllers: list[str] = []
     start_controller = LocalServices.start_controller
@@ -130,10 +142,23 @@ def test_with_its_own_server_a_second_start_is_refused_before_its_controller_sta
         return start_controller(self)
 
     monkeypatch.setattr(LocalServices, "start_controller", noted)
-    cfg = compose(ComposeRequest(model="calcx-stub", run_name=RUN, gpu_memory_gib=0, dotlist=[
-        "calcx.run_lease_wait_s=0", f"calcx.services_python={SERVICES_PYTHON}", f"calcx.agent_python={SERVICES_PYTHON}",
-        f"calcx.services_pythonpath={CALCX_SRC}", f"calcx.agent_pythonpath={CALCX_SRC}",
-        "calcx.controller_concurrency=1", "calcx.prefork=false", f"trainer.default_local_dir={tmp_path / 'ckpt'}"]))
+    cfg = compose(
+        ComposeRequest(
+            model="calcx-stub",
+            run_name=RUN,
+            gpu_memory_gib=0,
+            dotlist=[
+                "calcx.run_lease_wait_s=0",
+                f"calcx.services_python={SERVICES_PYTHON}",
+                f"calcx.agent_python={SERVICES_PYTHON}",
+                f"calcx.services_pythonpath={CALCX_SRC}",
+                f"calcx.agent_pythonpath={CALCX_SRC}",
+                "calcx.controller_concurrency=1",
+                "calcx.prefork=false",
+                f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+            ],
+        )
+    )
     with rollout_services(cfg, tmp_path / "report", on_lost=lambda message: None) as first:
         with pytest.raises(LaunchError, match=f"run {RUN!r} is held by trainer {first.owner!r}"):
             with rollout_services(cfg, tmp_path / "report"):

@@ -39,7 +39,9 @@ def test_resolving_changes_nothing_and_applying_writes_every_value(tmp_path: Pat
     assert settings.report_dir == (tmp_path / "report").resolve()
     assert settings.metrics_path == settings.report_dir / "metrics.jsonl"
     assert os.environ[FILE_LOGGER_ENV] == str(settings.metrics_path)
-    assert (settings.report_dir / "verl_train.parquet").is_file() and (settings.report_dir / "verl_val.parquet").is_file()
+    assert (settings.report_dir / "verl_train.parquet").is_file() and (
+        settings.report_dir / "verl_val.parquet"
+    ).is_file()
 
     served = settings.with_server(tmp_path / "k" / "server.key", "http://127.0.0.1:9")
     served.apply(cfg)
@@ -62,8 +64,10 @@ def test_the_configured_server_and_the_users_worker_env_are_kept(tmp_path: Path,
     served = settings.with_server(tmp_path / "server.key")
     served.apply(cfg)
     assert cfg.calcx.server_url == "http://127.0.0.1:7" == served.server_url
-    assert dict(OmegaConf.select(cfg, WORKER_ENV_KEY)) == {"PYTHONPATH": "/mine",
-                                                           FILE_LOGGER_ENV: str(settings.metrics_path)}
+    assert dict(OmegaConf.select(cfg, WORKER_ENV_KEY)) == {
+        "PYTHONPATH": "/mine",
+        FILE_LOGGER_ENV: str(settings.metrics_path),
+    }
 
 
 def test_validate_only_switches_verl_to_validation(tmp_path: Path, data: Path) -> None:

@@ -33,19 +33,25 @@ def test_a_sigkilled_trainer_leaves_no_server_or_controller(tmp_path: Path) -> N
     # the trainer's own credentials, which its services must not inherit
     credentials = {"WANDB_API_KEY": "wandb-secret", "HF_TOKEN": "hf-secret", "AWS_SECRET_ACCESS_KEY": "aws-secret"}
     env = {**os.environ, **credentials, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(tmp_path), SERVICES_PYTHON],
-                               stdout=subprocess.PIPE, text=True, env=env)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, str(tmp_path), SERVICES_PYTHON], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert trainer.stdout is not None
         pids = [int(p) for p in trainer.stdout.readline().split()]
         assert len(pids) == 2 and all(alive(p) for p in pids)
         # what its agents inherit (calcx.contract.env.AGENT_INHERITED_NAMES): calcx.agent_tool_rounds, agent_prompt
         controller_env = Path(f"/proc/{pids[1]}/environ").read_bytes().split(b"\0")
-        assert b"CALCX_AGENT_TOOL_ROUNDS=3" in controller_env and b"CALCX_AGENT_PROMPT=calculator-first" in controller_env
+        assert (
+            b"CALCX_AGENT_TOOL_ROUNDS=3" in controller_env and b"CALCX_AGENT_PROMPT=calculator-first" in controller_env
+        )
         # their environment is the allowlist of calcx.contract.env.service_base_env, plus the key
         for pid in pids:
-            names = {item.split(b"=", 1)[0].decode() for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                     if item}
+            names = {
+                item.split(b"=", 1)[0].decode()
+                for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                if item
+            }
             assert not names & set(credentials), names & set(credentials)
             assert {"CALCX_KEY", "PATH", "PYTHONPATH"} <= names
         # the store and its WAL are the owner's alone

@@ -17,17 +17,23 @@ from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
 
 pytestmark = needs_services
 
-PROBE = ("from calcx.controller.local_runner import default_agent_command as d; "
-         "from calcx.controller.sandbox import NamespaceSandbox as N; "
-         "N.plan(d(), dict(__import__('os').environ), default_agent=True).check()")
+PROBE = (
+    "from calcx.controller.local_runner import default_agent_command as d; "
+    "from calcx.controller.sandbox import NamespaceSandbox as N; "
+    "N.plan(d(), dict(__import__('os').environ), default_agent=True).check()"
+)
 
 
 def _section(**settings: object) -> object:
     # the agent's import path apart from the services': the controller then gets --agent-cmd and
     # --worker-cmd, as on the GPU machine, where the agent has a Python and a path of its own
-    paths = {"services_python": SERVICES_PYTHON, "agent_python": SERVICES_PYTHON,
-             "services_pythonpath": [str(CALCX_SRC)], "agent_pythonpath": [str(CALCX_SRC), str(CALCX_SRC.parent)],
-             "controller_concurrency": 1}
+    paths = {
+        "services_python": SERVICES_PYTHON,
+        "agent_python": SERVICES_PYTHON,
+        "services_pythonpath": [str(CALCX_SRC)],
+        "agent_pythonpath": [str(CALCX_SRC), str(CALCX_SRC.parent)],
+        "controller_concurrency": 1,
+    }
     return OmegaConf.create({**paths, **settings})
 
 
@@ -37,8 +43,13 @@ def _controller_args(services: LocalServices) -> list[str]:
 
 
 def test_agent_sandbox_is_the_started_controllers_sandbox(tmp_path: Path) -> None:
-    probe = subprocess.run([SERVICES_PYTHON, "-c", PROBE], env={**os.environ, "PYTHONPATH": str(CALCX_SRC)},
-                           capture_output=True, text=True, timeout=60)
+    probe = subprocess.run(
+        [SERVICES_PYTHON, "-c", PROBE],
+        env={**os.environ, "PYTHONPATH": str(CALCX_SRC)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if probe.returncode != 0:
         pytest.skip(f"namespaces are not available on this machine: {probe.stderr.strip()[-300:]}")
     config = ServicesConfig.from_calcx_section(_section(agent_sandbox="namespace", prefork=True), tmp_path / "on")
@@ -47,8 +58,10 @@ def test_agent_sandbox_is_the_started_controllers_sandbox(tmp_path: Path) -> Non
         assert args[args.index("--sandbox") + 1] == "namespace", args
         log = (services.workdir / "controller.log").read_text()
         assert "--worker-cmd" in args, args
-        assert ("sandbox namespace: each agent is spawned in namespaces of its own (no pre-forked worker; "
-                "--worker-cmd is not used)") in log, log
+        assert (
+            "sandbox namespace: each agent is spawned in namespaces of its own (no pre-forked worker; "
+            "--worker-cmd is not used)"
+        ) in log, log
     default = ServicesConfig.from_calcx_section(_section(), tmp_path / "default")
     with LocalServices(default) as services:
         assert "--sandbox" not in _controller_args(services)

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from calcx.trainer.run_dir.names import CHECKPOINT_MARKER
 from calcx.trainer.run_dir.checkpoints import is_complete, mark_after_save, newest_complete, prune_older, write_marker
+from calcx.trainer.run_dir.names import CHECKPOINT_MARKER
 
 
 def verl_save(root: Path, step: int) -> Path:
@@ -27,8 +27,9 @@ def verl_save(root: Path, step: int) -> Path:
     return folder
 
 
-def test_the_marker_is_written_after_the_save_returned_and_says_its_cost(tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_marker_is_written_after_the_save_returned_and_says_its_cost(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trainer = SimpleNamespace(global_steps=4)
     seen: list[bool] = []
 
@@ -42,8 +43,10 @@ def test_the_marker_is_written_after_the_save_returned_and_says_its_cost(tmp_pat
     assert trainer._save_checkpoint() == "saved"
     assert seen == [False]  # no marker while verl was still saving
     marker = json.loads((tmp_path / "global_step_4" / CHECKPOINT_MARKER).read_text())
-    assert f"calcx train: checkpoint of step 4 complete ({marker['save_seconds']:.1f} s, {marker['files']} files, " \
-           f"{marker['bytes']} bytes)" in capsys.readouterr().out  # on the driver's log, as the step lines are
+    assert (
+        f"calcx train: checkpoint of step 4 complete ({marker['save_seconds']:.1f} s, {marker['files']} files, "
+        f"{marker['bytes']} bytes)" in capsys.readouterr().out
+    )  # on the driver's log, as the step lines are
     assert (marker["step"], marker["files"], marker["bytes"]) == (4, 2, 1010)
     assert marker["save_seconds"] >= 0
     assert newest_complete(tmp_path).step == 4  # type: ignore[union-attr]
@@ -62,7 +65,13 @@ def test_the_newest_whole_checkpoint_wins_over_newer_broken_ones(tmp_path: Path)
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("")  # verl's tracker, emptied by a kill
     chosen = newest_complete(tmp_path)
     assert chosen is not None and (chosen.step, chosen.path) == (4, tmp_path / "global_step_4")
-    assert [is_complete(s, tmp_path / f"global_step_{s}") for s in (2, 4, 6, 8, 10)] == [True, True, False, False, False]
+    assert [is_complete(s, tmp_path / f"global_step_{s}") for s in (2, 4, 6, 8, 10)] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
     assert newest_complete(tmp_path / "absent") is None
 
 
@@ -89,7 +98,9 @@ def test_a_save_killed_part_way_is_never_chosen(tmp_path: Path) -> None:
     verl_save(tmp_path, 4)
     write_marker(tmp_path / "global_step_4", 4, 1.0)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_SAVE, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_SAVE, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "saving"
     finally:
@@ -111,7 +122,11 @@ def test_a_whole_save_removes_what_is_older_than_the_newest_kept_ones_across_res
     trainer._save_checkpoint = lambda: verl_save(tmp_path, trainer.global_steps)
     mark_after_save(trainer, lambda: tmp_path, keep=2)
     trainer._save_checkpoint()
-    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["global_step_4", "global_step_5", "global_step_6"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [
+        "global_step_4",
+        "global_step_5",
+        "global_step_6",
+    ]
     trainer.global_steps = 8
     trainer._save_checkpoint()
     # only whole ones count toward `keep`; what is older than the oldest kept goes, whole or not

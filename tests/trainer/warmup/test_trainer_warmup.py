@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from byte_tokenizer import byte_tokenizer
 from omegaconf import OmegaConf
 
 from calcx.data.importers import gsm8k_row
 from calcx.data.traces import build_traces, write_traces
-from byte_tokenizer import byte_tokenizer
 from calcx.trainer.config.compose import ConfigError
 from calcx.trainer.warmup.sft import (
     GPU_PROFILE_KEY,
@@ -24,8 +24,10 @@ from calcx.trainer.warmup.sft import (
     warmup_command,
 )
 
-ROW = {"question": "Ana sold 48 clips in April and half as many in May. How many in all?",
-       "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\nIn all 48+24 = <<48+24=72>>72 clips.\n#### 72"}
+ROW = {
+    "question": "Ana sold 48 clips in April and half as many in May. How many in all?",
+    "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\nIn all 48+24 = <<48+24=72>>72 clips.\n#### 72",
+}
 
 
 @pytest.fixture()
@@ -36,15 +38,23 @@ def traces(tmp_path: Path) -> Path:
     return write_traces(result.traces, tmp_path / "traces.parquet")
 
 
-def test_config_is_verls_sft_trainer_with_calcx_values(traces: Path, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_config_is_verls_sft_trainer_with_calcx_values(
+    traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from verl.utils.config import omega_conf_to_dataclass
 
     monkeypatch.chdir(tmp_path)
-    cfg = compose_warmup(WarmupRequest(model="Qwen/Qwen2.5-1.5B-Instruct", traces=str(traces), run_name="w1",
-                                       chat_template="hermes", dotlist=["optim.lr=2e-5"]))
+    cfg = compose_warmup(
+        WarmupRequest(
+            model="Qwen/Qwen2.5-1.5B-Instruct",
+            traces=str(traces),
+            run_name="w1",
+            chat_template="hermes",
+            dotlist=["optim.lr=2e-5"],
+        )
+    )
     assert (cfg.data.messages_key, cfg.data.tools_key, cfg.data.train_files) == ("messages", "tools", str(traces))
     assert cfg.optim.lr == 2e-5 and cfg.trainer.experiment_name == "w1" and cfg.trainer.n_gpus_per_node == 1
     assert list(cfg.checkpoint.save_contents) == ["hf_model"]
@@ -80,9 +90,11 @@ def test_config_is_verls_sft_trainer_with_calcx_values(traces: Path, tmp_path: P
 def test_the_gpu_profile_of_calcx_train_sets_the_warmups_recomputation(traces: Path) -> None:
     """An H200-sized GPU takes calcx.yaml's `large` profile and its `warmup` settings (no
     recomputation); an 80 GB one or none keeps warmup.yaml's; the command line wins over the profile."""
+
     def composed(memory: float, *dotlist: str, profile: str = "auto"):  # type: ignore[no-untyped-def]
-        return compose_warmup(WarmupRequest(traces=str(traces), dotlist=list(dotlist), gpu_profile=profile,
-                                            gpu_memory_gib=memory))
+        return compose_warmup(
+            WarmupRequest(traces=str(traces), dotlist=list(dotlist), gpu_profile=profile, gpu_memory_gib=memory)
+        )
 
     h200 = composed(139.8)
     assert h200.model.enable_gradient_checkpointing is False and h200[GPU_PROFILE_KEY] == "large"
@@ -97,7 +109,8 @@ def test_the_gpu_profile_of_calcx_train_sets_the_warmups_recomputation(traces: P
 
 
 def test_without_a_gpu_profile_flag_the_warmup_takes_calcx_yamls_as_calcx_train_does(
-        traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import calcx.trainer.config.compose as config
 
     shipped = config.CALCX_OVERRIDES.read_text(encoding="utf-8")
@@ -124,7 +137,8 @@ def test_without_a_gpu_profile_flag_the_warmup_takes_calcx_yamls_as_calcx_train_
 
 
 def test_a_misspelt_key_in_a_profiles_warmup_says_where_new_keys_go(
-        traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import calcx.trainer.config.compose as config
 
     shipped = config.CALCX_OVERRIDES.read_text(encoding="utf-8")

@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+from byte_tokenizer import byte_tokenizer
 
 from calcx.agent.calculator_inprocess import calculator_tool_entry
 from calcx.data.schema import DataError
 from calcx.data.traces import build_trace, write_traces
 from calcx.trainer.warmup.dataset import AgentTraceDataset, as_rendered, model_turn_segments, tokenize_trace
-from byte_tokenizer import byte_tokenizer
 
 # Qwen2.5's way with tools, cut to what matters here: consecutive tool answers share one user turn,
 # and a call's arguments are written with `tojson` (an object stays an object, a string is quoted).
@@ -26,7 +26,7 @@ QWEN_LIKE = (
     "{%- elif message.role == 'user' %}{{- '<|im_start|>user\\n' + message.content + '<|im_end|>\\n' }}"
     "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant' }}"
     "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
-    "{%- for call in message.tool_calls or [] %}{{- '\\n<tool_call>\\n{\"name\": \"' + call.function.name }}"
+    '{%- for call in message.tool_calls or [] %}{{- \'\\n<tool_call>\\n{"name": "\' + call.function.name }}'
     "{{- '\", \"arguments\": ' }}{{- call.function.arguments | tojson }}{{- '}\\n</tool_call>' }}{%- endfor %}"
     "{{- '<|im_end|>\\n' }}"
     "{%- elif message.role == 'tool' %}"
@@ -47,8 +47,12 @@ def qwen_like():
 
 @pytest.fixture(scope="module")
 def trace():
-    row = {"id": "gsm8k-train-1", "question": "Natalia sold 48 clips in April and half as many in May. How many?",
-           "chain": "In May she sold 48/2 = <<48/2=24>>24.\nAltogether 48+24 = <<48+24=72>>72.", "result": "72"}
+    row = {
+        "id": "gsm8k-train-1",
+        "question": "Natalia sold 48 clips in April and half as many in May. How many?",
+        "chain": "In May she sold 48/2 = <<48/2=24>>24.\nAltogether 48+24 = <<48+24=72>>72.",
+        "result": "72",
+    }
     trace, calls = asyncio.run(build_trace(row, [calculator_tool_entry()]))
     assert calls == 2
     return trace
@@ -57,9 +61,13 @@ def trace():
 @pytest.fixture(scope="module")
 def sequential_trace():
     """The shape of an agent of several tool rounds: one call a turn, each after the last result."""
-    row = {"id": "gsm8k-train-2", "question": "Ana has 48 clips, sells half, then buys 10. How many now?",
-           "chain": "She sells 48/2 = <<48/2=24>>24.\nShe keeps 48-24 = <<48-24=24>>24.\n"
-                    "Then 24+10 = <<24+10=34>>34 clips.", "result": "34"}
+    row = {
+        "id": "gsm8k-train-2",
+        "question": "Ana has 48 clips, sells half, then buys 10. How many now?",
+        "chain": "She sells 48/2 = <<48/2=24>>24.\nShe keeps 48-24 = <<48-24=24>>24.\n"
+        "Then 24+10 = <<24+10=34>>34 clips.",
+        "result": "34",
+    }
     trace, calls = asyncio.run(build_trace(row, [calculator_tool_entry()], tool_rounds=4))
     assert calls == 3
     return trace
@@ -103,15 +111,16 @@ def test_each_model_turn_is_one_call_prompt_then_its_response(request, trace, te
     spans = trained_spans(mask)
     assert len(spans) == 2
     for (begin, end), turn in zip(spans, turns):
-        prompt = tokenizer.apply_chat_template(rendered[:turn], tools=trace["tools"], add_generation_prompt=True,
-                                               tokenize=False)
-        full = tokenizer.apply_chat_template(rendered[:turn + 1], tools=trace["tools"], tokenize=False)
+        prompt = tokenizer.apply_chat_template(
+            rendered[:turn], tools=trace["tools"], add_generation_prompt=True, tokenize=False
+        )
+        full = tokenizer.apply_chat_template(rendered[: turn + 1], tools=trace["tools"], tokenize=False)
         assert tokenizer.decode(ids[:begin], skip_special_tokens=False) == prompt
         response = tokenizer.decode(ids[begin:end], skip_special_tokens=False)
         assert response.endswith("<|im_end|>")
         assert full.startswith(prompt + response)
-        assert full[len(prompt + response):].strip() == ""  # only the newline after the turn is context
-    final = tokenizer.decode(ids[spans[1][0]:spans[1][1]], skip_special_tokens=False)
+        assert full[len(prompt + response) :].strip() == ""  # only the newline after the turn is context
+    final = tokenizer.decode(ids[spans[1][0] : spans[1][1]], skip_special_tokens=False)
     assert "### ANSWER: 72 ###" in final
 
 
@@ -161,13 +170,14 @@ def test_every_turn_of_a_sequential_trace_is_trained_as_its_own_call(request, se
     assert len(turns) == len(spans) == 4
     responses = []
     for (begin, end), turn in zip(spans, turns):
-        prompt = tokenizer.apply_chat_template(rendered[:turn], tools=sequential_trace["tools"],
-                                               add_generation_prompt=True, tokenize=False)
-        full = tokenizer.apply_chat_template(rendered[:turn + 1], tools=sequential_trace["tools"], tokenize=False)
+        prompt = tokenizer.apply_chat_template(
+            rendered[:turn], tools=sequential_trace["tools"], add_generation_prompt=True, tokenize=False
+        )
+        full = tokenizer.apply_chat_template(rendered[: turn + 1], tools=sequential_trace["tools"], tokenize=False)
         assert tokenizer.decode(ids[:begin], skip_special_tokens=False) == prompt
         response = tokenizer.decode(ids[begin:end], skip_special_tokens=False)
         assert response.endswith("<|im_end|>") and full.startswith(prompt + response)
-        assert full[len(prompt + response):].strip() == ""
+        assert full[len(prompt + response) :].strip() == ""
         responses.append(response)
     # each call turn is the text since the last result and one call on it; the results are context
     assert "She sells 48/2 =" in responses[0] and '"expression": "48/2"' in responses[0]

@@ -55,8 +55,14 @@ def test_composition_makes_the_registered_loop_the_default() -> None:
 
 def test_a_fresh_verl_worker_process_finds_the_loop_through_the_config_file() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src" / "python")}
-    done = subprocess.run([sys.executable, "-c", WORKER_PROBE, CALCX_AGENT_LOOP, str(AGENT_LOOPS_FILE)],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER_PROBE, CALCX_AGENT_LOOP, str(AGENT_LOOPS_FILE)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["before_config"] is False  # verl's own modules do not know calcx's loop

@@ -15,8 +15,15 @@ from calcx.trainer.workers.ledger import TRIES, batch_rollout_ids, record_after_
 
 
 def test_a_batchs_rollouts_are_its_rows_distinct_ids() -> None:
-    rows = [{"calcx_rollout_id": "a"}, {"calcx_rollout_id": "a"}, {"calcx_rollout_id": "b"}, {}, None,
-            {"calcx_rollout_id": ""}, {"calcx_rollout_id": "a"}]
+    rows = [
+        {"calcx_rollout_id": "a"},
+        {"calcx_rollout_id": "a"},
+        {"calcx_rollout_id": "b"},
+        {},
+        None,
+        {"calcx_rollout_id": ""},
+        {"calcx_rollout_id": "a"},
+    ]
     assert batch_rollout_ids(rows) == ["a", "b"]
 
 
@@ -24,6 +31,7 @@ def test_the_step_is_recorded_when_verls_step_returns() -> None:
     recorded: list[tuple[int, list[str]]] = []
     trainer = SimpleNamespace(global_steps=7)
     trainer.step = lambda metrics, timing: {"ids": ["r1", "r2"], "metrics": metrics}
+
     def record(step: int, ids: list[str]) -> int:
         recorded.append((step, ids))
         return len(ids)
@@ -46,8 +54,11 @@ def _client(answers: list[httpx.Response], sent: list[dict]) -> CalcxClient:
 
 def test_an_unreachable_or_failing_server_is_tried_again() -> None:
     sent: list[dict] = []
-    answers = [httpx.Response(0), httpx.Response(503, json={"error": {"code": "x", "message": "busy"}}),
-               httpx.Response(200, json={"run": "r", "step": 3, "recorded": 2})]
+    answers = [
+        httpx.Response(0),
+        httpx.Response(503, json={"error": {"code": "x", "message": "busy"}}),
+        httpx.Response(200, json={"run": "r", "step": 3, "recorded": 2}),
+    ]
     slept: list[float] = []
     assert record_step(_client(answers, sent), "r", 3, ["a", "b"], sleep=slept.append, owner="t-1") == 2
     assert sent == [{"run": "r", "step": 3, "rollout_ids": ["a", "b"], "owner": "t-1"}] * 3 and len(slept) == 2

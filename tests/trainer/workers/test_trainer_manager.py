@@ -21,15 +21,15 @@ from typing import Any, cast
 
 import httpx
 import pytest
+from live_stack import SERVICES_PYTHON, alive, needs_services, start_stub
+from verl_v1_cpu import load_v1
 
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.trainer.config.compose import ComposeRequest, compose
-from calcx.trainer.workers.replicas import register_replicas_async
-from calcx.trainer.run_dir.server_key import write_key_file
-from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
 from calcx.trainer.rollouts.rollout_request import rollout_create_body
-from live_stack import SERVICES_PYTHON, alive, needs_services, start_stub
-from verl_v1_cpu import load_v1
+from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
+from calcx.trainer.run_dir.server_key import write_key_file
+from calcx.trainer.workers.replicas import register_replicas_async
 
 pytestmark = [needs_services, pytest.mark.timeout(480)]
 MODEL = "calcx-stub"
@@ -38,13 +38,19 @@ MODEL = "calcx-stub"
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory):
     import ray
+
     from calcx.data.generator import generate_split
 
     work = tmp_path_factory.mktemp("manager")
     rows = generate_split("train", 1, seed=5)
-    config = ServicesConfig(workdir=work / "services", services_python=SERVICES_PYTHON,
-                            services_pythonpath=[str(CALCX_SRC)], agent_python=SERVICES_PYTHON,
-                            agent_pythonpath=[str(CALCX_SRC)], concurrency=2)
+    config = ServicesConfig(
+        workdir=work / "services",
+        services_python=SERVICES_PYTHON,
+        services_pythonpath=[str(CALCX_SRC)],
+        agent_python=SERVICES_PYTHON,
+        agent_pythonpath=[str(CALCX_SRC)],
+        concurrency=2,
+    )
     services = LocalServices(config)
     stub = None
     try:
@@ -66,8 +72,17 @@ def _config(server_url: str, key: str, tmp_path: Path, workers: int = 0):
     """calcx's composed config; `workers` agent loop workers (each would need a model to start)."""
     from omegaconf import OmegaConf
 
-    cfg = compose(ComposeRequest(model=MODEL, server_url=server_url, dotlist=[
-        f"calcx.key_file={write_key_file(key)}", f"calcx.report_dir={tmp_path / 'report'}", f"actor_rollout_ref.rollout.agent.num_workers={workers}"]))
+    cfg = compose(
+        ComposeRequest(
+            model=MODEL,
+            server_url=server_url,
+            dotlist=[
+                f"calcx.key_file={write_key_file(key)}",
+                f"calcx.report_dir={tmp_path / 'report'}",
+                f"actor_rollout_ref.rollout.agent.num_workers={workers}",
+            ],
+        )
+    )
     OmegaConf.resolve(cfg)
     return cfg
 
@@ -89,8 +104,9 @@ def _create(cfg, llm_client):
 
 def _registry(stack: dict) -> dict:
     services = stack["services"]
-    response = httpx.get(f"{services.server_url}/v1/models",
-                         headers={"Authorization": f"Bearer {services.key}"}, timeout=10)
+    response = httpx.get(
+        f"{services.server_url}/v1/models", headers={"Authorization": f"Bearer {services.key}"}, timeout=10
+    )
     response.raise_for_status()
     return response.json()
 
@@ -105,9 +121,20 @@ async def _one_rollout(stack: dict, rid: str) -> tuple[dict, list[dict]]:
     services = stack["services"]
     client = AsyncCalcxClient(services.server_url, services.key)
     try:
-        await client.create_rollouts([rollout_create_body(
-            rollout_id=rid, group_id=rid, row=stack["rows"][0], policy_version=0,
-            env_map={"QUESTION": "question", "RESULT": "result"}, deadline_s=90, max_attempts=1, labels={})])
+        await client.create_rollouts(
+            [
+                rollout_create_body(
+                    rollout_id=rid,
+                    group_id=rid,
+                    row=stack["rows"][0],
+                    policy_version=0,
+                    env_map={"QUESTION": "question", "RESULT": "result"},
+                    deadline_s=90,
+                    max_attempts=1,
+                    labels={},
+                )
+            ]
+        )
         for _ in range(12):
             rollout = (await client.wait(rid, timeout_s=10)).model_dump(mode="json")
             if rollout["state"] in ("SUCCEEDED", "FAILED"):
@@ -147,8 +174,9 @@ def test_create_fails_clearly_when_the_server_is_down(stack: dict, tmp_path: Pat
     assert err.value.status == 0 and err.value.code == "unreachable"
     assert f"PUT {url}/v1/models" in str(err.value) and "ConnectError" in str(err.value)
     # no agent loop worker was started for replicas the server does not know
-    assert not [a for a in ray.util.list_named_actors(all_namespaces=True)
-                if a["name"].startswith("agent_loop_worker_")]
+    assert not [
+        a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("agent_loop_worker_")
+    ]
 
 
 @pytest.mark.parametrize("key", ["calcx-run-wrong", ""])
@@ -211,23 +239,30 @@ def test_task_runner_publishes_the_served_policy_version_at_each_weight_sync(sta
 
     sync = importlib.import_module("verl.trainer.ppo.v1.trainer_sync").PPOTrainerSync
     colocate_async = importlib.import_module("verl.trainer.ppo.v1.trainer_colocate_async").PPOTrainerColocateAsync
-    assert getattr(CalcxTaskRunner, "__ray_metadata__").modified_class.__ray_actor_class__ is CalcxTaskRunnerBase
+    assert CalcxTaskRunner.__ray_metadata__.modified_class.__ray_actor_class__ is CalcxTaskRunnerBase
 
     services = stack["services"]
     replica_address = stack["stub_url"].removeprefix("http://").removesuffix("/v1")
     cfg = _config(services.server_url, services.key, tmp_path)
     actors, replica = _ActorGroup(), _Replica(stack)
     trainer = SimpleNamespace(
-        global_steps=3, timing_raw={}, curr_step_profile=False,  # resumed from a step-3 checkpoint
-        checkpoint_manager=CheckpointEngineManager(CheckpointEngineConfig(backend="naive"), cast(Any, actors),
-                                                   [cast(Any, replica)]),
+        global_steps=3,
+        timing_raw={},
+        curr_step_profile=False,  # resumed from a step-3 checkpoint
+        checkpoint_manager=CheckpointEngineManager(
+            CheckpointEngineConfig(backend="naive"), cast(Any, actors), [cast(Any, replica)]
+        ),
         get_llm_client=lambda: _llm_client(cfg, [replica_address]),
-        get_teacher_client=lambda: None, get_reward_handles=lambda: [],
+        get_teacher_client=lambda: None,
+        get_reward_handles=lambda: [],
         replay_buffer=SimpleNamespace(poll_interval=2.0),  # verl's built-in interval
         # what calcx's tool-use metrics, checkpoint marker and training ledger wrap (verl's V1
         # trainer has all four)
-        _validate=lambda *args, **kwargs: {}, _compute_metrics=lambda batch, metrics, *args, **kwargs: None,
-        _save_checkpoint=lambda: None, step=lambda metrics, timing_raw: None)
+        _validate=lambda *args, **kwargs: {},
+        _compute_metrics=lambda batch, metrics, *args, **kwargs: None,
+        _save_checkpoint=lambda: None,
+        step=lambda metrics, timing_raw: None,
+    )
     runner = CalcxTaskRunnerBase()
     runner.config, runner.trainer = cfg, trainer
 
@@ -269,9 +304,15 @@ def test_replay_poll_must_be_a_positive_number_of_seconds() -> None:
 
 def test_register_replicas_normalises_verl_addresses(stack: dict) -> None:
     services = stack["services"]
-    registered = asyncio.run(register_replicas_async(
-        services.server_url, services.key, "other-model",
-        ["127.0.0.1:8001", " [::1]:8002 ", "http://127.0.0.1:8001/v1/", "", "h:1/v1"], policy_version=3))
+    registered = asyncio.run(
+        register_replicas_async(
+            services.server_url,
+            services.key,
+            "other-model",
+            ["127.0.0.1:8001", " [::1]:8002 ", "http://127.0.0.1:8001/v1/", "", "h:1/v1"],
+            policy_version=3,
+        )
+    )
     expected = ["http://127.0.0.1:8001/v1", "http://[::1]:8002/v1", "http://h:1/v1"]
     assert registered["endpoints"] == expected and registered["policy_version"] == 3
     assert _registry(stack)["endpoints"] == expected and _registry(stack)["model"] == "other-model"

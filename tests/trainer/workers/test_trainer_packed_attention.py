@@ -24,8 +24,15 @@ ROWS = [5, 9, 3, 7]
 
 def tiny_qwen2(attn: str) -> Qwen2ForCausalLM:
     torch.manual_seed(0)
-    config = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=97, max_position_embeddings=64)
+    config = Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=97,
+        max_position_embeddings=64,
+    )
     config._attn_implementation = attn
     return Qwen2ForCausalLM(config).eval()
 
@@ -44,8 +51,8 @@ def test_packed_rows_match_each_row_run_alone() -> None:
         together = model(input_ids=ids, position_ids=positions, use_cache=False).logits[0]
         start = 0
         for n in ROWS:
-            alone = model(input_ids=ids[:, start:start + n]).logits[0]
-            torch.testing.assert_close(together[start:start + n], alone, rtol=1e-4, atol=1e-5)
+            alone = model(input_ids=ids[:, start : start + n]).logits[0]
+            torch.testing.assert_close(together[start : start + n], alone, rtol=1e-4, atol=1e-5)
             start += n
 
 
@@ -66,10 +73,10 @@ def test_rows_do_not_see_each_other() -> None:
     model = tiny_qwen2(ATTN_IMPLEMENTATION)
     ids, positions = packed(ROWS)
     other = ids.clone()
-    other[0, :ROWS[0]] = (other[0, :ROWS[0]] + 1) % 97
+    other[0, : ROWS[0]] = (other[0, : ROWS[0]] + 1) % 97
     with torch.no_grad():
-        a = model(input_ids=ids, position_ids=positions.clone(), use_cache=False).logits[0, ROWS[0]:]
-        b = model(input_ids=other, position_ids=positions.clone(), use_cache=False).logits[0, ROWS[0]:]
+        a = model(input_ids=ids, position_ids=positions.clone(), use_cache=False).logits[0, ROWS[0] :]
+        b = model(input_ids=other, position_ids=positions.clone(), use_cache=False).logits[0, ROWS[0] :]
     torch.testing.assert_close(a, b)
 
 
@@ -101,8 +108,9 @@ def test_row_segments_are_computed_once_per_position_tensor() -> None:
 
 def test_mask_is_none_for_packed_rows_and_sdpa_otherwise() -> None:
     assert calcx_varlen_mask(batch_size=1, q_length=4, kv_length=4, attention_mask=None) is None
-    mask = calcx_varlen_mask(batch_size=1, q_length=3, kv_length=3, attention_mask=torch.tensor([[0, 1, 1]]),
-                             allow_is_causal_skip=False)
+    mask = calcx_varlen_mask(
+        batch_size=1, q_length=3, kv_length=3, attention_mask=torch.tensor([[0, 1, 1]]), allow_is_causal_skip=False
+    )
     assert mask is not None and mask.shape == (1, 1, 3, 3) and not bool(mask[0, 0, 2, 0])
 
 
@@ -117,9 +125,12 @@ def _reference(q, k, v, cu):
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     bounds = cu.tolist()
-    parts = [torch.nn.functional.scaled_dot_product_attention(
-        *(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=True).transpose(0, 1)
-        for a, b in zip(bounds[:-1], bounds[1:])]
+    parts = [
+        torch.nn.functional.scaled_dot_product_attention(
+            *(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=True
+        ).transpose(0, 1)
+        for a, b in zip(bounds[:-1], bounds[1:])
+    ]
     return torch.cat(parts)
 
 
@@ -136,9 +147,11 @@ def test_flash_kernel_gets_causality_and_grouped_heads_in_each_torch_spelling(mo
         assert kwargs.get("is_causal") or kwargs.get("window_size") == (-1, 0), "attention not causal"
         return _reference(query, key, value, cu_q)
 
-    params = {"torch-2.10": {"is_causal", "return_aux"},
-              "torch-2.11": {"return_aux", "scale", "window_size"},
-              "torch-2.12": {"return_aux", "scale", "window_size", "enable_gqa"}}[signature]
+    params = {
+        "torch-2.10": {"is_causal", "return_aux"},
+        "torch-2.11": {"return_aux", "scale", "window_size"},
+        "torch-2.12": {"return_aux", "scale", "window_size", "enable_gqa"},
+    }[signature]
     monkeypatch.setattr(packed_attention, "_flash_varlen", lambda: (stand_in, frozenset(params)))
     monkeypatch.setattr(packed_attention, "flash_varlen_usable", lambda tensor: True)
     gen = torch.Generator().manual_seed(3)

@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from live_stack import SERVICES_PYTHON, alive, needs_services, stack_rollouts, start_stub
+from verl_v1_cpu import load_v1
 
 from calcx.api.client import AsyncCalcxClient
 from calcx.trainer.config.compose import ComposeRequest, compose
 from calcx.trainer.run.data import verl_records
-from calcx.trainer.run_dir.server_key import write_key_file
 from calcx.trainer.run.services import CALCX_SRC, LocalServices, ServicesConfig
-from live_stack import SERVICES_PYTHON, alive, needs_services, stack_rollouts, start_stub
-from verl_v1_cpu import load_v1
+from calcx.trainer.run_dir.server_key import write_key_file
 
 pytestmark = [needs_services, pytest.mark.timeout(480)]
 
@@ -47,8 +47,10 @@ EVICTED_METRIC = "training/rollout_failure/evicted_samples"
 def _crashing_agent_cmd() -> list[str]:
     """The agent command, except for CRASHING's attempts: an agent process that dies at once
     (exit 1, a `crash`: an infrastructure failure the trainer retries, never a reward)."""
-    script = (f'case "$AGL_OPENAI_BASE_URL" in */rollouts/{CRASHING}/*) '
-              'echo "calcx-agent: failure: crash" >&2; exit 1;; esac; exec "$0" -m calcx.agent')
+    script = (
+        f'case "$AGL_OPENAI_BASE_URL" in */rollouts/{CRASHING}/*) '
+        'echo "calcx-agent: failure: crash" >&2; exit 1;; esac; exec "$0" -m calcx.agent'
+    )
     return ["sh", "-c", script, SERVICES_PYTHON]
 
 
@@ -58,10 +60,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
 
     work = tmp_path_factory.mktemp("replay-buffer")
     rows = generate_split("train", 2, seed=23)
-    config = ServicesConfig(workdir=work / "services", services_python=SERVICES_PYTHON,
-                            services_pythonpath=[str(CALCX_SRC)], agent_python=SERVICES_PYTHON,
-                            agent_pythonpath=[str(CALCX_SRC)], concurrency=8, prefork=False,
-                            controller_args=["--agent-cmd", json.dumps(_crashing_agent_cmd())])
+    config = ServicesConfig(
+        workdir=work / "services",
+        services_python=SERVICES_PYTHON,
+        services_pythonpath=[str(CALCX_SRC)],
+        agent_python=SERVICES_PYTHON,
+        agent_pythonpath=[str(CALCX_SRC)],
+        concurrency=8,
+        prefork=False,
+        controller_args=["--agent-cmd", json.dumps(_crashing_agent_cmd())],
+    )
     services = LocalServices(config)
     stub = None
     try:
@@ -79,12 +87,22 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
 def _config(stack: dict, report_dir: Path):
     from omegaconf import OmegaConf
 
-    cfg = compose(ComposeRequest(model="calcx-stub", server_url=stack["services"].server_url,
-                                 dotlist=[
-                                     f"calcx.key_file={write_key_file(stack['services'].key)}",
-                                     f"calcx.report_dir={report_dir}", "calcx.max_attempts=2", "calcx.deadline_s=90",
-                                     "calcx.wait_timeout_s=5", "calcx.group_timeout_s=300",
-                                     f"actor_rollout_ref.rollout.n={N}", f"data.train_batch_size={BATCH}"]))
+    cfg = compose(
+        ComposeRequest(
+            model="calcx-stub",
+            server_url=stack["services"].server_url,
+            dotlist=[
+                f"calcx.key_file={write_key_file(stack['services'].key)}",
+                f"calcx.report_dir={report_dir}",
+                "calcx.max_attempts=2",
+                "calcx.deadline_s=90",
+                "calcx.wait_timeout_s=5",
+                "calcx.group_timeout_s=300",
+                f"actor_rollout_ref.rollout.n={N}",
+                f"data.train_batch_size={BATCH}",
+            ],
+        )
+    )
     OmegaConf.resolve(cfg)  # as verl's TaskRunner does before any worker sees it
     return cfg
 
@@ -126,13 +144,18 @@ def _sync_replay_buffer(v1, cfg, refill):
     assert not (cfg.algorithm.get("filter_groups") or {}).get("enable", False)
     refill_failed = bool(sampler.get("sync_refill_failed_groups", False))
     buffer = v1.replay_buffer.ReplayBuffer(
-        trainer_mode="sync", trainer_config=cfg.trainer.v1.get("sync", {}),
+        trainer_mode="sync",
+        trainer_config=cfg.trainer.v1.get("sync", {}),
         max_off_policy_threshold=sampler.max_off_policy_threshold,
-        max_off_policy_strategy=sampler.max_off_policy_strategy, sampler_kwargs=sampler.sampler_kwargs,
-        refill_fn=refill, filter_groups_metric=None, sync_refill_failed_groups=refill_failed,
+        max_off_policy_strategy=sampler.max_off_policy_strategy,
+        sampler_kwargs=sampler.sampler_kwargs,
+        refill_fn=refill,
+        filter_groups_metric=None,
+        sync_refill_failed_groups=refill_failed,
         train_batch_size=cfg.data.train_batch_size,
         gen_batch_size=1 if refill_failed else (cfg.data.get("gen_batch_size") or cfg.data.train_batch_size),
-        max_inflight_gen_batches=1)
+        max_inflight_gen_batches=1,
+    )
     set_replay_poll(buffer, cfg.calcx.replay_poll_s)
     assert buffer.poll_interval == 0.2
     return buffer
@@ -153,8 +176,13 @@ def test_incomplete_group_is_evicted_counted_and_refilled(stack: dict, tmp_path:
     cfg = _config(stack, tmp_path / "report")
     good, other = stack["rows"]
     rollout = cfg.actor_rollout_ref.rollout
-    sampling = {"temperature": float(rollout.temperature), "top_p": float(rollout.top_p),
-                "top_k": int(rollout.top_k), "repetition_penalty": 1.0, "logprobs": bool(rollout.calculate_log_probs)}
+    sampling = {
+        "temperature": float(rollout.temperature),
+        "top_p": float(rollout.top_p),
+        "top_k": int(rollout.top_k),
+        "repetition_penalty": 1.0,
+        "logprobs": bool(rollout.calculate_log_probs),
+    }
     worker = _worker(v1, cfg)
     rows_by_uid: dict[str, dict[str, Any]] = {}
     refills: list[int] = []
@@ -166,8 +194,9 @@ def test_incomplete_group_is_evicted_counted_and_refilled(stack: dict, tmp_path:
         def submit(uid: str, row: dict[str, Any]) -> None:
             # PPOTrainer._submit_batch_to_rollout (sync): the prompt's tag, then the agent loop worker
             rows_by_uid[uid] = row
-            kv.kv_batch_put(keys=[uid], partition_id="train",
-                            tags=[{"is_prompt": True, "status": "pending", "global_steps": STEP}])
+            kv.kv_batch_put(
+                keys=[uid], partition_id="train", tags=[{"is_prompt": True, "status": "pending", "global_steps": STEP}]
+            )
             prompt = {**verl_records([row])[0], "uid": uid, "global_steps": STEP, "index": len(rows_by_uid)}
             trajectory = {"step": STEP, "sample_index": prompt["index"], "rollout_n": 0, "validate": False}
             runs.append(asyncio.run_coroutine_threadsafe(worker._run_prompt(prompt, dict(sampling), trajectory), loop))
@@ -183,7 +212,8 @@ def test_incomplete_group_is_evicted_counted_and_refilled(stack: dict, tmp_path:
         submit("uid-good", good)
         submit("uid-mixed", good)
         sampled = await asyncio.wait_for(
-            asyncio.to_thread(buffer.sample, global_steps=STEP, partition_id="train", batch_size=BATCH), 400)
+            asyncio.to_thread(buffer.sample, global_steps=STEP, partition_id="train", batch_size=BATCH), 400
+        )
         await asyncio.gather(*(asyncio.wrap_future(r) for r in runs))
         return sampled
 

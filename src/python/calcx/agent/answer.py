@@ -34,7 +34,9 @@ SYSTEM_MESSAGES = {
     ),
 }
 if tuple(SYSTEM_MESSAGES) != AGENT_PROMPTS:  # the contract names them; a text for each, no more
-    raise ImportError(f"calcx.agent.answer.SYSTEM_MESSAGES names {tuple(SYSTEM_MESSAGES)}, the contract {AGENT_PROMPTS}")
+    raise ImportError(
+        f"calcx.agent.answer.SYSTEM_MESSAGES names {tuple(SYSTEM_MESSAGES)}, the contract {AGENT_PROMPTS}"
+    )
 MAX_MESSAGE_CHARS = 100_000
 _MAX_WHITESPACE_RUN = 64
 _LONG_WHITESPACE_RE = re.compile(r"\s{%d,}" % (_MAX_WHITESPACE_RUN + 1))

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
 from calcx.contract.env import AGL_PREFIX, CALCX_CALCULATOR_CMD, QUESTION, RESULT, agent_base_env
 

@@ -31,7 +31,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from mcp import types
 from mcp_server_calculator.calculator import mcp as CALCULATOR_SERVER
@@ -63,7 +64,8 @@ async def _call_here(name: str, arguments: Mapping[str, Any] | None) -> tuple[st
     server's answer into the tool message: the text parts joined by newlines, non-text parts as
     their JSON."""
     request = types.CallToolRequest(
-        method="tools/call", params=types.CallToolRequestParams(name=name, arguments=dict(arguments or {})))
+        method="tools/call", params=types.CallToolRequestParams(name=name, arguments=dict(arguments or {}))
+    )
     result = (await _handler(types.CallToolRequest)(request)).root
     parts = [c.text if isinstance(c, types.TextContent) else c.model_dump_json() for c in result.content]
     return "\n".join(parts), bool(result.isError)
@@ -117,8 +119,12 @@ class CalculatorProcess:
     def _running(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
             self._end()
-            proc = subprocess.Popen([sys.executable, "-m", "calcx.agent.calculator_inprocess"], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, env=isolated_calculator_environment())
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "calcx.agent.calculator_inprocess"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=isolated_calculator_environment(),
+            )
             self._proc = proc
             if self._read_line(proc, START_TIMEOUT_S) != READY:
                 self._end()
@@ -156,8 +162,9 @@ _PROCESS = CalculatorProcess()
 atexit.register(_PROCESS.close)
 
 
-async def call(name: str, arguments: Mapping[str, Any] | None, process: CalculatorProcess | None = None
-               ) -> tuple[str, bool]:
+async def call(
+    name: str, arguments: Mapping[str, Any] | None, process: CalculatorProcess | None = None
+) -> tuple[str, bool]:
     """(text, is_error) of one tool call, as the agent's MCP calculator answers it, evaluated in
     the calculator process (this process's own unless ``process`` is given) on a thread, so the
     caller's event loop runs on meanwhile."""

@@ -19,7 +19,8 @@ import ast
 import math
 import operator
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 #: Longest expression accepted, in characters.
 MAX_EXPRESSION_CHARS = 1000
@@ -61,14 +62,15 @@ def _digits(value: Any) -> int:
         return 1
     if isinstance(value, int):
         return int(abs(value).bit_length() * _LOG10_2) + 1
-    if isinstance(value, (str, bytes)):
+    if isinstance(value, str | bytes):
         return len(value)
     return 0
 
 
 def _too_large(what: str) -> CalculatorLimit:
-    return CalculatorLimit(f"{what} would have more than {MAX_RESULT_DIGITS} digits; "
-                           "the calculator refuses results that large")
+    return CalculatorLimit(
+        f"{what} would have more than {MAX_RESULT_DIGITS} digits; " "the calculator refuses results that large"
+    )
 
 
 def time_limit_message(max_call_s: float = MAX_CALL_S) -> str:
@@ -78,7 +80,7 @@ def time_limit_message(max_call_s: float = MAX_CALL_S) -> str:
 
 def _check_binop(op: type, left: Any, right: Any) -> None:
     """Refuse a step whose result would be too large, or too slow to compute, before computing it."""
-    if op is ast.Mod and isinstance(left, (str, bytes)):
+    if op is ast.Mod and isinstance(left, str | bytes):
         # printf-style formatting: '%2147483647d' % 1 builds a 2 GB string inside one step,
         # before any size check could see it; arithmetic never needs it
         raise CalculatorLimit("the calculator does not format strings: `%` takes numbers only")
@@ -87,7 +89,7 @@ def _check_binop(op: type, left: Any, right: Any) -> None:
             raise _too_large(f"{left} ** {right}")
     if op is ast.Mult:
         for seq, times in ((left, right), (right, left)):
-            if isinstance(seq, (str, bytes)) and isinstance(times, int) and len(seq) * times > MAX_RESULT_DIGITS:
+            if isinstance(seq, str | bytes) and isinstance(times, int) and len(seq) * times > MAX_RESULT_DIGITS:
                 raise _too_large("repeating a string")
 
 
@@ -95,8 +97,9 @@ def bounded_evaluate(expression: str, max_call_s: float = MAX_CALL_S) -> str:
     """`mcp_server_calculator`'s evaluate with bounds: the same answers within them, a
     CalculatorLimit past them (``max_call_s``: the time bound, MAX_CALL_S unless a test asks)."""
     if len(expression) > MAX_EXPRESSION_CHARS:
-        raise CalculatorLimit(f"the expression is {len(expression)} characters; the calculator takes at most "
-                              f"{MAX_EXPRESSION_CHARS}")
+        raise CalculatorLimit(
+            f"the expression is {len(expression)} characters; the calculator takes at most " f"{MAX_EXPRESSION_CHARS}"
+        )
     deadline = time.monotonic() + max_call_s
 
     def walk(node: ast.AST) -> Any:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from calcx.agent.calculator import calculator_command
 from calcx.agent.failures import BadEnvironment
 from calcx.contract.env import (
+    AGENT_PROMPT_DEFAULT,
     AGL_EVENT_URL,
     AGL_KEY,
     AGL_OPENAI_BASE_URL,
-    AGENT_PROMPT_DEFAULT,
     CALCX_AGENT_PROMPT,
     CALCX_AGENT_TIMEOUT_S,
     CALCX_AGENT_TOOL_ROUNDS,
@@ -45,7 +45,7 @@ class AgentConfig:
     prompt: str = AGENT_PROMPT_DEFAULT
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> "AgentConfig":
+    def from_env(cls, env: Mapping[str, str]) -> AgentConfig:
         """Validate ``env``; raise BadEnvironment naming the first bad variable."""
         missing = [name for name in REQUIRED_VARIABLES if not (env.get(name) or "").strip()]
         if missing:
@@ -72,7 +72,9 @@ class AgentConfig:
             event_url=env[AGL_EVENT_URL].strip(),
             key=env[AGL_KEY].strip(),
             run_timeout_s=min(MAX_RUN_SECONDS, _positive_float(env, CALCX_AGENT_TIMEOUT_S, MAX_RUN_SECONDS)),
-            model_max_retries=int(_positive_float(env, CALCX_MODEL_MAX_RETRIES, DEFAULT_MODEL_MAX_RETRIES, zero_ok=True)),
+            model_max_retries=int(
+                _positive_float(env, CALCX_MODEL_MAX_RETRIES, DEFAULT_MODEL_MAX_RETRIES, zero_ok=True)
+            ),
             calculator_timeout_s=_positive_float(env, CALCX_CALCULATOR_TIMEOUT_S, DEFAULT_CALCULATOR_TIMEOUT_S),
             calculator_command=command,
             tool_rounds=tool_rounds,

@@ -14,8 +14,8 @@ import json
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from calcx.agent.answer import extract_answer
 from calcx.agent.config import AgentConfig
@@ -55,7 +55,9 @@ async def _rollout(config: AgentConfig, deadline: float) -> Outcome:
         if scope.expired():
             if posted:  # the deadline passed during the teardown: the run had finished (status 0 iff posted)
                 return posted[0]
-            raise AgentTimeout(f"run exceeded {config.run_timeout_s:g} s ({CALCX_AGENT_TIMEOUT_S} / 300 s bound)") from None
+            raise AgentTimeout(
+                f"run exceeded {config.run_timeout_s:g} s ({CALCX_AGENT_TIMEOUT_S} / 300 s bound)"
+            ) from None
         raise
 
 

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import os
 import signal
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-from typing import Any, Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import openai
 from autogen_agentchat.agents import AssistantAgent

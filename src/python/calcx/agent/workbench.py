@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, List, Mapping, NoReturn, TypeVar
+from collections.abc import Awaitable, Mapping
+from typing import Any, NoReturn, TypeVar
 
 import anyio
 from autogen_core import CancellationToken
@@ -58,7 +59,7 @@ _TRANSPORT_ERRORS = (
 _REQUEST_TIMEOUT = 408
 
 #: What the calculator's ``list_tools`` answers (checked against it once it has started).
-CALCULATOR_TOOLS: List[ToolSchema] = [
+CALCULATOR_TOOLS: list[ToolSchema] = [
     ToolSchema(
         name="calculate",
         description="Calculates/evaluates the given expression.",
@@ -103,10 +104,10 @@ class CalculatorWorkbench(McpWorkbench):
         self._watch: ProcessWatch | None = None
         self._guarded = False
         self._parked: set[asyncio.Task[Any]] = set()
-        self._opening: asyncio.Task[List[ToolSchema]] | None = None
+        self._opening: asyncio.Task[list[ToolSchema]] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
-    async def open(self) -> List[ToolSchema]:
+    async def open(self) -> list[ToolSchema]:
         """Start the calculator, list its tools and watch its process; CalculatorFailed if it
         cannot start (the agent runs this in the background: :meth:`open_soon`)."""
         try:
@@ -132,7 +133,7 @@ class CalculatorWorkbench(McpWorkbench):
             self._opening = asyncio.ensure_future(self._open_checked())
             self._opening.add_done_callback(_retrieve)
 
-    async def _open_checked(self) -> List[ToolSchema]:
+    async def _open_checked(self) -> list[ToolSchema]:
         tools = await self.open()
         if tools != CALCULATOR_TOOLS:
             raise self._fail(f"calculator lists tools {tools!r}, not the announced {CALCULATOR_TOOLS!r}")
@@ -236,7 +237,7 @@ class CalculatorWorkbench(McpWorkbench):
         return run.result()
 
     # -- tools ------------------------------------------------------------------------------
-    async def list_tools(self) -> List[ToolSchema]:
+    async def list_tools(self) -> list[ToolSchema]:
         if self._opening is not None:
             if self.failure is not None:
                 await self._give_up()
@@ -264,9 +265,7 @@ class CalculatorWorkbench(McpWorkbench):
             await self._give_up()
         cancellation_token = cancellation_token or CancellationToken()
         try:
-            request = await self._until_failure(
-                self._actor.call("call_tool", {"name": name, "kargs": arguments or {}})
-            )
+            request = await self._until_failure(self._actor.call("call_tool", {"name": name, "kargs": arguments or {}}))
             call = asyncio.ensure_future(request)
             cancellation_token.link_future(call)
             result = await self._until_failure(call)

@@ -38,9 +38,11 @@ def apply_turn_limits(cfg: DictConfig) -> None:
         if given is None:
             OmegaConf.update(cfg, key, value, merge=False)
         elif given != value:
-            raise ConfigError(f"{key}={given} disagrees with calcx.agent_tool_rounds={rounds} (which makes it "
-                              f"{value}); set calcx.agent_tool_rounds instead, so calcx's agent and the anchor "
-                              "play the same turns")
+            raise ConfigError(
+                f"{key}={given} disagrees with calcx.agent_tool_rounds={rounds} (which makes it "
+                f"{value}); set calcx.agent_tool_rounds instead, so calcx's agent and the anchor "
+                "play the same turns"
+            )
 
 
 def compose_anchor(request: ComposeRequest) -> DictConfig:

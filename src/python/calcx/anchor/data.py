@@ -9,7 +9,8 @@ no per-trajectory state, so verl's default (nothing to pass to `create`) is all 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from calcx.agent.answer import prompt_messages
 from calcx.contract.env import AGENT_PROMPT_DEFAULT
@@ -21,5 +22,7 @@ TOOL_AGENT = "tool_agent"
 
 def anchor_records(rows: Sequence[dict[str, Any]], prompt: str = AGENT_PROMPT_DEFAULT) -> list[dict[str, Any]]:
     """The rows opened with the system message named `prompt` (calcx.agent_prompt)."""
-    return [verl_record(row, index, prompt=prompt_messages(str(row["question"]), prompt), agent_name=TOOL_AGENT)
-            for index, row in enumerate(rows)]
+    return [
+        verl_record(row, index, prompt=prompt_messages(str(row["question"]), prompt), agent_name=TOOL_AGENT)
+        for index, row in enumerate(rows)
+    ]

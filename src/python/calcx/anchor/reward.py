@@ -13,7 +13,8 @@ verl loads it as `reward.custom_reward_function.path=pkg://calcx.anchor.reward`.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from calcx.agent.answer import extract_answer
 from calcx.agent.reward import reward
@@ -33,11 +34,12 @@ def final_message(solution_str: str, num_turns: int | None = None) -> str:
     if not closed:
         return solution_str
     after = after.lstrip()
-    return after[len(ASSISTANT_ROLE):].removeprefix("\n") if after.startswith(ASSISTANT_ROLE) else after
+    return after[len(ASSISTANT_ROLE) :].removeprefix("\n") if after.startswith(ASSISTANT_ROLE) else after
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str,
-                  extra_info: Mapping[str, Any] | None = None, **_: Any) -> float:
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: Mapping[str, Any] | None = None, **_: Any
+) -> float:
     """verl's custom reward hook: 1.0 when the final answer matches the row's result, else 0.0."""
     turns = (extra_info or {}).get("num_turns")
     message = final_message(solution_str, int(turns) if turns is not None else None)

@@ -13,7 +13,7 @@ Imports verl: load it only where verl is installed.
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import PrivateAttr
 from verl.tools.base_tool import BaseTool
@@ -28,7 +28,7 @@ class ExactToolSchema(OpenAIFunctionToolSchema):
     _entry: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @classmethod
-    def of(cls, entry: dict[str, Any]) -> "ExactToolSchema":
+    def of(cls, entry: dict[str, Any]) -> ExactToolSchema:
         schema = cls.model_validate(entry)
         schema._entry = copy.deepcopy(entry)
         return schema
@@ -40,17 +40,19 @@ class ExactToolSchema(OpenAIFunctionToolSchema):
 class CalculatorTool(BaseTool):
     """The MCP calculator's `calculate`, in-process; stateless (no per-trajectory instance)."""
 
-    def __init__(self, config: dict, tool_schema: Optional[OpenAIFunctionToolSchema] = None):
+    def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None):
         if tool_schema is not None:
-            raise ValueError("the calculator's schema is mcp_server_calculator's own: leave `tool_schema` out of "
-                             "the tool config")
+            raise ValueError(
+                "the calculator's schema is mcp_server_calculator's own: leave `tool_schema` out of " "the tool config"
+            )
         # BaseTool falls back on get_openai_tool_schema() when handed none; hand it over directly.
         super().__init__(config, self.get_openai_tool_schema())
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
         return ExactToolSchema.of(calculator_tool_entry())
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
-                      ) -> tuple[ToolResponse, float, dict]:
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict]:
         text, is_error = await call(self.name, parameters)
         return ToolResponse(text=text), 0.0, {"is_error": is_error}

@@ -11,10 +11,10 @@ controller, agent and trainer each keep their own retry policy, on top of `Calcx
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import ssl
-import functools
 from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
@@ -105,8 +105,9 @@ class Call(Generic[T]):
                 answer = response.text
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             what = model.__name__ if model is not None else "JSON"
-            raise CalcxAPIError(response.status_code, BAD_RESPONSE, f"the answer is not {what}: {exc}"[:500],
-                                request) from exc
+            raise CalcxAPIError(
+                response.status_code, BAD_RESPONSE, f"the answer is not {what}: {exc}"[:500], request
+            ) from exc
         return self.pick(answer) if self.pick is not None else answer
 
 
@@ -153,8 +154,9 @@ def _rollouts(page: Any) -> list[Rollout]:
     return page.rollouts
 
 
-def _list_call(state: str | None, group_id: str | None, controller_id: str | None, limit: int,
-               offset: int) -> Call[list[Rollout]]:
+def _list_call(
+    state: str | None, group_id: str | None, controller_id: str | None, limit: int, offset: int
+) -> Call[list[Rollout]]:
     query: dict[str, Any] = {"limit": limit, "offset": offset}
     for name, value in (("state", state), ("group_id", group_id), ("controller_id", controller_id)):
         if value is not None:
@@ -204,8 +206,13 @@ class _Endpoints:
         target = call.target()
         method = call.endpoint.method
         content = None if call.body is None else json.dumps(call.body).encode()
-        request = {"method": method, "url": target, "content": content, "params": call.query,
-                   "timeout": call.timeout(self._timeout)}
+        request = {
+            "method": method,
+            "url": target,
+            "content": content,
+            "params": call.query,
+            "timeout": call.timeout(self._timeout),
+        }
         return f"{method} {target if call.url else self.base_url + target}", request
 
     # -- open ------------------------------------------------------------------------------
@@ -231,8 +238,14 @@ class _Endpoints:
         return Call(api.GET_ROLLOUT, {"rid": rollout_id})
 
     @endpoint
-    def list_rollouts(self, state: str | None = None, group_id: str | None = None, controller_id: str | None = None,
-                      limit: int = 100, offset: int = 0) -> Call[list[Rollout]]:
+    def list_rollouts(
+        self,
+        state: str | None = None,
+        group_id: str | None = None,
+        controller_id: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> Call[list[Rollout]]:
         return _list_call(state, group_id, controller_id, limit, offset)
 
     @endpoint
@@ -251,13 +264,22 @@ class _Endpoints:
         return Call(api.RETRY, {"rid": rollout_id}, body={"force": force})
 
     @endpoint
-    def cancel(self, run: str | None = None, rollout_ids: Iterable[str] | None = None,
-               detail: str | None = None, owner: str | None = None) -> Call[list[AttemptRef]]:
+    def cancel(
+        self,
+        run: str | None = None,
+        rollout_ids: Iterable[str] | None = None,
+        detail: str | None = None,
+        owner: str | None = None,
+    ) -> Call[list[AttemptRef]]:
         """FAIL (reason cancelled_by_api) the QUEUED and RUNNING attempts of run `run` or of
         `rollout_ids`; their controllers stop the running ones. Returns the attempts cancelled.
         `owner`: the sender's lease of the run (409 lease_lost when another trainer holds it)."""
-        body: dict[str, Any] = {"run": run, "rollout_ids": None if rollout_ids is None else list(rollout_ids),
-                                "detail": detail, "owner": owner}
+        body: dict[str, Any] = {
+            "run": run,
+            "rollout_ids": None if rollout_ids is None else list(rollout_ids),
+            "detail": detail,
+            "owner": owner,
+        }
         return Call(api.CANCEL, body=body, pick=lambda answer: answer.cancelled)
 
     @endpoint
@@ -272,8 +294,11 @@ class _Endpoints:
     def rewind(self, run: str, after_step: int, owner: str | None = None) -> Call[list[int]]:
         """Roll back the ledger of `run`'s steps after `after_step` (a resume from its
         checkpoint); returns those steps."""
-        return Call(api.REWIND, body={"run": run, "after_step": after_step, "owner": owner},
-                    pick=lambda answer: answer.rolled_back)
+        return Call(
+            api.REWIND,
+            body={"run": run, "after_step": after_step, "owner": owner},
+            pick=lambda answer: answer.rolled_back,
+        )
 
     # -- run leases (server key) -------------------------------------------------------------
     @endpoint
@@ -309,19 +334,32 @@ class _Endpoints:
         return Call(api.CLAIM, body=body, poll_s=timeout_s)
 
     @endpoint
-    def heartbeat(self, controller_id: str,
-                  attempts: Iterable[tuple[str, str]] | None = None) -> Call[HeartbeatResponse]:
+    def heartbeat(
+        self, controller_id: str, attempts: Iterable[tuple[str, str]] | None = None
+    ) -> Call[HeartbeatResponse]:
         body: dict[str, Any] = {"controller_id": controller_id}
         if attempts is not None:
             body["attempts"] = [{"rollout_id": r, "attempt_id": a} for r, a in attempts]
         return Call(api.HEARTBEAT, body=body)
 
     @endpoint
-    def finish(self, rollout_id: str, attempt_id: str, state: str, reason: FailureReason | None = None,
-               exit_code: int | None = None, agent_seconds: float | None = None,
-               detail: str | None = None) -> Call[Rollout]:
-        body = {"state": state, "reason": reason, "exit_code": exit_code, "agent_seconds": agent_seconds,
-                "detail": detail}
+    def finish(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        state: str,
+        reason: FailureReason | None = None,
+        exit_code: int | None = None,
+        agent_seconds: float | None = None,
+        detail: str | None = None,
+    ) -> Call[Rollout]:
+        body = {
+            "state": state,
+            "reason": reason,
+            "exit_code": exit_code,
+            "agent_seconds": agent_seconds,
+            "detail": detail,
+        }
         return Call(api.FINISH, {"rid": rollout_id, "aid": attempt_id}, body=body)
 
     # -- agents (attempt token or server key) ----------------------------------------------
@@ -361,15 +399,25 @@ class _Endpoints:
 class AsyncCalcxClient(_Endpoints):
     """The client: `await client.<endpoint>(...)`; one connection pool, `await client.aclose()` when done."""
 
-    def __init__(self, base_url: str, key: str, timeout: float = 30.0, max_connections: int = 256,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        key: str,
+        timeout: float = 30.0,
+        max_connections: int = 256,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self._timeout = timeout
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=_headers(key), timeout=timeout,
-            transport=transport or httpx.AsyncHTTPTransport(verify=tls_context(self.base_url),
-                                                            socket_options=_SOCKET_OPTIONS, limits=limits),
+            base_url=self.base_url,
+            headers=_headers(key),
+            timeout=timeout,
+            transport=transport
+            or httpx.AsyncHTTPTransport(
+                verify=tls_context(self.base_url), socket_options=_SOCKET_OPTIONS, limits=limits
+            ),
         )
 
     async def aclose(self) -> None:
@@ -401,14 +449,17 @@ class AsyncCalcxClient(_Endpoints):
 class CalcxClient(_Endpoints):
     """The same methods, blocking, through an `httpx.Client`; close it (or use `with`)."""
 
-    def __init__(self, base_url: str, key: str, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self, base_url: str, key: str, timeout: float = 30.0, transport: httpx.BaseTransport | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self._timeout = timeout
         self._http = httpx.Client(
-            base_url=self.base_url, headers=_headers(key), timeout=timeout,
-            transport=transport or httpx.HTTPTransport(verify=tls_context(self.base_url),
-                                                       socket_options=_SOCKET_OPTIONS),
+            base_url=self.base_url,
+            headers=_headers(key),
+            timeout=timeout,
+            transport=transport
+            or httpx.HTTPTransport(verify=tls_context(self.base_url), socket_options=_SOCKET_OPTIONS),
         )
 
     def close(self) -> None:

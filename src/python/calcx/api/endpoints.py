@@ -31,8 +31,8 @@ from calcx.api.models import (
     LeaseRequest,
     ModelRegistry,
     ModelRegistryUpdate,
-    RewindRequest,
     RetryRequest,
+    RewindRequest,
     RewindResponse,
     Rollout,
     RolloutList,
@@ -85,79 +85,199 @@ class Endpoint:
 HEALTH = Endpoint("health", "GET", "/healthz", Auth.OPEN, "probes, tests", None, Health)
 METRICS = Endpoint("metrics", "GET", "/metrics", Auth.OPEN, "Prometheus", None, None)
 CREATE_ROLLOUTS = Endpoint(
-    "create_rollouts", "POST", "/v1/rollouts", Auth.SERVER_KEY, "trainer, rehearsal, benchmarks",
-    CreateRolloutsRequest, RolloutList,
+    "create_rollouts",
+    "POST",
+    "/v1/rollouts",
+    Auth.SERVER_KEY,
+    "trainer, rehearsal, benchmarks",
+    CreateRolloutsRequest,
+    RolloutList,
 )
 LIST_ROLLOUTS = Endpoint(
-    "list_rollouts", "GET", "/v1/rollouts", Auth.SERVER_KEY, "trainer (preflight, evaluation), benchmarks",
-    None, RolloutList,
+    "list_rollouts",
+    "GET",
+    "/v1/rollouts",
+    Auth.SERVER_KEY,
+    "trainer (preflight, evaluation), benchmarks",
+    None,
+    RolloutList,
 )
 GET_ROLLOUT = Endpoint("get_rollout", "GET", "/v1/rollouts/{rid}", Auth.SERVER_KEY, "tests, tools", None, Rollout)
 WAIT = Endpoint(
-    "wait", "POST", "/v1/rollouts/{rid}/wait", Auth.SERVER_KEY, "trainer", WaitRequest, Rollout, long_poll=True,
+    "wait",
+    "POST",
+    "/v1/rollouts/{rid}/wait",
+    Auth.SERVER_KEY,
+    "trainer",
+    WaitRequest,
+    Rollout,
+    long_poll=True,
     body_optional=True,
 )
 RETRY = Endpoint(
-    "retry", "POST", "/v1/rollouts/{rid}/retry", Auth.SERVER_KEY, "trainer, tools (force)", RetryRequest, Rollout,
+    "retry",
+    "POST",
+    "/v1/rollouts/{rid}/retry",
+    Auth.SERVER_KEY,
+    "trainer, tools (force)",
+    RetryRequest,
+    Rollout,
     body_optional=True,
 )
 CANCEL = Endpoint(
-    "cancel", "POST", "/v1/cancel", Auth.SERVER_KEY, "trainer (what a previous run left), tools", CancelRequest,
+    "cancel",
+    "POST",
+    "/v1/cancel",
+    Auth.SERVER_KEY,
+    "trainer (what a previous run left), tools",
+    CancelRequest,
     CancelResponse,
 )
 RECORD_TRAINED = Endpoint(
-    "record_trained", "POST", "/v1/trained", Auth.SERVER_KEY, "trainer (after each step's update)", TrainedRequest,
+    "record_trained",
+    "POST",
+    "/v1/trained",
+    Auth.SERVER_KEY,
+    "trainer (after each step's update)",
+    TrainedRequest,
     TrainedResponse,
 )
 REWIND = Endpoint(
-    "rewind", "POST", "/v1/trained/rewind", Auth.SERVER_KEY, "trainer (resuming from a checkpoint)", RewindRequest,
+    "rewind",
+    "POST",
+    "/v1/trained/rewind",
+    Auth.SERVER_KEY,
+    "trainer (resuming from a checkpoint)",
+    RewindRequest,
     RewindResponse,
 )
 ACQUIRE_LEASE = Endpoint(
-    "acquire_lease", "POST", "/v1/leases", Auth.SERVER_KEY, "trainer (at start, before it cancels or rewinds)",
-    LeaseRequest, RunLease,
+    "acquire_lease",
+    "POST",
+    "/v1/leases",
+    Auth.SERVER_KEY,
+    "trainer (at start, before it cancels or rewinds)",
+    LeaseRequest,
+    RunLease,
 )
 RENEW_LEASE = Endpoint(
-    "renew_lease", "POST", "/v1/leases/renew", Auth.SERVER_KEY, "trainer (while it runs)", LeaseRenewal, RunLease,
+    "renew_lease",
+    "POST",
+    "/v1/leases/renew",
+    Auth.SERVER_KEY,
+    "trainer (while it runs)",
+    LeaseRenewal,
+    RunLease,
 )
 RELEASE_LEASE = Endpoint(
-    "release_lease", "POST", "/v1/leases/release", Auth.SERVER_KEY, "trainer (at a clean end)", LeaseRenewal,
+    "release_lease",
+    "POST",
+    "/v1/leases/release",
+    Auth.SERVER_KEY,
+    "trainer (at a clean end)",
+    LeaseRenewal,
     RunLease,
 )
 CALLS = Endpoint("calls", "GET", "/v1/rollouts/{rid}/calls", Auth.SERVER_KEY, "trainer", None, CallList)
 TERMINAL = Endpoint(
-    "terminal", "GET", "/v1/terminal", Auth.SERVER_KEY, "rehearsal, benchmarks", None, TerminalPage, long_poll=True,
+    "terminal",
+    "GET",
+    "/v1/terminal",
+    Auth.SERVER_KEY,
+    "rehearsal, benchmarks",
+    None,
+    TerminalPage,
+    long_poll=True,
 )
 CLAIM = Endpoint(
-    "claim", "POST", "/v1/claims", Auth.SERVER_KEY, "controller", ClaimRequest, ClaimsResponse, long_poll=True,
+    "claim",
+    "POST",
+    "/v1/claims",
+    Auth.SERVER_KEY,
+    "controller",
+    ClaimRequest,
+    ClaimsResponse,
+    long_poll=True,
 )
 HEARTBEAT = Endpoint(
-    "heartbeat", "POST", "/v1/claims/heartbeat", Auth.SERVER_KEY, "controller", HeartbeatRequest, HeartbeatResponse,
+    "heartbeat",
+    "POST",
+    "/v1/claims/heartbeat",
+    Auth.SERVER_KEY,
+    "controller",
+    HeartbeatRequest,
+    HeartbeatResponse,
 )
 FINISH = Endpoint(
-    "finish", "POST", "/v1/rollouts/{rid}/attempts/{aid}/finish", Auth.SERVER_KEY, "controller", FinishRequest,
+    "finish",
+    "POST",
+    "/v1/rollouts/{rid}/attempts/{aid}/finish",
+    Auth.SERVER_KEY,
+    "controller",
+    FinishRequest,
     Rollout,
 )
 POST_EVENT = Endpoint(
-    "post_event", "POST", "/v1/rollouts/{rid}/attempts/{aid}/events", Auth.ATTEMPT, "agent ($AGL_EVENT_URL)",
-    EventCreate, EventCreated,
+    "post_event",
+    "POST",
+    "/v1/rollouts/{rid}/attempts/{aid}/events",
+    Auth.ATTEMPT,
+    "agent ($AGL_EVENT_URL)",
+    EventCreate,
+    EventCreated,
 )
 CHAT_COMPLETIONS = Endpoint(
-    "chat_completions", "POST", "/v1/rollouts/{rid}/attempts/{aid}/v1/chat/completions", Auth.ATTEMPT,
-    "agent (OpenAI client at $AGL_OPENAI_BASE_URL)", None, None, timeout_s=GATEWAY_TIMEOUT_S,
+    "chat_completions",
+    "POST",
+    "/v1/rollouts/{rid}/attempts/{aid}/v1/chat/completions",
+    Auth.ATTEMPT,
+    "agent (OpenAI client at $AGL_OPENAI_BASE_URL)",
+    None,
+    None,
+    timeout_s=GATEWAY_TIMEOUT_S,
 )
 OPENAI_MODELS = Endpoint(
-    "openai_models", "GET", "/v1/rollouts/{rid}/attempts/{aid}/v1/models", Auth.ATTEMPT,
-    "agent (OpenAI client at $AGL_OPENAI_BASE_URL)", None, None,
+    "openai_models",
+    "GET",
+    "/v1/rollouts/{rid}/attempts/{aid}/v1/models",
+    Auth.ATTEMPT,
+    "agent (OpenAI client at $AGL_OPENAI_BASE_URL)",
+    None,
+    None,
 )
 PUT_MODELS = Endpoint(
-    "put_models", "PUT", "/v1/models", Auth.SERVER_KEY, "trainer, rehearsal", ModelRegistryUpdate, ModelRegistry,
+    "put_models",
+    "PUT",
+    "/v1/models",
+    Auth.SERVER_KEY,
+    "trainer, rehearsal",
+    ModelRegistryUpdate,
+    ModelRegistry,
 )
 GET_MODELS = Endpoint("get_models", "GET", "/v1/models", Auth.SERVER_KEY, "tests, tools", None, ModelRegistry)
 
 ENDPOINTS: tuple[Endpoint, ...] = (
-    HEALTH, METRICS, CREATE_ROLLOUTS, LIST_ROLLOUTS, GET_ROLLOUT, WAIT, RETRY, CANCEL, RECORD_TRAINED, REWIND,
-    ACQUIRE_LEASE, RENEW_LEASE, RELEASE_LEASE, CALLS, TERMINAL, CLAIM, HEARTBEAT, FINISH, POST_EVENT,
-    CHAT_COMPLETIONS, OPENAI_MODELS, PUT_MODELS, GET_MODELS,
+    HEALTH,
+    METRICS,
+    CREATE_ROLLOUTS,
+    LIST_ROLLOUTS,
+    GET_ROLLOUT,
+    WAIT,
+    RETRY,
+    CANCEL,
+    RECORD_TRAINED,
+    REWIND,
+    ACQUIRE_LEASE,
+    RENEW_LEASE,
+    RELEASE_LEASE,
+    CALLS,
+    TERMINAL,
+    CLAIM,
+    HEARTBEAT,
+    FINISH,
+    POST_EVENT,
+    CHAT_COMPLETIONS,
+    OPENAI_MODELS,
+    PUT_MODELS,
+    GET_MODELS,
 )
-

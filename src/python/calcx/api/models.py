@@ -100,12 +100,14 @@ class RolloutCreate(_StrictBody):
     @classmethod
     def _not_a_dot_segment(cls, value: str) -> str:
         if value in DOT_SEGMENTS:
-            raise ValueError(f"rollout id {value!r} is a URL dot segment (a client would rewrite the path); "
-                             "use letters, digits or other characters of [A-Za-z0-9._:-] too")
+            raise ValueError(
+                f"rollout id {value!r} is a URL dot segment (a client would rewrite the path); "
+                "use letters, digits or other characters of [A-Za-z0-9._:-] too"
+            )
         return value
 
     @model_validator(mode="after")
-    def _carriable_env(self) -> "RolloutCreate":
+    def _carriable_env(self) -> RolloutCreate:
         """Refuse a row that no runner could hand to an agent (calcx.contract.env's rule) now,
         rather than let a runner find out at every attempt, and an env_map that sets a reserved
         variable (the calculator command, the attempt token, PATH...). A missing field is the
@@ -261,7 +263,7 @@ class CancelRequest(_StrictBody):
     owner: str | None = _lease_owner()
 
     @model_validator(mode="after")
-    def _one_target(self) -> "CancelRequest":
+    def _one_target(self) -> CancelRequest:
         if (self.run is None) == (self.rollout_ids is None):
             raise ValueError("name what to cancel: either run (a run label) or rollout_ids, not both")
         return self
@@ -357,8 +359,10 @@ class FinishRequest(_StrictBody):
         if value is not None and value not in FAILURE_REASONS:
             raise ValueError(f"unknown failure reason {value!r}; use one of {sorted(FAILURE_REASONS)}")
         if value == FailureReason.CANCELLED_BY_API:
-            raise ValueError(f"{value!r} is set by the server's cancel API only (a controller that stops an "
-                             f"attempt reports {FailureReason.CANCELLED.value!r})")
+            raise ValueError(
+                f"{value!r} is set by the server's cancel API only (a controller that stops an "
+                f"attempt reports {FailureReason.CANCELLED.value!r})"
+            )
         return value
 
 
@@ -376,7 +380,7 @@ def reward_value(data: dict[str, Any]) -> float:
     if "value" not in data:
         raise ValueError('a reward event needs data.value, e.g. {"event_type": "reward", "data": {"value": 1.0}}')
     value = data["value"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"data.value must be a number, got {type(value).__name__}")
     value = float(value)
     if not math.isfinite(value):

@@ -27,9 +27,11 @@ HOW_TO_MAKE_A_KEY = "make one with `export CALCX_KEY=$(calcx server --new-key)` 
 def key_flag_refused(flag: str = "--key", file_flag: str = "--key-file") -> str:
     """What a key given on the command line (``flag KEY``) gets: a command line is readable by
     every process of the machine."""
-    return (f"{flag} is not accepted: a key on the command line can be read by every process on the machine "
-            f"(/proc/PID/cmdline, ps); set {CALCX_KEY} in the environment or pass {file_flag} FILE "
-            "(a file only you can read)")
+    return (
+        f"{flag} is not accepted: a key on the command line can be read by every process on the machine "
+        f"(/proc/PID/cmdline, ps); set {CALCX_KEY} in the environment or pass {file_flag} FILE "
+        "(a file only you can read)"
+    )
 
 
 KEY_FLAG_REFUSED = key_flag_refused()
@@ -54,8 +56,7 @@ def new_key() -> str:
     return secrets.token_hex(32)
 
 
-def process_server_key(env: Mapping[str, str], key_flag: str | None, key_file: str | None, *,
-                       missing: str) -> str:
+def process_server_key(env: Mapping[str, str], key_flag: str | None, key_file: str | None, *, missing: str) -> str:
     """The key a server or controller process runs with: `--key` refused (a key on a command line
     is readable in /proc), then `read_server_key`, then `key_problem`. ValueError says what is
     wrong; `missing` is the sentence for no key at all (after "no server key. ")."""
@@ -75,8 +76,10 @@ def key_problem(key: str) -> str | None:
     if not key or not key.strip():
         return f"the server key is empty; {HOW_TO_MAKE_A_KEY}"
     if len(key) < MIN_KEY_CHARS:
-        return (f"the server key has {len(key)} characters, fewer than {MIN_KEY_CHARS}: any attempt token would let "
-                f"it be guessed offline; {HOW_TO_MAKE_A_KEY}")
+        return (
+            f"the server key has {len(key)} characters, fewer than {MIN_KEY_CHARS}: any attempt token would let "
+            f"it be guessed offline; {HOW_TO_MAKE_A_KEY}"
+        )
     return None
 
 

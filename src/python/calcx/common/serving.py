@@ -60,8 +60,14 @@ class ThreadedServer:
     is given; ``sock`` defaults to a free loopback port.
     """
 
-    def __init__(self, app: Any, sock: socket.socket | None = None, *, server: uvicorn.Server | None = None,
-                 name: str | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        sock: socket.socket | None = None,
+        *,
+        server: uvicorn.Server | None = None,
+        name: str | None = None,
+    ) -> None:
         self.app = app
         self.sock = sock if sock is not None else bind_socket()
         self.host, self.port = self.sock.getsockname()[:2]

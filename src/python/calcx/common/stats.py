@@ -5,7 +5,8 @@ that every accuracy and accuracy change is given with."""
 from __future__ import annotations
 
 import math
-from typing import Iterable, TypeVar
+from collections.abc import Iterable
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ between (a tool's answer, the next turn's header) and its own answer. The traine
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def continues(prompt: Sequence[int], earlier_prompt: Sequence[int], earlier_generated: Sequence[int]) -> bool:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 # -- from the dataset row, through the rollout's env_map --------------------------------------
 QUESTION = "QUESTION"
@@ -15,13 +16,12 @@ RESULT = "RESULT"
 DEFAULT_ENV_MAP: dict[str, str] = {QUESTION: "question", RESULT: "result"}
 
 
-
 def env_value(value: Any) -> str:
     """The text a row field becomes in the agent's environment: strings as they are, numbers,
     booleans and null as Python prints them, anything else as JSON."""
     if isinstance(value, str):
         return value
-    if isinstance(value, (int, float, bool)) or value is None:
+    if isinstance(value, int | float | bool) or value is None:
         return str(value)
     return json.dumps(value, ensure_ascii=False)
 
@@ -55,13 +55,15 @@ def parse_tool_rounds(value: object, *, what: str = CALCX_AGENT_TOOL_ROUNDS) -> 
     """A tool-round count (an int, or its text) checked against 1..TOOL_ROUNDS_MAX; ValueError
     naming ``what`` otherwise. The agent reads its variable with it, the trainer its setting."""
     text = str(value).strip()[:100]
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or not text.isdigit():
+    if isinstance(value, bool) or not isinstance(value, int | str) or not text.isdigit():
         raise ValueError(f"{what} must be a whole number of tool rounds from 1 to {TOOL_ROUNDS_MAX}, got {text!r}")
     rounds = int(text)
     if not 1 <= rounds <= TOOL_ROUNDS_MAX:
-        raise ValueError(f"{what}={rounds} is out of range: 1 (one round of calls, then the answer) "
-                         f"to {TOOL_ROUNDS_MAX}")
+        raise ValueError(
+            f"{what}={rounds} is out of range: 1 (one round of calls, then the answer) " f"to {TOOL_ROUNDS_MAX}"
+        )
     return rounds
+
 
 #: The agent's system messages, by name (their texts: calcx.agent.answer.SYSTEM_MESSAGES): `plain`
 #: says a calculator is there; `calculator-first` tells the model to leave every computation to it
@@ -74,8 +76,9 @@ def parse_agent_prompt(value: object, *, what: str = CALCX_AGENT_PROMPT) -> str:
     """A system message's name from AGENT_PROMPTS; ValueError naming ``what`` otherwise."""
     text = str(value).strip()[:100] if isinstance(value, str) else repr(value)[:100]
     if text not in AGENT_PROMPTS:
-        raise ValueError(f"{what} must name one of the agent's system messages ({', '.join(AGENT_PROMPTS)}), "
-                         f"got {text!r}")
+        raise ValueError(
+            f"{what} must name one of the agent's system messages ({', '.join(AGENT_PROMPTS)}), " f"got {text!r}"
+        )
     return text
 
 
@@ -91,10 +94,26 @@ CALCX_ZYGOTE_PROFILE_DIR = "CALCX_ZYGOTE_PROFILE_DIR"  # tuning aid: where the a
 #: from the claim on top. The k8s runner gives a Job only the claim's variables.
 AGENT_INHERITED_NAMES: frozenset[str] = frozenset(
     {
-        CALCX_AGENT_TIMEOUT_S, CALCX_MODEL_MAX_RETRIES, CALCX_CALCULATOR_TIMEOUT_S, CALCX_CALCULATOR_CMD,
-        CALCX_AGENT_TOOL_ROUNDS, CALCX_AGENT_PROMPT, CALCX_ZYGOTE_PROFILE_DIR,
-        "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP",
-        "SSL_CERT_FILE", "SSL_CERT_DIR", "VIRTUAL_ENV",
+        CALCX_AGENT_TIMEOUT_S,
+        CALCX_MODEL_MAX_RETRIES,
+        CALCX_CALCULATOR_TIMEOUT_S,
+        CALCX_CALCULATOR_CMD,
+        CALCX_AGENT_TOOL_ROUNDS,
+        CALCX_AGENT_PROMPT,
+        CALCX_ZYGOTE_PROFILE_DIR,
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "TEMP",
+        "TMP",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "VIRTUAL_ENV",
     }
 )
 #: Prefixes of inherited names: locale (LC_*), the interpreter's own settings (PYTHON*: import
@@ -126,8 +145,11 @@ SERVICE_INHERITED_PREFIXES: tuple[str, ...] = ("CALCX_",)
 
 def service_base_env(env: Mapping[str, str]) -> dict[str, str]:
     """The part of a trainer's environment ``env`` that the services it starts may inherit."""
-    return {name: value for name, value in env.items()
-            if agent_inherits(name) or name in SERVICE_INHERITED_NAMES or name.startswith(SERVICE_INHERITED_PREFIXES)}
+    return {
+        name: value
+        for name, value in env.items()
+        if agent_inherits(name) or name in SERVICE_INHERITED_NAMES or name.startswith(SERVICE_INHERITED_PREFIXES)
+    }
 
 
 # -- what a rollout's env_map may not set --------------------------------------------------------
@@ -175,19 +197,25 @@ def env_problem(name: object, value: object) -> str | None:
     if "=" in name or "\x00" in name:
         return f"environment variable name {name!r} contains '=' or a NUL character"
     if not _NAME_RE.fullmatch(name):
-        return (f"environment variable name {name!r} is not a valid C identifier-like name "
-                "(letters, digits, '_', '-' or '.', not starting with a digit)")
+        return (
+            f"environment variable name {name!r} is not a valid C identifier-like name "
+            "(letters, digits, '_', '-' or '.', not starting with a digit)"
+        )
     if not isinstance(value, str):
         return f"environment variable {name} must be a string, got {type(value).__name__}"
     nul = value.find("\x00")
     if nul >= 0:
-        return (f"environment variable {name} contains a NUL character (at offset {nul}), "
-                "which no process environment can hold; remove it from the input row")
+        return (
+            f"environment variable {name} contains a NUL character (at offset {nul}), "
+            "which no process environment can hold; remove it from the input row"
+        )
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError as exc:
         return f"environment variable {name} is not valid Unicode ({exc.reason} at offset {exc.start}); fix the input encoding"
     if len(name.encode("utf-8")) + 1 + size > MAX_ENV_BYTES:
-        return (f"environment variable {name} is {size} bytes; Linux limits one variable to "
-                f"{MAX_ENV_BYTES} bytes including its name; shorten the input row")
+        return (
+            f"environment variable {name} is {size} bytes; Linux limits one variable to "
+            f"{MAX_ENV_BYTES} bytes including its name; shorten the input row"
+        )
     return None

@@ -8,7 +8,7 @@ API and the training ledger find a run's rollouts by it); `PARTITION_LABEL` (`tr
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 RUN_LABEL = "run"
 PARTITION_LABEL = "partition"
@@ -28,7 +28,7 @@ def origin_of(labels: Mapping[str, str]) -> tuple[str, int] | None:
 def finite_reward(value: object) -> float | None:
     """`value` as a reward: a finite number (a bool is not one), else None. Readers of stored or
     sent records (JSON, SQLite) see any type there."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     try:
         number = float(value)

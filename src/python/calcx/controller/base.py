@@ -45,7 +45,7 @@ class RunResult:
     @classmethod
     def succeeded(
         cls, *, exit_code: int | None = 0, agent_seconds: float | None = None, detail: str | None = None
-    ) -> "RunResult":
+    ) -> RunResult:
         return cls(SUCCEEDED, None, exit_code, agent_seconds, detail)
 
     @classmethod
@@ -56,7 +56,7 @@ class RunResult:
         exit_code: int | None = None,
         agent_seconds: float | None = None,
         detail: str | None = None,
-    ) -> "RunResult":
+    ) -> RunResult:
         return cls(FAILED, reason, exit_code, agent_seconds, detail)
 
 
@@ -68,7 +68,7 @@ class Runner(Protocol):
 
     async def start(self) -> None: ...
 
-    async def run(self, claim: "Claim") -> RunResult: ...
+    async def run(self, claim: Claim) -> RunResult: ...
 
     async def close(self) -> None:
         """End everything this runner started, by id (pid, Job name)."""

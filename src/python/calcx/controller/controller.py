@@ -14,14 +14,15 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.api.models import Claim, LostAttempt
 from calcx.contract.failures import FailureReason
 from calcx.controller.attempts import AttemptKey, Attempts, RunsEndedView, TasksView
-from calcx.controller.base import RunResult, Runner
+from calcx.controller.base import Runner, RunResult
 from calcx.controller.concurrency import default_concurrency
 
 log = logging.getLogger("calcx.controller")
@@ -222,7 +223,9 @@ class Controller:
         self.attempts.begin_report((rid, aid))
         try:
             # a runner that returned after a stop's cancel reports within the stop's bound too
-            await self._report(rid, aid, result, timeout_s=STOP_TIMEOUT_S if self._stop.is_set() else self.report_timeout_s)
+            await self._report(
+                rid, aid, result, timeout_s=STOP_TIMEOUT_S if self._stop.is_set() else self.report_timeout_s
+            )
         except asyncio.CancelledError:  # a stop gave up on this report (CANCEL_WARN_S): the lease ends it
             self.stats.report_failures += 1
             self._note_unreported((rid, aid))
@@ -240,8 +243,13 @@ class Controller:
         while True:
             try:
                 await self._client.finish(
-                    rid, aid, result.state, reason=result.reason, exit_code=result.exit_code,
-                    agent_seconds=result.agent_seconds, detail=detail,
+                    rid,
+                    aid,
+                    result.state,
+                    reason=result.reason,
+                    exit_code=result.exit_code,
+                    agent_seconds=result.agent_seconds,
+                    detail=detail,
                 )
                 log.info("finished %s/%s %s%s", rid, aid, result.state, f" ({result.reason})" if result.reason else "")
                 return
@@ -314,8 +322,9 @@ class Controller:
         ledger's bound the oldest is forgotten (then a release may end it as never run)."""
         forgotten = self.attempts.report_not_taken(key)
         if forgotten is not None:
-            log.warning("more than %d attempts left unreported; forgetting %s/%s",
-                        self.attempts.max_unreported, *forgotten)
+            log.warning(
+                "more than %d attempts left unreported; forgetting %s/%s", self.attempts.max_unreported, *forgotten
+            )
 
     async def _release_unrun(self, known: frozenset[AttemptKey]) -> None:
         """End as cancelled the attempts the server counts as this controller's that it never ran.
@@ -340,17 +349,23 @@ class Controller:
         try:
             answer = await asyncio.wait_for(self._client.heartbeat(self.controller_id), STOP_TIMEOUT_S)
         except (CalcxAPIError, asyncio.TimeoutError) as exc:
-            log.warning("could not ask the server which attempts it counts as ours (%s); an attempt claimed "
-                        "as the controller stopped ends when its lease lapses", str(exc) or type(exc).__name__)
+            log.warning(
+                "could not ask the server which attempts it counts as ours (%s); an attempt claimed "
+                "as the controller stopped ends when its lease lapses",
+                str(exc) or type(exc).__name__,
+            )
             return []
-        return [(ref.rollout_id, ref.attempt_id) for ref in answer.held
-                if (ref.rollout_id, ref.attempt_id) not in known]
+        return [
+            (ref.rollout_id, ref.attempt_id) for ref in answer.held if (ref.rollout_id, ref.attempt_id) not in known
+        ]
 
     async def _end_unrun(self, unrun: list[AttemptKey]) -> None:
         if not unrun:
             return
-        detail = (f"controller {self.controller_id} held this attempt but never ran it "
-                  "(claimed as it stopped, or by an earlier controller under the same id)")
+        detail = (
+            f"controller {self.controller_id} held this attempt but never ran it "
+            "(claimed as it stopped, or by an earlier controller under the same id)"
+        )
         reports = []
         for rid, aid in unrun:
             log.warning("%s/%s is held for this controller, which never ran it; ending it cancelled", rid, aid)
@@ -363,8 +378,11 @@ class Controller:
         await asyncio.gather(*reports, return_exceptions=True)
         if pending:
             self.stats.report_failures += len(pending)
-            log.warning("%d of those reports did not finish in %.0fs; they end when their lease lapses",
-                        len(pending), STOP_TIMEOUT_S)
+            log.warning(
+                "%d of those reports did not finish in %.0fs; they end when their lease lapses",
+                len(pending),
+                STOP_TIMEOUT_S,
+            )
 
     async def _sleep_or_stop(self, seconds: float) -> None:
         try:
@@ -403,8 +421,12 @@ class Controller:
                 task.cancel()
         _, pending = await asyncio.wait(tasks, timeout=CANCEL_WARN_S)
         if pending:  # a runner that lost the cancel: the agent runs on to its end or deadline
-            log.warning("%d cancelled rollouts still running after %.0fs: %s", len(pending), CANCEL_WARN_S,
-                        ", ".join(sorted(t.get_name() for t in pending)))
+            log.warning(
+                "%d cancelled rollouts still running after %.0fs: %s",
+                len(pending),
+                CANCEL_WARN_S,
+                ", ".join(sorted(t.get_name() for t in pending)),
+            )
             for key, task in list(self._running.items()):
                 if self.attempts.run_ended(key):  # a report that long: its attempt ends when its lease lapses
                     task.cancel()

@@ -88,14 +88,20 @@ def classify_finished_job(job: k8s.V1Job, pod: k8s.V1Pod | None, log_tail: str |
     assert failed is not None, "classify_finished_job needs a finished Job"
     job_detail = f"job {object_name(job)}: {failed.reason}: {failed.message or ''}".strip()
     if failed.reason == "DeadlineExceeded":
-        return RunResult.failed(FailureReason.TIMEOUT, exit_code=terminated.exit_code if terminated else None,
-                                agent_seconds=seconds, detail=clip_detail(job_detail))
+        return RunResult.failed(
+            FailureReason.TIMEOUT,
+            exit_code=terminated.exit_code if terminated else None,
+            agent_seconds=seconds,
+            detail=clip_detail(job_detail),
+        )
     if terminated is None:
         waiting = classify_pod_waiting(pod) if pod is not None else None
         if waiting is not None:
             return waiting
         pod_reason = pod.status.reason if pod is not None and pod.status is not None else None
-        return RunResult.failed(FailureReason.CRASH, detail=clip_detail(f"{job_detail}; pod reason {pod_reason or 'unknown'}"))
+        return RunResult.failed(
+            FailureReason.CRASH, detail=clip_detail(f"{job_detail}; pod reason {pod_reason or 'unknown'}")
+        )
     tail = terminated.message or log_tail or ""
     if terminated.exit_code == 0:
         # The container exited 0 but the Job failed (evicted after exit, policy): not the agent's doing.

@@ -128,7 +128,11 @@ class K8sRunner:
             else:
                 k8s_config.load_kube_config(config_file=self.config.kubeconfig, client_configuration=configuration)
         except k8s_config.ConfigException as exc:
-            where = "in-cluster service account" if in_cluster else f"kubeconfig {self.config.kubeconfig or '~/.kube/config'}"
+            where = (
+                "in-cluster service account"
+                if in_cluster
+                else f"kubeconfig {self.config.kubeconfig or '~/.kube/config'}"
+            )
             raise RuntimeError(f"k8s runner: cannot load Kubernetes credentials from the {where}: {exc}") from exc
         configuration.connection_pool_maxsize = self.config.api_threads + 4
         self._api_client = k8s.ApiClient(configuration)
@@ -152,21 +156,29 @@ class K8sRunner:
         self._batch = k8s.BatchV1Api(api_client)
         namespace = self.config.job.namespace
         try:  # fail at start, with the reason, rather than on the first rollout
-            await self._call(self._batch.list_namespaced_job, namespace, limit=1,
-                             _request_timeout=self.config.request_timeout_s)
+            await self._call(
+                self._batch.list_namespaced_job, namespace, limit=1, _request_timeout=self.config.request_timeout_s
+            )
         except ApiException as exc:
             raise RuntimeError(
                 f"k8s runner: cannot list Jobs in namespace {namespace!r} ({exc.status} {exc.reason}); "
                 "check the namespace exists and the RBAC Role from src/k8s is bound to this account"
             ) from exc
         self._watches = JobPodWatches(
-            {"job": self._batch.list_namespaced_job, "pod": self._core.list_namespaced_pod}, namespace, self.selector,
-            watch_timeout_s=self.config.watch_timeout_s, request_timeout_s=self.config.request_timeout_s,
+            {"job": self._batch.list_namespaced_job, "pod": self._core.list_namespaced_pod},
+            namespace,
+            self.selector,
+            watch_timeout_s=self.config.watch_timeout_s,
+            request_timeout_s=self.config.request_timeout_s,
             stopping=self._stopping,
         )
         self._watches.start(self._loop, self._on_object)
-        log.info("k8s runner: namespace %s, image %s, %s Jobs/s", namespace, self.config.job.image,
-                 self.config.max_jobs_per_s)
+        log.info(
+            "k8s runner: namespace %s, image %s, %s Jobs/s",
+            namespace,
+            self.config.job.image,
+            self.config.max_jobs_per_s,
+        )
 
     async def close(self) -> None:
         self._stopping.set()
@@ -235,21 +247,26 @@ class K8sRunner:
                 return failure
             if self._stopping.is_set():
                 await self._delete_job(rendered.job_name)
-                return RunResult.failed(FailureReason.CANCELLED, detail=f"job {rendered.job_name}: runner closed; deleted")
+                return RunResult.failed(
+                    FailureReason.CANCELLED, detail=f"job {rendered.job_name}: runner closed; deleted"
+                )
             limit = float(claim.deadline_s) + self.config.deadline_grace_s
             try:
                 kind, payload = await asyncio.wait_for(asyncio.shield(tracked.future), limit)
             except asyncio.TimeoutError:
                 await self._delete_job(rendered.job_name)
                 return RunResult.failed(
-                    FailureReason.TIMEOUT, agent_seconds=time.monotonic() - started,
+                    FailureReason.TIMEOUT,
+                    agent_seconds=time.monotonic() - started,
                     detail=f"job {rendered.job_name} not finished {limit:.0f} s after creation; deleted",
                 )
             if kind == "fast":
                 await self._delete_job(rendered.job_name)
                 return payload
             if kind == "cancelled":
-                return RunResult.failed(FailureReason.CANCELLED, detail=f"job {rendered.job_name}: {payload or 'runner closed'}")
+                return RunResult.failed(
+                    FailureReason.CANCELLED, detail=f"job {rendered.job_name}: {payload or 'runner closed'}"
+                )
             return await self._finished(payload, tracked)
         except asyncio.CancelledError:
             await asyncio.shield(self._delete_job(rendered.job_name))
@@ -268,13 +285,20 @@ class K8sRunner:
         except ApiException as exc:
             if exc.status != 409:
                 reason = FailureReason.CONFIG_ERROR if exc.status in (400, 403, 422) else FailureReason.CRASH
-                return RunResult.failed(reason, detail=clip_detail(f"cannot create Job {rendered.job_name}: {exc.status} {exc.reason}: {exc.body}"))
+                return RunResult.failed(
+                    reason,
+                    detail=clip_detail(f"cannot create Job {rendered.job_name}: {exc.status} {exc.reason}: {exc.body}"),
+                )
             # the attempt is already there (controller restart): follow it, resuming it if it never was
             job = await self._call(self._batch_v1.read_namespaced_job, rendered.job_name, ns, _request_timeout=timeout)
         self._created_jobs.add(rendered.job_name)
         owner = {
-            "apiVersion": "batch/v1", "kind": "Job", "name": job.metadata.name, "uid": job.metadata.uid,
-            "blockOwnerDeletion": False, "controller": False,
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": job.metadata.name,
+            "uid": job.metadata.uid,
+            "blockOwnerDeletion": False,
+            "controller": False,
         }
         secret = {**rendered.secret, "metadata": {**rendered.secret["metadata"], "ownerReferences": [owner]}}
         try:
@@ -282,14 +306,27 @@ class K8sRunner:
         except ApiException as exc:
             if exc.status != 409:  # 409: a previous try of this attempt made it; its token is the same
                 await self._delete_job(rendered.job_name)
-                return RunResult.failed(FailureReason.CONFIG_ERROR, detail=clip_detail(f"cannot create Secret {rendered.secret_name}: {exc.status} {exc.reason}: {exc.body}"))
+                return RunResult.failed(
+                    FailureReason.CONFIG_ERROR,
+                    detail=clip_detail(
+                        f"cannot create Secret {rendered.secret_name}: {exc.status} {exc.reason}: {exc.body}"
+                    ),
+                )
         if job.spec is not None and job.spec.suspend:
             try:
-                job = await self._call(self._batch_v1.patch_namespaced_job, rendered.job_name, ns,
-                                       {"spec": {"suspend": False}}, _request_timeout=timeout)
+                job = await self._call(
+                    self._batch_v1.patch_namespaced_job,
+                    rendered.job_name,
+                    ns,
+                    {"spec": {"suspend": False}},
+                    _request_timeout=timeout,
+                )
             except ApiException as exc:
                 await self._delete_job(rendered.job_name)
-                return RunResult.failed(FailureReason.CONFIG_ERROR, detail=clip_detail(f"cannot resume Job {rendered.job_name}: {exc.status} {exc.reason}: {exc.body}"))
+                return RunResult.failed(
+                    FailureReason.CONFIG_ERROR,
+                    detail=clip_detail(f"cannot resume Job {rendered.job_name}: {exc.status} {exc.reason}: {exc.body}"),
+                )
         if job_is_finished(job):
             self._on_object("job", "ADDED", job)
         return None
@@ -312,8 +349,12 @@ class K8sRunner:
 
     async def _latest_pod(self, job_name: str) -> k8s.V1Pod | None:
         try:
-            pods = await self._call(self._core_v1.list_namespaced_pod, self.config.job.namespace,
-                                    label_selector=f"job-name={job_name}", _request_timeout=self.config.request_timeout_s)
+            pods = await self._call(
+                self._core_v1.list_namespaced_pod,
+                self.config.job.namespace,
+                label_selector=f"job-name={job_name}",
+                _request_timeout=self.config.request_timeout_s,
+            )
         except ApiException:
             return None
         items = sorted(pods.items or [], key=lambda p: p.metadata.creation_timestamp or datetime.min)
@@ -321,15 +362,26 @@ class K8sRunner:
 
     async def _log_tail(self, pod_name: str) -> str | None:
         try:
-            return await self._call(self._core_v1.read_namespaced_pod_log, pod_name, self.config.job.namespace,
-                                    container=AGENT_CONTAINER, tail_lines=20, _request_timeout=self.config.request_timeout_s)
+            return await self._call(
+                self._core_v1.read_namespaced_pod_log,
+                pod_name,
+                self.config.job.namespace,
+                container=AGENT_CONTAINER,
+                tail_lines=20,
+                _request_timeout=self.config.request_timeout_s,
+            )
         except ApiException:
             return None
 
     async def _delete_job(self, name: str) -> None:
         try:
-            await self._call(self._batch_v1.delete_namespaced_job, name, self.config.job.namespace,
-                             propagation_policy="Background", _request_timeout=self.config.request_timeout_s)
+            await self._call(
+                self._batch_v1.delete_namespaced_job,
+                name,
+                self.config.job.namespace,
+                propagation_policy="Background",
+                _request_timeout=self.config.request_timeout_s,
+            )
         except ApiException as exc:
             if exc.status != 404:
                 log.warning("k8s runner: cannot delete Job %s: %s %s", name, exc.status, exc.reason)

@@ -52,7 +52,9 @@ class JobPodWatches:
         self._loop = loop
         self._on_object = on_object
         for kind in self.KINDS:
-            thread = threading.Thread(target=self._watch_forever, args=(kind,), name=f"calcx-k8s-watch-{kind}", daemon=True)
+            thread = threading.Thread(
+                target=self._watch_forever, args=(kind,), name=f"calcx-k8s-watch-{kind}", daemon=True
+            )
             thread.start()
             self._threads.append(thread)
 
@@ -93,10 +95,14 @@ class JobPodWatches:
                         return
                     self._watches.add(w)
                 try:
-                    for event in w.stream(list_fn, ns, label_selector=self._selector,
-                                          resource_version=resource_version,
-                                          timeout_seconds=self._watch_timeout_s,
-                                          _request_timeout=self._watch_timeout_s + 30):
+                    for event in w.stream(
+                        list_fn,
+                        ns,
+                        label_selector=self._selector,
+                        resource_version=resource_version,
+                        timeout_seconds=self._watch_timeout_s,
+                        _request_timeout=self._watch_timeout_s + 30,
+                    ):
                         if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
                             self._dispatch(kind, event["type"], event["object"])
                         if self.stopping.is_set():

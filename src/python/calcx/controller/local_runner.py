@@ -23,7 +23,8 @@ import os
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from calcx.contract.env import CALCX_CALCULATOR_CMD, agent_base_env, env_problem
 from calcx.contract.failures import FailureReason, reason_from_agent_exit
@@ -143,9 +144,13 @@ class LocalRunner:
         self.child_nice = child_nice
         self.ca_settings = lazy_ca_settings(self.base_env) if lazy_ca else None
         # planned here, checked by start(): a machine that cannot seal an agent runs none
-        self.sandbox = (NamespaceSandbox.plan(self.agent_cmd, self.base_env,
-                                              default_agent=self.agent_cmd == default_agent_command())
-                        if sandbox == NAMESPACE else None)
+        self.sandbox = (
+            NamespaceSandbox.plan(
+                self.agent_cmd, self.base_env, default_agent=self.agent_cmd == default_agent_command()
+            )
+            if sandbox == NAMESPACE
+            else None
+        )
         self.zygote: ZygoteClient | None = None
         self._live: dict[int, str] = {}  # pgid -> "rid/aid", for close()
         self.spawned = 0
@@ -182,7 +187,7 @@ class LocalRunner:
         return out
 
     # -- one rollout ---------------------------------------------------------------------
-    def _agent_env(self, claim: "Claim", calc_via_zygote: bool) -> dict[str, str | None]:
+    def _agent_env(self, claim: Claim, calc_via_zygote: bool) -> dict[str, str | None]:
         """The claim's environment plus the runner's settings; a None value unsets a variable."""
         env: dict[str, str | None] = dict(claim.env)
         if self.ca_settings and "SSL_CERT_FILE" not in claim.env and "SSL_CERT_DIR" not in claim.env:
@@ -198,7 +203,7 @@ class LocalRunner:
             env[CALCX_CALCULATOR_CMD] = as_env_value(exec_command(calc))
         return env
 
-    async def run(self, claim: "Claim") -> RunResult:
+    async def run(self, claim: Claim) -> RunResult:
         rid, aid = claim.rollout.rollout_id, claim.attempt_id
         label = f"{rid}/{aid}"
         for name, value in claim.env.items():
@@ -240,7 +245,7 @@ class LocalRunner:
             if log_file is not None:
                 log_file.close()
 
-    async def _run_forked(self, claim: "Claim", label: str, write_fd: int, tail: _OutputTail) -> RunResult:
+    async def _run_forked(self, claim: Claim, label: str, write_fd: int, tail: _OutputTail) -> RunResult:
         assert self.zygote is not None
         env = self._agent_env(claim, self.zygote.supports_calc)
         started = time.monotonic()
@@ -272,17 +277,22 @@ class LocalRunner:
             log.debug("timing: %s run_minus_agent %.4f", label, wall - ended.wall_s)
         if timed_out:
             return RunResult.failed(
-                FailureReason.TIMEOUT, exit_code=None, agent_seconds=wall,
-                detail=_detail(tail.text(), f"deadline of {claim.deadline_s:g}s passed; killed the agent's process group"),
+                FailureReason.TIMEOUT,
+                exit_code=None,
+                agent_seconds=wall,
+                detail=_detail(
+                    tail.text(), f"deadline of {claim.deadline_s:g}s passed; killed the agent's process group"
+                ),
             )
         if ended is None:
             return RunResult.failed(
-                FailureReason.CRASH, agent_seconds=wall,
+                FailureReason.CRASH,
+                agent_seconds=wall,
                 detail=_detail(tail.text(), "the agent worker died while the agent was running"),
             )
         return self._result(ended, tail)
 
-    async def _run_spawned(self, claim: "Claim", label: str, write_fd: int, tail: _OutputTail) -> RunResult:
+    async def _run_spawned(self, claim: Claim, label: str, write_fd: int, tail: _OutputTail) -> RunResult:
         env = dict(self.base_env)
         for name, value in self._agent_env(claim, False).items():
             if value is None:
@@ -293,11 +303,17 @@ class LocalRunner:
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
-                *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=write_fd, stderr=write_fd,
-                env=env, start_new_session=True,
+                *cmd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=write_fd,
+                stderr=write_fd,
+                env=env,
+                start_new_session=True,
             )
         except OSError as exc:
-            return RunResult.failed(FailureReason.CONFIG_ERROR, detail=f"cannot start the agent command {self.agent_cmd}: {exc}")
+            return RunResult.failed(
+                FailureReason.CONFIG_ERROR, detail=f"cannot start the agent command {self.agent_cmd}: {exc}"
+            )
         finally:
             os.close(write_fd)
         self.spawned += 1
@@ -326,8 +342,11 @@ class LocalRunner:
         wall = time.monotonic() - started
         if timed_out:
             return RunResult.failed(
-                FailureReason.TIMEOUT, agent_seconds=wall,
-                detail=_detail(tail.text(), f"deadline of {claim.deadline_s:g}s passed; killed the agent's process group"),
+                FailureReason.TIMEOUT,
+                agent_seconds=wall,
+                detail=_detail(
+                    tail.text(), f"deadline of {claim.deadline_s:g}s passed; killed the agent's process group"
+                ),
             )
         rc = proc.returncode if proc.returncode is not None else -signal.SIGKILL
         ended = ChildExit(code=rc if rc >= 0 else None, signal=-rc if rc < 0 else None, wall_s=wall, cpu_s=0.0)
@@ -341,15 +360,21 @@ class LocalRunner:
             except ValueError:
                 name = f"signal {ended.signal}"
             return RunResult.failed(
-                FailureReason.CRASH, exit_code=-ended.signal, agent_seconds=ended.wall_s,
+                FailureReason.CRASH,
+                exit_code=-ended.signal,
+                agent_seconds=ended.wall_s,
                 detail=_detail(text, f"the agent was killed by {name}"),
             )
         code = ended.code or 0
         if code == 0:
             return RunResult.succeeded(exit_code=0, agent_seconds=ended.wall_s)
         reason = reason_from_agent_exit(code, text)
-        return RunResult.failed(reason, exit_code=code, agent_seconds=ended.wall_s,
-                                detail=_detail(text, f"the agent exited with status {code}"))
+        return RunResult.failed(
+            reason,
+            exit_code=code,
+            agent_seconds=ended.wall_s,
+            detail=_detail(text, f"the agent exited with status {code}"),
+        )
 
 
 async def _bounded(aw: Any, timeout: float) -> Any:

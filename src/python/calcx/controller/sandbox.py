@@ -31,8 +31,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 NONE = "none"
 NAMESPACE = "namespace"
@@ -73,8 +73,15 @@ class NamespaceSandbox:
     python: str
 
     @classmethod
-    def plan(cls, agent_cmd: Sequence[str], env: Mapping[str, str], *, default_agent: bool,
-             cwd: str | None = None, python: str = sys.executable) -> "NamespaceSandbox":
+    def plan(
+        cls,
+        agent_cmd: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        default_agent: bool,
+        cwd: str | None = None,
+        python: str = sys.executable,
+    ) -> NamespaceSandbox:
         """The sandbox for `agent_cmd` run with `env` from `cwd`. `default_agent`: the command is
         this interpreter's `-m calcx.agent`, which imports what this process imports."""
         unshare = shutil.which("unshare")
@@ -88,26 +95,30 @@ class NamespaceSandbox:
                 if _within(hidden, path):
                     raise SandboxUnavailable(
                         f"the agent needs {path}, which holds {hidden}, a directory the sandbox hides "
-                        "(run the controller from another directory, or name a narrower path)")
+                        "(run the controller from another directory, or name a narrower path)"
+                    )
         if default_agent:  # this interpreter's import path, but never what holds a hidden directory
             wanted += [p for p in _import_path() if not any(_within(h, p) for h in hide)]
         agent_cwd = cwd if cwd != "/" else "/tmp"
-        return cls(hide=tuple(hide), expose=tuple(_outermost(wanted)), cwd=agent_cwd, unshare=unshare,
-                   python=python)
+        return cls(hide=tuple(hide), expose=tuple(_outermost(wanted)), cwd=agent_cwd, unshare=unshare, python=python)
 
     def command(self, cmd: Sequence[str], nice: int = 0) -> list[str]:
         """`cmd`, to run sealed."""
-        spec = {"hide": list(self.hide), "expose": list(self.expose), "cwd": self.cwd, "nice": nice,
-                "cmd": list(cmd)}
-        return [self.unshare, *UNSHARE_ARGS, "--", self.python, "-I", "-S", "-c", _launcher_source(),
-                json.dumps(spec)]
+        spec = {"hide": list(self.hide), "expose": list(self.expose), "cwd": self.cwd, "nice": nice, "cmd": list(cmd)}
+        return [self.unshare, *UNSHARE_ARGS, "--", self.python, "-I", "-S", "-c", _launcher_source(), json.dumps(spec)]
 
     def check(self) -> None:
         """Seal one process the way an agent will be, or raise SandboxUnavailable with what failed."""
         probe = self.command([self.python, "-I", "-S", "-c", "pass"])
         try:
-            done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=PROBE_TIMEOUT_S, env={"PATH": os.environ.get("PATH", os.defpath)})
+            done = subprocess.run(
+                probe,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=PROBE_TIMEOUT_S,
+                env={"PATH": os.environ.get("PATH", os.defpath)},
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise SandboxUnavailable(f"cannot run {self.unshare}: {exc}") from exc
         if done.returncode != 0:

@@ -27,14 +27,20 @@ UNREACHABLE = (errno.ENOENT, errno.EINVAL, errno.EACCES)
 SETUP_FAILED = 71  # EX_OSERR: the agent never started
 TMPFS_SIZE = "64m"  # each private tmpfs: memory, so bounded
 #: statvfs flags that a remount must keep (a user namespace may not clear them) -> mount flags
-KEPT_FLAGS = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
-              (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME), (os.ST_RELATIME, MS_RELATIME))
+KEPT_FLAGS = (
+    (os.ST_NOSUID, MS_NOSUID),
+    (os.ST_NODEV, MS_NODEV),
+    (os.ST_NOEXEC, MS_NOEXEC),
+    (os.ST_NOATIME, MS_NOATIME),
+    (os.ST_NODIRATIME, MS_NODIRATIME),
+    (os.ST_RELATIME, MS_RELATIME),
+)
 
 libc = ctypes.CDLL(None, use_errno=True)
 
 
 def fail(step, detail=""):
-    sys.stderr.write("calcx-sandbox: %s%s\n" % (step, ": " + detail if detail else ""))
+    sys.stderr.write("calcx-sandbox: {}{}\n".format(step, ": " + detail if detail else ""))
     os._exit(SETUP_FAILED)
 
 
@@ -42,7 +48,7 @@ def mount(source, target, fstype, flags, data, step):
     try:
         try_mount(source, target, fstype, flags, data)
     except OSError as exc:
-        fail(step, "%s: %s" % (target, exc.strerror))
+        fail(step, f"{target}: {exc.strerror}")
 
 
 def try_mount(source, target, fstype, flags, data):
@@ -59,8 +65,11 @@ def mount_points():
     points = []
     for line in lines:
         raw = line.split(b" ")[4]
-        points.append(os.fsdecode(raw.replace(b"\\040", b" ").replace(b"\\011", b"\t")
-                                  .replace(b"\\012", b"\n").replace(b"\\134", b"\\")))
+        points.append(
+            os.fsdecode(
+                raw.replace(b"\\040", b" ").replace(b"\\011", b"\t").replace(b"\\012", b"\n").replace(b"\\134", b"\\")
+            )
+        )
     return points
 
 
@@ -100,7 +109,7 @@ def seal(spec):
             remount_read_only(path)
         except OSError as exc:
             if exc.errno not in UNREACHABLE:
-                fail("remount read-only", "%s: %s" % (path, exc.strerror))
+                fail("remount read-only", f"{path}: {exc.strerror}")
     # 2. An empty, private, writable tmpfs over each hidden directory.
     for path in hide:
         mode = "1777" if path in ("/tmp", "/dev/shm") else "0700"
@@ -108,8 +117,7 @@ def seal(spec):
             if not under(path, hide[: hide.index(path)]):
                 continue  # nothing there to hide
             os.makedirs(path, exist_ok=True)
-        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV,
-              "mode=%s,size=%s" % (mode, TMPFS_SIZE), "cover with a tmpfs")
+        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode},size={TMPFS_SIZE}", "cover with a tmpfs")
     # 3. What the agent needs from under them, bound back read-only at the same path.
     for path in expose:
         if not under(path, hide):
@@ -123,7 +131,7 @@ def seal(spec):
         try:
             remount_read_only(path)
         except OSError as exc:
-            fail("remount the bound path read-only", "%s: %s" % (path, exc.strerror))
+            fail("remount the bound path read-only", f"{path}: {exc.strerror}")
     # 4. Check, not assume: every path outside the tmpfs mounts answers read-only.
     for path in points + expose:
         if under(path, hide) and not under(path, expose):
@@ -133,7 +141,7 @@ def seal(spec):
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.EACCES):
                 continue
-            fail("cannot check", "%s: %s" % (path, exc.strerror))
+            fail("cannot check", f"{path}: {exc.strerror}")
         if writable:
             fail("still writable after sealing", path)
     for path in hide:

@@ -28,50 +28,78 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sample-size", type=int, default=16, help="rows in sample.jsonl (default 16)")
     gen.add_argument("--force", action="store_true", help="overwrite existing files")
     imp = sub.add_parser(
-        "import", help="turn GSM8K or Calc-X files into train/test/test_mini parquet files and sample.jsonl",
+        "import",
+        help="turn GSM8K or Calc-X files into train/test/test_mini parquet files and sample.jsonl",
         description="Read GSM8K jsonl/parquet ({question, answer ending in '#### N'}) or Calc-X rows (id, question, "
-                    "chain, result, source) and write calcx's dataset files. test.parquet is the validation "
-                    "split (the trainer's --val-file). Bad rows stop the import (exit 1) unless --skip-invalid.")
+        "chain, result, source) and write calcx's dataset files. test.parquet is the validation "
+        "split (the trainer's --val-file). Bad rows stop the import (exit 1) unless --skip-invalid.",
+    )
     imp.add_argument("files", nargs="+", help=".jsonl or .parquet files")
     imp.add_argument("--out", required=True, help="directory to write into (created if missing)")
-    imp.add_argument("--format", choices=FORMATS, default="auto",
-                     help="input layout (default auto: rows with 'answer' and no 'result' are GSM8K)")
-    imp.add_argument("--val-size", type=int, default=VAL_SIZE_DEFAULT,
-                     help=f"rows in the validation split, test.parquet (default {VAL_SIZE_DEFAULT}: enough to tell "
-                          "two recipes apart, compared paired on the same rows)")
+    imp.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="auto",
+        help="input layout (default auto: rows with 'answer' and no 'result' are GSM8K)",
+    )
+    imp.add_argument(
+        "--val-size",
+        type=int,
+        default=VAL_SIZE_DEFAULT,
+        help=f"rows in the validation split, test.parquet (default {VAL_SIZE_DEFAULT}: enough to tell "
+        "two recipes apart, compared paired on the same rows)",
+    )
     imp.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
-    imp.add_argument("--mini-size", type=int, default=50,
-                     help="rows in test_mini.parquet, the head of the validation split (default 50)")
-    imp.add_argument("--sample-size", type=int, default=16,
-                     help="rows in sample.jsonl, the head of the training split (default 16)")
+    imp.add_argument(
+        "--mini-size",
+        type=int,
+        default=50,
+        help="rows in test_mini.parquet, the head of the validation split (default 50)",
+    )
+    imp.add_argument(
+        "--sample-size", type=int, default=16, help="rows in sample.jsonl, the head of the training split (default 16)"
+    )
     imp.add_argument("--skip-invalid", action="store_true", help="write the good rows and list the bad ones skipped")
     imp.add_argument("--force", action="store_true", help="overwrite existing files")
     val = sub.add_parser("validate", help="check that files follow the Calc-X row schema")
     val.add_argument("files", nargs="+", help=".parquet or .jsonl files")
     tr = sub.add_parser(
-        "traces", help="turn GSM8K calculator annotations into agent-format chat traces (supervised warm-up)",
+        "traces",
+        help="turn GSM8K calculator annotations into agent-format chat traces (supervised warm-up)",
         description="Read GSM8K jsonl/parquet and write one chat trace per row in the agent's own format: its "
-                    "system and user messages, the calculate tool called once per <<expression=result>> "
-                    "annotation (all in one turn, or one a turn with --tool-rounds N), the MCP calculator's "
-                    "answers, then the reasoning and ### ANSWER: x ###. Rows "
-                    "whose annotations cannot make a faithful trace are skipped and named.")
+        "system and user messages, the calculate tool called once per <<expression=result>> "
+        "annotation (all in one turn, or one a turn with --tool-rounds N), the MCP calculator's "
+        "answers, then the reasoning and ### ANSWER: x ###. Rows "
+        "whose annotations cannot make a faithful trace are skipped and named.",
+    )
     tr.add_argument("files", nargs="+", help="GSM8K .jsonl or .parquet files ({question, answer})")
     tr.add_argument("--out", required=True, help="traces file: .parquet (verl's SFT trainer) or .jsonl")
-    tr.add_argument("--exclude", nargs="+", default=[], metavar="FILE",
-                    help="rows held out of training (e.g. the validation file `calcx data import` wrote): a row "
-                         "whose id or question text is in them makes no trace")
-    tr.add_argument("--tool-rounds", default=str(TOOL_ROUNDS_DEFAULT), metavar="N",
-                    help="the agent's calcx.agent_tool_rounds: 1 (default) writes every call in one turn; N > 1 "
-                         "writes one call a turn, each followed by its result, and skips rows with more than N "
-                         f"annotations (at most {TOOL_ROUNDS_MAX})")
+    tr.add_argument(
+        "--exclude",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="rows held out of training (e.g. the validation file `calcx data import` wrote): a row "
+        "whose id or question text is in them makes no trace",
+    )
+    tr.add_argument(
+        "--tool-rounds",
+        default=str(TOOL_ROUNDS_DEFAULT),
+        metavar="N",
+        help="the agent's calcx.agent_tool_rounds: 1 (default) writes every call in one turn; N > 1 "
+        "writes one call a turn, each followed by its result, and skips rows with more than N "
+        f"annotations (at most {TOOL_ROUNDS_MAX})",
+    )
     tr.add_argument("--force", action="store_true", help="overwrite an existing file")
     hard = sub.add_parser(
-        "harden", help="the hard-arithmetic split: imported GSM8K rows with their numbers made large",
+        "harden",
+        help="the hard-arithmetic split: imported GSM8K rows with their numbers made large",
         description="Read imported GSM8K rows (train.parquet or test.parquet of `calcx data import`) and write "
-                    "each one's hard version (source gsm8k-hard, id <id>-hard): the question's numbers scaled by "
-                    "one factor, the answer recomputed from the row's own calculator annotations through the MCP "
-                    "calculator. Rows whose numbers cannot all be rewritten consistently are skipped and named "
-                    "(all of them in OUT's .skipped.jsonl).")
+        "each one's hard version (source gsm8k-hard, id <id>-hard): the question's numbers scaled by "
+        "one factor, the answer recomputed from the row's own calculator annotations through the MCP "
+        "calculator. Rows whose numbers cannot all be rewritten consistently are skipped and named "
+        "(all of them in OUT's .skipped.jsonl).",
+    )
     hard.add_argument("files", nargs="+", help="imported Calc-X rows (.parquet or .jsonl) with GSM8K chains")
     hard.add_argument("--out", required=True, help="the hard rows: .parquet or .jsonl")
     hard.add_argument("--seed", type=int, default=0, help="factor seed (default 0)")
@@ -103,8 +131,12 @@ def _generate(args: argparse.Namespace) -> int:
     write_parquet(splits["test"], targets[1])
     write_parquet(splits["test_mini"], targets[2])
     write_jsonl(splits["train"][: args.sample_size], targets[3])
-    sizes = [len(splits["train"]), len(splits["test"]), len(splits["test_mini"]), min(args.sample_size,
-                                                                                       len(splits["train"]))]
+    sizes = [
+        len(splits["train"]),
+        len(splits["test"]),
+        len(splits["test_mini"]),
+        min(args.sample_size, len(splits["train"])),
+    ]
     for target, size in zip(targets, sizes):
         print(f"wrote {target} ({size} rows)")
     return 0
@@ -157,8 +189,11 @@ def _import(args: argparse.Namespace) -> int:
         return 2
     bad = len(result.problems)
     if bad and not args.skip_invalid:
-        print(f"calcx data: error: {bad} bad row{'s' if bad != 1 else ''} in {result.read} read; nothing written. "
-              "Fix them, or pass --skip-invalid to write the good rows:", file=sys.stderr)
+        print(
+            f"calcx data: error: {bad} bad row{'s' if bad != 1 else ''} in {result.read} read; nothing written. "
+            "Fix them, or pass --skip-invalid to write the good rows:",
+            file=sys.stderr,
+        )
         _list_problems(result.problems)
         return 1
     if not result.rows:
@@ -176,8 +211,10 @@ def _import(args: argparse.Namespace) -> int:
     for target, size in written:
         print(f"wrote {target} ({size} rows)")
     files = len(args.files)
-    print(f"imported {result.read} rows read from {files} file{'s' if files != 1 else ''}: {len(train)} train, "
-          f"{len(validation)} validation, {bad} skipped")
+    print(
+        f"imported {result.read} rows read from {files} file{'s' if files != 1 else ''}: {len(train)} train, "
+        f"{len(validation)} validation, {bad} skipped"
+    )
     return 0
 
 
@@ -246,15 +283,23 @@ def _traces(args: argparse.Namespace) -> int:
         print(f"calcx data: error: --exclude: {exc}", file=sys.stderr)
         return 2
     result = build_traces(rows, origins, tool_rounds)
-    skipped = [Skipped(f"{p.file}: {p.unit} {p.line}", "bad_row", f"field '{p.field}' {p.reason}" if p.field else p.reason)
-               for p in imported.problems] + held_out + result.skipped
+    skipped = (
+        [
+            Skipped(f"{p.file}: {p.unit} {p.line}", "bad_row", f"field '{p.field}' {p.reason}" if p.field else p.reason)
+            for p in imported.problems
+        ]
+        + held_out
+        + result.skipped
+    )
     _report_skipped(skipped)
     if not result.traces:
         print(f"calcx data: error: no row of {', '.join(args.files)} made a trace; nothing written", file=sys.stderr)
         return 1
     write_traces(result.traces, out)
-    print(f"wrote {out} ({len(result.traces)} traces, {result.calls} calculator calls); "
-          f"{imported.read} rows read, {len(result.traces)} kept, {len(skipped)} skipped")
+    print(
+        f"wrote {out} ({len(result.traces)} traces, {result.calls} calculator calls); "
+        f"{imported.read} rows read, {len(result.traces)} kept, {len(skipped)} skipped"
+    )
     return 0
 
 
@@ -286,14 +331,19 @@ def _harden(args: argparse.Namespace) -> int:
     skipped_path = out.with_name(f"{out.stem}.skipped.jsonl")
     _report_skipped(result.skipped, f"; all named in {skipped_path}:")
     if not result.rows:
-        print(f"calcx data: error: no row of {', '.join(args.files)} could be made hard; nothing written",
-              file=sys.stderr)
+        print(
+            f"calcx data: error: no row of {', '.join(args.files)} could be made hard; nothing written", file=sys.stderr
+        )
         return 1
     write_rows(result.rows, out)
-    skipped_path.write_text("".join(json.dumps({"where": s.where, "reason": s.reason, "detail": s.detail}) + "\n"
-                                    for s in result.skipped), encoding="utf-8")
-    print(f"wrote {out} ({len(result.rows)} hard rows, {result.calls} calculator calls); "
-          f"{len(rows)} rows read, {len(result.skipped)} skipped")
+    skipped_path.write_text(
+        "".join(json.dumps({"where": s.where, "reason": s.reason, "detail": s.detail}) + "\n" for s in result.skipped),
+        encoding="utf-8",
+    )
+    print(
+        f"wrote {out} ({len(result.rows)} hard rows, {result.calls} calculator calls); "
+        f"{len(rows)} rows read, {len(result.skipped)} skipped"
+    )
     return 0
 
 

@@ -10,15 +10,46 @@ gives the same rows, on any machine (``random.Random`` with a string seed).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable
 
-NAMES = ["Ava", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jia", "Kofi", "Lena", "Mateo",
-         "Nia", "Omar", "Priya", "Quinn", "Rosa", "Sami", "Tomas", "Uma", "Viktor", "Wen", "Yara", "Zane"]
+NAMES = [
+    "Ava",
+    "Ben",
+    "Chen",
+    "Dara",
+    "Eli",
+    "Fatima",
+    "Gus",
+    "Hana",
+    "Ivan",
+    "Jia",
+    "Kofi",
+    "Lena",
+    "Mateo",
+    "Nia",
+    "Omar",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sami",
+    "Tomas",
+    "Uma",
+    "Viktor",
+    "Wen",
+    "Yara",
+    "Zane",
+]
 ITEMS = ["apples", "pencils", "stickers", "marbles", "books", "cookies", "cards", "shells", "stamps", "beads"]
-MATERIALS = [("rope", "meters"), ("ribbon", "meters"), ("flour", "kilograms"), ("juice", "liters"),
-             ("fabric", "meters"), ("rice", "kilograms")]
+MATERIALS = [
+    ("rope", "meters"),
+    ("ribbon", "meters"),
+    ("flour", "kilograms"),
+    ("juice", "liters"),
+    ("fabric", "meters"),
+    ("rice", "kilograms"),
+]
 
 
 def format_value(value: Fraction) -> str:
@@ -64,8 +95,10 @@ class _Chain:
 
 
 def render_chain(problem: Problem) -> str:
-    parts = [f'<gadget id="calculator">{expr}</gadget>\n<output>{format_value(value)}</output>'
-             for expr, value in problem.steps]
+    parts = [
+        f'<gadget id="calculator">{expr}</gadget>\n<output>{format_value(value)}</output>'
+        for expr, value in problem.steps
+    ]
     parts.append(f"Final result is <result>{problem.result}</result>")
     return "\n\n".join(parts)
 
@@ -79,14 +112,18 @@ def _gsm8k(rng: random.Random) -> Problem:
         sold = rng.randint(1, total - 1)
         made = chain.calc(trays, "*", per_tray)
         left = chain.calc(made, "-", sold)
-        question = (f"{name} bakes {trays} trays of cookies with {per_tray} cookies on each tray. "
-                    f"{name} sells {sold} cookies at the market. How many cookies are left?")
+        question = (
+            f"{name} bakes {trays} trays of cookies with {per_tray} cookies on each tray. "
+            f"{name} sells {sold} cookies at the market. How many cookies are left?"
+        )
     else:
         wage, hours, weeks = rng.randint(9, 40), rng.randint(4, 40), rng.randint(2, 12)
         weekly = chain.calc(wage, "*", hours)
         left = chain.calc(weekly, "*", weeks)
-        question = (f"{name} earns ${wage} an hour and works {hours} hours each week. "
-                    f"How much money does {name} earn in {weeks} weeks?")
+        question = (
+            f"{name} earns ${wage} an hour and works {hours} hours each week. "
+            f"How much money does {name} earn in {weeks} weeks?"
+        )
     return Problem(question, chain.steps, format_value(left))
 
 
@@ -99,8 +136,9 @@ def _ape210k(rng: random.Random) -> Problem:
     part = Fraction(p, q)
     rest = chain.calc(1, "-", part)
     left = chain.calc(total, "*", rest)
-    question = (f"A store has {total} {unit} of {material}. It sells {p}/{q} of it. "
-                f"How many {unit} of {material} are left?")
+    question = (
+        f"A store has {total} {unit} of {material}. It sells {p}/{q} of it. " f"How many {unit} of {material} are left?"
+    )
     return Problem(question, chain.steps, format_value(left))
 
 
@@ -129,8 +167,10 @@ def _svamp(rng: random.Random) -> Problem:
     else:
         extra = rng.randint(1, 9)
         value = chain.calc(chain.calc(total, "/", groups), "+", extra)
-        question = (f"{total} {item} are packed equally into {groups} bags, then {extra} more {item} are added "
-                    f"to one bag. How many {item} are in that bag now?")
+        question = (
+            f"{total} {item} are packed equally into {groups} bags, then {extra} more {item} are added "
+            f"to one bag. How many {item} are in that bag now?"
+        )
     return Problem(question, chain.steps, format_value(value))
 
 
@@ -148,8 +188,10 @@ def _aqua_rat(rng: random.Random) -> Problem:
     letters = "ABCDE"
     answer = letters[ordered.index(final)]
     shown = " ".join(f"{letter}) {format_value(value)}" for letter, value in zip(letters, ordered))
-    question = (f"A jacket costs ${price}. It is sold at a {percent}% discount. What is the sale price? "
-                f"Answer Choices: {shown}")
+    question = (
+        f"A jacket costs ${price}. It is sold at a {percent}% discount. What is the sale price? "
+        f"Answer Choices: {shown}"
+    )
     return Problem(question, chain.steps, answer)
 
 
@@ -182,18 +224,21 @@ def generate_split(split: str, count: int, seed: int = 0, seen: set[str] | None 
         if problem.question in seen:
             continue
         seen.add(problem.question)
-        rows.append({
-            "id": f"{source}-{split}-{len(rows):05d}",
-            "question": problem.question,
-            "chain": render_chain(problem),
-            "result": problem.result,
-            "source": source,
-        })
+        rows.append(
+            {
+                "id": f"{source}-{split}-{len(rows):05d}",
+                "question": problem.question,
+                "chain": render_chain(problem),
+                "result": problem.result,
+                "source": source,
+            }
+        )
     return rows
 
 
-def generate_dataset(seed: int = 0, train_size: int = 2000, test_size: int = 200,
-                     mini_size: int = 50) -> dict[str, list[dict[str, str]]]:
+def generate_dataset(
+    seed: int = 0, train_size: int = 2000, test_size: int = 200, mini_size: int = 50
+) -> dict[str, list[dict[str, str]]]:
     """train/test with no question in common; test_mini is the head of test."""
     if mini_size > test_size:
         raise ValueError(f"test_mini size ({mini_size}) cannot exceed the test size ({test_size})")

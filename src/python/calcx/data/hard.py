@@ -31,8 +31,9 @@ import hashlib
 import math
 import random
 import re
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Collection, Sequence
+from typing import Any
 
 from calcx.agent.calculator_inprocess import call
 from calcx.data.traces import Skipped, TraceError, annotation_pairs, check_bounded, same_result
@@ -45,14 +46,27 @@ KEPT = frozenset({2, 3, 4, 7, 10, 12, 24, 30, 52, 60, 100, 365, 1000})
 # the words that state a constant an expression may use without the question writing its digits
 CONSTANT_WORDS: dict[float, tuple[str, ...]] = {
     2.0: ("two", "twice", "double", "half", "halves", "pair", "both", "second", "couple"),
-    3.0: ("three", "thrice", "triple", "third"), 4.0: ("four", "quarter", "fourth", "quadruple"),
-    5.0: ("five", "fifth"), 6.0: ("six", "sixth"), 7.0: ("seven", "week"), 8.0: ("eight",), 9.0: ("nine",),
-    10.0: ("ten", "tenth", "decade"), 12.0: ("twelve", "dozen", "month", "year", "foot", "feet", "inch"),
-    24.0: ("hour", "day"), 30.0: ("thirty", "month"), 52.0: ("week", "year"), 60.0: ("sixty", "minute", "hour", "second"),
-    100.0: ("hundred", "percent", "%", "cent", "dollar", "meter", "century"), 365.0: ("year",),
-    1000.0: ("thousand", "kilo", "gram", "liter", "litre", "mile"), 0.5: ("half", "halves"),
-    0.25: ("quarter", "fourth"), 0.75: ("three quarter", "three-quarter", "three fourths"),
-    0.1: ("tenth", "10%", "ten percent"), 0.01: ("percent", "%", "cent"),
+    3.0: ("three", "thrice", "triple", "third"),
+    4.0: ("four", "quarter", "fourth", "quadruple"),
+    5.0: ("five", "fifth"),
+    6.0: ("six", "sixth"),
+    7.0: ("seven", "week"),
+    8.0: ("eight",),
+    9.0: ("nine",),
+    10.0: ("ten", "tenth", "decade"),
+    12.0: ("twelve", "dozen", "month", "year", "foot", "feet", "inch"),
+    24.0: ("hour", "day"),
+    30.0: ("thirty", "month"),
+    52.0: ("week", "year"),
+    60.0: ("sixty", "minute", "hour", "second"),
+    100.0: ("hundred", "percent", "%", "cent", "dollar", "meter", "century"),
+    365.0: ("year",),
+    1000.0: ("thousand", "kilo", "gram", "liter", "litre", "mile"),
+    0.5: ("half", "halves"),
+    0.25: ("quarter", "fourth"),
+    0.75: ("three quarter", "three-quarter", "three fourths"),
+    0.1: ("tenth", "10%", "ten percent"),
+    0.01: ("percent", "%", "cent"),
 }
 YEARS = range(1900, 2101)
 # the factors tried, in order, until one gives a consistent problem: any, a multiple of 4 (a whole
@@ -104,9 +118,15 @@ def question_numbers(question: str) -> tuple[dict[float, str], set[float]]:
     for match in _QUESTION_NUMBER_RE.finditer(question):
         text = match.group(0)
         value = _value(text)
-        after = question[match.end():match.end() + 1]
-        if ("." in text or _PERCENT_RE.match(question, match.end()) or after.isalpha()
-                or value < 2 or int(value) in KEPT or int(value) in YEARS):
+        after = question[match.end() : match.end() + 1]
+        if (
+            "." in text
+            or _PERCENT_RE.match(question, match.end())
+            or after.isalpha()
+            or value < 2
+            or int(value) in KEPT
+            or int(value) in YEARS
+        ):
             kept.add(value)
             continue
         scaled.setdefault(value, text)
@@ -122,7 +142,7 @@ def rewrite_question(question: str, mapping: dict[float, int]) -> str:
         text = match.group(0)
         value = _value(text)
         if value in scaled and value in mapping and "." not in text:
-            after = question[match.end():match.end() + 1]
+            after = question[match.end() : match.end() + 1]
             if not after.isalpha() and not _PERCENT_RE.match(question, match.end()):
                 return f"{mapping[value]:,}" if "," in text else str(mapping[value])
         return text
@@ -159,8 +179,9 @@ async def _evaluate(expression: str) -> float:
     return value
 
 
-def plan_expressions(pairs: Sequence[tuple[str, str]], question_text: str, enlarged: Collection[float],
-                     kept: Collection[float] = ()) -> list[list[tuple[str, str]]]:
+def plan_expressions(
+    pairs: Sequence[tuple[str, str]], question_text: str, enlarged: Collection[float], kept: Collection[float] = ()
+) -> list[list[tuple[str, str]]]:
     """For each annotation, its expression cut into (text, kind) pieces: `q` an enlarged question
     number, `r<i>` annotation i's result, `c` a constant the question states (`explained`), `t`
     other text. TraceError when a number is none of these (`unannotated_step`) or both of the first
@@ -172,12 +193,14 @@ def plan_expressions(pairs: Sequence[tuple[str, str]], question_text: str, enlar
         pieces: list[tuple[str, str]] = []
         last = 0
         for match in _EXPRESSION_NUMBER_RE.finditer(expression):
-            pieces.append((expression[last:match.start()], "t"))
+            pieces.append((expression[last : match.start()], "t"))
             value = _value(match.group(0))
             earlier = results.get(value)
             if value in question and earlier is not None:
-                raise TraceError("ambiguous_number",
-                                 f"{match.group(0)} in <<{expression}={result}>> is a question number and a result")
+                raise TraceError(
+                    "ambiguous_number",
+                    f"{match.group(0)} in <<{expression}={result}>> is a question number and a result",
+                )
             if value in question:
                 kind = "q"
             elif earlier is not None:
@@ -185,8 +208,11 @@ def plan_expressions(pairs: Sequence[tuple[str, str]], question_text: str, enlar
             elif explained(value, question_text, kept):
                 kind = "c"
             else:
-                raise TraceError("unannotated_step", f"{match.group(0)} in <<{expression}={result}>> is no "
-                                                     "question number, earlier result or constant the question states")
+                raise TraceError(
+                    "unannotated_step",
+                    f"{match.group(0)} in <<{expression}={result}>> is no "
+                    "question number, earlier result or constant the question states",
+                )
             pieces.append((match.group(0), kind))
             last = match.end()
         pieces.append((expression[last:], "t"))
@@ -198,8 +224,9 @@ def plan_expressions(pairs: Sequence[tuple[str, str]], question_text: str, enlar
     return plans
 
 
-async def _rewrite(plans: list[list[tuple[str, str]]], originals: Sequence[float], factor: int,
-                   mapping: dict[float, int]) -> tuple[list[str], list[float]]:
+async def _rewrite(
+    plans: list[list[tuple[str, str]]], originals: Sequence[float], factor: int, mapping: dict[float, int]
+) -> tuple[list[str], list[float]]:
     expressions: list[str] = []
     values: list[float] = []
     for plan, original in zip(plans, originals):
@@ -249,7 +276,7 @@ async def harden(row: dict[str, Any], seed: int = 0) -> HardProblem:
     scaled, kept = question_numbers(question)
     enlarged = sorted(scaled)
     plans = plan_expressions(pairs, question, enlarged, kept)
-    if not any(kind == "q" for plan in plans[:final + 1] for _, kind in plan):
+    if not any(kind == "q" for plan in plans[: final + 1] for _, kind in plan):
         raise TraceError("nothing_to_enlarge", "the annotations use none of the question's scalable numbers")
     failure: TraceError | None = None
     for factor in factors(str(row["id"]), seed):
@@ -269,15 +296,21 @@ async def harden(row: dict[str, Any], seed: int = 0) -> HardProblem:
             continue
         shown = _text(round(new_answer)) if _whole(new_answer) else _text(new_answer)
         chain = "\n".join(f"<<{e}={_text(v)}>>" for e, v in zip(expressions, values))
-        hard = {"id": f"{row['id']}{HARD_ID_SUFFIX}", "question": rewrite_question(question, mapping),
-                "chain": chain, "result": shown, "source": HARD_SOURCE}
+        hard = {
+            "id": f"{row['id']}{HARD_ID_SUFFIX}",
+            "question": rewrite_question(question, mapping),
+            "chain": chain,
+            "result": shown,
+            "source": HARD_SOURCE,
+        }
         return HardProblem(hard, factor, calls)
     assert failure is not None
     raise failure
 
 
-def harden_rows(rows: Sequence[dict[str, Any]], origins: Sequence[str], *, seed: int = 0,
-                limit: int | None = None) -> HardResult:
+def harden_rows(
+    rows: Sequence[dict[str, Any]], origins: Sequence[str], *, seed: int = 0, limit: int | None = None
+) -> HardResult:
     """Hard versions of the rows in order, each skip named by its origin; stops after `limit` kept."""
 
     async def run() -> HardResult:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from calcx.data.io import read_parquet_records, write_jsonl, write_parquet
 from calcx.data.schema import DataError, validate_row
@@ -73,11 +74,9 @@ def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
                 yield number, Problem(str(path), number, None, f"is not valid JSON ({exc.msg} at column {exc.colno})")
 
 
-
-
 def _detect(keys: Any) -> str:
     """GSM8K rows have ``answer`` and no ``result``; anything else is read as Calc-X."""
-    keys = set(keys) if isinstance(keys, (Mapping, list)) else set()
+    keys = set(keys) if isinstance(keys, Mapping | list) else set()
     return "gsm8k" if "answer" in keys and "result" not in keys else "calcx"
 
 
@@ -106,8 +105,13 @@ def gsm8k_row(record: Any, *, file: str, stem: str, number: int) -> dict[str, An
     if not NUMBER_RE.fullmatch(final):
         shown = repr(final) if final else "nothing"
         raise fail("answer", f"has {shown} after its last '{GSM8K_MARK}'; expected a number such as 72 or 1,000")
-    row = {"id": f"gsm8k-{stem}-{number}", "question": record["question"], "chain": rationale.strip(),
-           "result": final.replace(",", ""), "source": "gsm8k"}
+    row = {
+        "id": f"gsm8k-{stem}-{number}",
+        "question": record["question"],
+        "chain": rationale.strip(),
+        "result": final.replace(",", ""),
+        "source": "gsm8k",
+    }
     return validate_row(row, file=file, number=number)
 
 
@@ -175,8 +179,9 @@ def import_files(paths: list[str | Path], fmt: str = "auto") -> ImportResult:
     return total
 
 
-def split_rows(rows: list[dict[str, Any]], val_size: int, seed: int = 0
-               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def split_rows(
+    rows: list[dict[str, Any]], val_size: int, seed: int = 0
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train, validation): rows ordered by sha256(seed, id); the first ``val_size`` validate.
 
     Ids must be unique (``import_files`` makes sure). Both splits come out in that hashed order,
@@ -185,8 +190,10 @@ def split_rows(rows: list[dict[str, Any]], val_size: int, seed: int = 0
     if val_size < 1:
         raise DataError(f"--val-size must be at least 1 (the trainer needs a validation file), got {val_size}")
     if val_size >= len(rows):
-        raise DataError(f"--val-size {val_size} leaves no training rows: only {len(rows)} good rows were read; "
-                        "pass a smaller --val-size")
+        raise DataError(
+            f"--val-size {val_size} leaves no training rows: only {len(rows)} good rows were read; "
+            "pass a smaller --val-size"
+        )
     ordered = sorted(rows, key=lambda r: hashlib.sha256(f"{seed}\0{r['id']}".encode()).hexdigest())
     return ordered[val_size:], ordered[:val_size]
 
@@ -195,8 +202,14 @@ def output_paths(out: str | Path) -> list[Path]:
     return [Path(out) / name for name in OUTPUT_FILES]
 
 
-def write_dataset(train: list[dict[str, Any]], validation: list[dict[str, Any]], out: str | Path, *,
-                  mini_size: int = 50, sample_size: int = 16) -> list[tuple[Path, int]]:
+def write_dataset(
+    train: list[dict[str, Any]],
+    validation: list[dict[str, Any]],
+    out: str | Path,
+    *,
+    mini_size: int = 50,
+    sample_size: int = 16,
+) -> list[tuple[Path, int]]:
     """Write the files `calcx data generate` writes; test_mini and sample are heads of the splits."""
     train_path, val_path, mini_path, sample_path = output_paths(out)
     mini, sample = validation[:mini_size], train[:sample_size]
@@ -204,5 +217,4 @@ def write_dataset(train: list[dict[str, Any]], validation: list[dict[str, Any]],
     write_parquet(validation, val_path)
     write_parquet(mini, mini_path)
     write_jsonl(sample, sample_path)
-    return [(train_path, len(train)), (val_path, len(validation)), (mini_path, len(mini)),
-            (sample_path, len(sample))]
+    return [(train_path, len(train)), (val_path, len(validation)), (mini_path, len(mini)), (sample_path, len(sample))]

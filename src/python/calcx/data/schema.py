@@ -9,7 +9,8 @@ Columns beyond the five are kept as they are.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 FIELDS = ("id", "question", "chain", "result", "source")
 NON_EMPTY_FIELDS = ("id", "question", "result")
@@ -67,4 +68,3 @@ def validate_row(row: Any, *, file: str = "<rows>", number: int = 0) -> dict[str
         if not clean[field].strip():
             raise _field_error(where, field, "is empty")
     return clean
-

@@ -34,9 +34,10 @@ import json
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from calcx.agent.answer import format_answer, prompt_messages
 from calcx.agent.calculator_inprocess import calculator_tool_entry, call
@@ -112,7 +113,7 @@ def check_bounded(expression: str) -> None:
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
             exponent = node.right
             value = exponent.value if isinstance(exponent, ast.Constant) else None
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or abs(value) > MAX_EXPONENT:
+            if not isinstance(value, int | float) or isinstance(value, bool) or abs(value) > MAX_EXPONENT:
                 raise TraceError("unbounded_power", f"{expression!r}: exponents must be numbers up to {MAX_EXPONENT}")
 
 
@@ -132,7 +133,7 @@ def same_result(annotated: str, calculated: str) -> bool:
         return False
     shown = annotated.replace(",", "").rstrip(".")
     decimals = len(shown.split(".", 1)[1]) if "." in shown else 0
-    return abs(want - got) <= 0.5 * 10 ** -decimals + 1e-9 * max(1.0, abs(got))
+    return abs(want - got) <= 0.5 * 10**-decimals + 1e-9 * max(1.0, abs(got))
 
 
 def reasoning(chain: str) -> str:
@@ -141,8 +142,11 @@ def reasoning(chain: str) -> str:
 
 
 def _tool_call(index: int, expression: str) -> dict[str, Any]:
-    return {"id": f"call_{index}", "type": "function",
-            "function": {"name": "calculate", "arguments": json.dumps({"expression": expression})}}
+    return {
+        "id": f"call_{index}",
+        "type": "function",
+        "function": {"name": "calculate", "arguments": json.dumps({"expression": expression})},
+    }
 
 
 async def _calculated(pairs: list[tuple[str, str]]) -> list[str]:
@@ -164,8 +168,9 @@ def turn_texts(chain: str) -> list[str]:
     return [part.strip() for part in ANNOTATION_RE.split(chain)[0::2]]
 
 
-async def build_trace(row: dict[str, Any], tools: list[dict[str, Any]],
-                      tool_rounds: int = TOOL_ROUNDS_DEFAULT) -> tuple[dict[str, Any], int]:
+async def build_trace(
+    row: dict[str, Any], tools: list[dict[str, Any]], tool_rounds: int = TOOL_ROUNDS_DEFAULT
+) -> tuple[dict[str, Any], int]:
     """(trace row, calculator calls) for one imported GSM8K row, or TraceError: one round of all
     the calls (`tool_rounds` 1), else one call a turn (module docstring)."""
     chain, answer = str(row["chain"]), format_answer(str(row["result"]))
@@ -176,8 +181,11 @@ async def build_trace(row: dict[str, Any], tools: list[dict[str, Any]],
     calls = [_tool_call(index, expression) for index, (expression, _) in enumerate(pairs)]
     answers = [{"role": "tool", "tool_call_id": c["id"], "content": text} for c, text in zip(calls, results)]
     if tool_rounds == 1:
-        turns = [{"role": "assistant", "content": None, "tool_calls": calls}, *answers,
-                 {"role": "assistant", "content": f"{reasoning(chain)}\n\n{answer}"}]
+        turns = [
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            *answers,
+            {"role": "assistant", "content": f"{reasoning(chain)}\n\n{answer}"},
+        ]
     else:
         texts = turn_texts(chain)
         turns = []
@@ -189,8 +197,9 @@ async def build_trace(row: dict[str, Any], tools: list[dict[str, Any]],
     return {"id": row["id"], "source": row.get("source", "gsm8k"), "messages": messages, "tools": tools}, len(pairs)
 
 
-def build_traces(rows: Sequence[dict[str, Any]], origins: Sequence[str],
-                 tool_rounds: int = TOOL_ROUNDS_DEFAULT) -> TraceResult:
+def build_traces(
+    rows: Sequence[dict[str, Any]], origins: Sequence[str], tool_rounds: int = TOOL_ROUNDS_DEFAULT
+) -> TraceResult:
     """Traces of the rows (imported by `calcx.data.importers`) for an agent of `tool_rounds`, each
     skip named by its origin."""
     tools = [calculator_tool_entry()]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, defaultdict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from calcx.faults.injector import Event
 from calcx.faults.plan import COLLATERAL_REASONS, PLANNED, RETRIABLE_KINDS, decisive_attempt
@@ -24,15 +25,19 @@ def all_rollouts(client: Any, prefix: str | None = None) -> list[Any]:
     return [r for r in out if prefix is None or r.rollout_id.startswith(prefix + "-")]
 
 
-
-
-def audit(rollouts: list[Any], kind_of: dict[str, str], starts: list[tuple[str, str, int, str]],
-          posted: dict[tuple[str, str], float], questions: dict[str, str] | None = None,
-          calls: Callable[[str, str], list[Any]] | None = None) -> dict[str, Any]:
+def audit(
+    rollouts: list[Any],
+    kind_of: dict[str, str],
+    starts: list[tuple[str, str, int, str]],
+    posted: dict[tuple[str, str], float],
+    questions: dict[str, str] | None = None,
+    calls: Callable[[str, str], list[Any]] | None = None,
+) -> dict[str, Any]:
     """Everything the run promises, checked against the store."""
     by_id = {r.rollout_id: r for r in rollouts}
-    lost = sorted(set(kind_of) - set(by_id)) + sorted(r.rollout_id for r in rollouts
-                                                       if r.rollout_id in kind_of and not r.is_terminal)
+    lost = sorted(set(kind_of) - set(by_id)) + sorted(
+        r.rollout_id for r in rollouts if r.rollout_id in kind_of and not r.is_terminal
+    )
     start_count = Counter((rid, aid) for rid, aid, _, _ in starts)
     duplicates = sorted(f"{rid}/{aid} x{n}" for (rid, aid), n in start_count.items() if n > 1)
     failed_without_reason, succeeded_without_reward, reward_mismatch = [], [], []
@@ -52,8 +57,9 @@ def audit(rollouts: list[Any], kind_of: dict[str, str], starts: list[tuple[str, 
                     failed_without_reason.append(f"{r.rollout_id}/{a.attempt_id}")
             key = (r.rollout_id, a.attempt_id)
             if key in posted:
-                stored = [e.data.get("value") for e in r.events if e.attempt_id == a.attempt_id
-                          and e.event_type == "reward"]
+                stored = [
+                    e.data.get("value") for e in r.events if e.attempt_id == a.attempt_id and e.event_type == "reward"
+                ]
                 if not stored or stored[-1] != posted[key]:
                     reward_mismatch.append(f"{r.rollout_id}/{a.attempt_id}: agent posted {posted[key]}, store {stored}")
         if r.state == "SUCCEEDED" and r.reward is None:
@@ -69,14 +75,21 @@ def audit(rollouts: list[Any], kind_of: dict[str, str], starts: list[tuple[str, 
             if first.state == "FAILED" and first.reason in COLLATERAL_REASONS:
                 masked.append(f"{r.rollout_id}: every attempt ended {first.reason}")
             elif first.state != want_state or (want_reason not in (None, "*") and first.reason != want_reason):
-                unexpected.append(f"{r.rollout_id}: attempt {first.attempt_id} {outcome}, planned {want_state} "
-                                  f"{want_reason or ''}")
+                unexpected.append(
+                    f"{r.rollout_id}: attempt {first.attempt_id} {outcome}, planned {want_state} "
+                    f"{want_reason or ''}"
+                )
             if want_state == "FAILED" and first.state == "SUCCEEDED":
                 unexpected.append(f"{r.rollout_id}: infrastructure fault ended SUCCEEDED reward {r.reward}")
             if kind.startswith("answer-") and first.state == "SUCCEEDED" and r.reward != 0.0:
                 unexpected.append(f"{r.rollout_id}: hostile answer scored {r.reward}")
-    not_started = [f"{r.rollout_id}/{a.attempt_id}" for r in rollouts if r.rollout_id in kind_of
-                   for a in r.attempts if a.state == "SUCCEEDED" and start_count[(r.rollout_id, a.attempt_id)] == 0]
+    not_started = [
+        f"{r.rollout_id}/{a.attempt_id}"
+        for r in rollouts
+        if r.rollout_id in kind_of
+        for a in r.attempts
+        if a.state == "SUCCEEDED" and start_count[(r.rollout_id, a.attempt_id)] == 0
+    ]
     text_mismatch: list[str] = []
     from calcx.agent.answer import build_task
 
@@ -90,7 +103,8 @@ def audit(rollouts: list[Any], kind_of: dict[str, str], starts: list[tuple[str, 
                 if not recorded:
                     continue
                 user: dict[str, Any] = next(
-                    (m for m in recorded[0].request.get("messages", []) if m.get("role") == "user"), {})
+                    (m for m in recorded[0].request.get("messages", []) if m.get("role") == "user"), {}
+                )
                 content = user.get("content")
                 if content != build_task(questions[rid]):
                     text_mismatch.append(f"{rid}/{a.attempt_id}")
@@ -146,14 +160,22 @@ def recovery_times(events: list[Event], attempts: list[tuple[str, Any]]) -> list
         if ev.up_at is None or "second controller" in ev.kind:
             continue
         by = ev.target if ev.target.startswith("faults-") else None
-        claims = [a.started_at for cid, a in attempts if a.started_at and a.started_at > ev.up_at
-                  and (by is None or cid == by)]
-        finishes = [a.finished_at for cid, a in attempts if a.finished_at and a.finished_at > ev.up_at
-                    and a.state == "SUCCEEDED" and (by is None or cid == by)]
-        out.append({
-            "fault": ev.kind,
-            "back_s": ev.up_at - ev.at,
-            "next_claim_s": (min(claims) - ev.at) if claims else None,
-            "next_success_s": (min(finishes) - ev.at) if finishes else None,
-        })
+        claims = [
+            a.started_at
+            for cid, a in attempts
+            if a.started_at and a.started_at > ev.up_at and (by is None or cid == by)
+        ]
+        finishes = [
+            a.finished_at
+            for cid, a in attempts
+            if a.finished_at and a.finished_at > ev.up_at and a.state == "SUCCEEDED" and (by is None or cid == by)
+        ]
+        out.append(
+            {
+                "fault": ev.kind,
+                "back_s": ev.up_at - ev.at,
+                "next_claim_s": (min(claims) - ev.at) if claims else None,
+                "next_success_s": (min(finishes) - ev.at) if finishes else None,
+            }
+        )
     return out

@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from calcx.procs.procutil import descendants, process_name
-
 
 STARTED_RE = re.compile(r"started (\S+)/(\S+) pid (\d+)")
 
@@ -80,7 +79,7 @@ def agent_rewards(log_dirs: Iterable[Path]) -> dict[tuple[str, str], float]:
                 continue
             rid, _, aid = path.stem.rpartition(".")
             m = None
-            for m in AGENT_FINISHED_RE.finditer(path.read_text(errors="replace")):
+            for m in AGENT_FINISHED_RE.finditer(path.read_text(errors="replace")):  # noqa: B007 (the last match)
                 pass
             if m is not None:
                 out[(rid, aid)] = float(m.group(1))

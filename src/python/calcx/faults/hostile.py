@@ -14,10 +14,10 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -42,12 +42,12 @@ LEASE_HOLDER = "faults-lease-holder"
 #: paragraph) to a real question, so the stub still finds the arithmetic and the rollout should
 #: succeed; the agent must receive the whole text exactly.
 HOSTILE_QUESTION_SUFFIXES: dict[str, str] = {
-    "yaml-structure": 'key: value\n---\n- item\n? complex\n: mapping\n"quoted": \'single\'\n# comment\n...',
+    "yaml-structure": "key: value\n---\n- item\n? complex\n: mapping\n\"quoted\": 'single'\n# comment\n...",
     "yaml-tags": "!!python/object/apply:os.system ['touch /tmp/calcx-yaml-pwned'] &anchor *anchor !Ref x",
     "json-breakers": '"}], "rollout_id": "evil", "x": {"\\u0000\\\\" \\n \u2028\u2029 {{"a":1}}',
     "shell": "$(touch /tmp/calcx-shell-pwned) `id` ; rm -rf / && echo $HOME | cat /etc/passwd > /dev/null 2>&1 &",
     "template": "{{ 7*7 }} {% if true %}x{% endif %} ${jndi:ldap://x} %(name)s {0} <script>alert(1)</script>",
-    "unicode": "Ω≈ç√∫ 😀 \u202eevil\u202c \ufeff zero\u200bwidth \U0001F4A9 e\u0301 ﷽ \t\r\n\x0b\x0c",
+    "unicode": "Ω≈ç√∫ 😀 \u202eevil\u202c \ufeff zero\u200bwidth \U0001f4a9 e\u0301 ﷽ \t\r\n\x0b\x0c",
     "long": ("The long way round. " * 6000).strip(),  # ~120 KB, under the 128 KiB env value limit
 }
 
@@ -163,17 +163,22 @@ def static_cases(key: str, decoy: AttemptRef, finished: AttemptRef) -> list[Case
         tag = f"{method} {path.split('?')[0]}"
         cases.append(Case(f"no key: {tag}", method, path, 401, none, body, "unauthorized"))
         cases.append(Case(f"wrong key: {tag}", method, path, 401, wrong, body, "unauthorized"))
-        cases.append(Case(f"attempt token on server-key endpoint: {tag}", method, path, 403, decoy_token, body,
-                          "forbidden"))
-    for path, body in ((ev, _j({"event_type": "log", "data": {}})), (gw, chat),
-                       (f"/v1/rollouts/{drid}/attempts/{daid}/v1/models", None)):
+        cases.append(
+            Case(f"attempt token on server-key endpoint: {tag}", method, path, 403, decoy_token, body, "forbidden")
+        )
+    for path, body in (
+        (ev, _j({"event_type": "log", "data": {}})),
+        (gw, chat),
+        (f"/v1/rollouts/{drid}/attempts/{daid}/v1/models", None),
+    ):
         method = "GET" if body is None else "POST"
         tag = f"{method} {path}"
         cases.append(Case(f"no key: {tag}", method, path, 401, none, body, "unauthorized"))
         cases.append(Case(f"wrong key: {tag}", method, path, 401, wrong, body, "unauthorized"))
         cases.append(Case(f"forged attempt token: {tag}", method, path, 401, forged, body, "unauthorized"))
-        cases.append(Case(f"attempt token of an earlier claim: {tag}", method, path, 401, earlier_token, body,
-                          "unauthorized"))
+        cases.append(
+            Case(f"attempt token of an earlier claim: {tag}", method, path, 401, earlier_token, body, "unauthorized")
+        )
         cases.append(Case(f"other attempt's token: {tag}", method, path, 403, finished_token, body, "forbidden"))
     cases += [
         # malformed, oversized and unknown events on a RUNNING attempt
@@ -182,138 +187,499 @@ def static_cases(key: str, decoy: AttemptRef, finished: AttemptRef) -> list[Case
         Case("event: not UTF-8", "POST", ev, 422, decoy_token, b'{"event_type": "\xff\xfe"}', "invalid_json"),
         Case("event: JSON array", "POST", ev, 422, decoy_token, b"[1, 2]", "invalid_body"),
         Case("event: no event_type", "POST", ev, 422, decoy_token, _j({"data": {"value": 1}}), "invalid_body"),
-        Case("event: data not an object", "POST", ev, 422, decoy_token, _j({"event_type": "log", "data": [1]}),
-             "invalid_body"),
-        Case("reward: NaN", "POST", ev, 422, decoy_token, b'{"event_type": "reward", "data": {"value": NaN}}',
-             "invalid_json"),
-        Case("reward: Infinity", "POST", ev, 422, decoy_token,
-             b'{"event_type": "reward", "data": {"value": Infinity}}', "invalid_json"),
-        Case("reward: 1e999", "POST", ev, 422, decoy_token, b'{"event_type": "reward", "data": {"value": 1e999}}',
-             "invalid_reward"),
-        Case("reward: string", "POST", ev, 422, decoy_token, _j({"event_type": "reward", "data": {"value": "1.0"}}),
-             "invalid_reward"),
-        Case("reward: missing value", "POST", ev, 422, decoy_token, _j({"event_type": "reward", "data": {}}),
-             "invalid_reward"),
-        Case("event: oversized (Content-Length)", "POST", ev, 413, decoy_token,
-             _j({"event_type": "log", "data": {"x": "y" * (MAX_BODY_BYTES + 10)}}), "body_too_large"),
-        Case("event: over the event body limit, under the server's", "POST", ev, 413, decoy_token,
-             _j({"event_type": "log", "data": {"x": "y" * (MAX_EVENT_BODY_BYTES + 10)}}), "body_too_large"),
-        Case("event: JSON nested past the depth limit", "POST", ev, 422, decoy_token,
-             b'{"event_type": "log", "data": {"x": ' + b"[" * 80 + b"]" * 80 + b"}}", "invalid_json"),
-        Case("event: JSON nested deeper than the parser's stack", "POST", ev, 422, decoy_token,
-             b"[" * 5000 + b"]" * 5000, "invalid_json"),
-        Case("event: attempt id of non-ASCII digits", "POST", f"/v1/rollouts/{drid}/attempts/%C2%B2/events", 404,
-             server, _j({"event_type": "log", "data": {}}), "not_found"),
-        Case("event: unknown type is stored as data", "POST", ev, 200, decoy_token,
-             _j({"event_type": "definitely-unknown-\u202e", "data": {"nested": {"a": [1, 2, {"b": None}]}}}),
-             alt=(413, "attempt_limit")),
+        Case(
+            "event: data not an object",
+            "POST",
+            ev,
+            422,
+            decoy_token,
+            _j({"event_type": "log", "data": [1]}),
+            "invalid_body",
+        ),
+        Case(
+            "reward: NaN",
+            "POST",
+            ev,
+            422,
+            decoy_token,
+            b'{"event_type": "reward", "data": {"value": NaN}}',
+            "invalid_json",
+        ),
+        Case(
+            "reward: Infinity",
+            "POST",
+            ev,
+            422,
+            decoy_token,
+            b'{"event_type": "reward", "data": {"value": Infinity}}',
+            "invalid_json",
+        ),
+        Case(
+            "reward: 1e999",
+            "POST",
+            ev,
+            422,
+            decoy_token,
+            b'{"event_type": "reward", "data": {"value": 1e999}}',
+            "invalid_reward",
+        ),
+        Case(
+            "reward: string",
+            "POST",
+            ev,
+            422,
+            decoy_token,
+            _j({"event_type": "reward", "data": {"value": "1.0"}}),
+            "invalid_reward",
+        ),
+        Case(
+            "reward: missing value",
+            "POST",
+            ev,
+            422,
+            decoy_token,
+            _j({"event_type": "reward", "data": {}}),
+            "invalid_reward",
+        ),
+        Case(
+            "event: oversized (Content-Length)",
+            "POST",
+            ev,
+            413,
+            decoy_token,
+            _j({"event_type": "log", "data": {"x": "y" * (MAX_BODY_BYTES + 10)}}),
+            "body_too_large",
+        ),
+        Case(
+            "event: over the event body limit, under the server's",
+            "POST",
+            ev,
+            413,
+            decoy_token,
+            _j({"event_type": "log", "data": {"x": "y" * (MAX_EVENT_BODY_BYTES + 10)}}),
+            "body_too_large",
+        ),
+        Case(
+            "event: JSON nested past the depth limit",
+            "POST",
+            ev,
+            422,
+            decoy_token,
+            b'{"event_type": "log", "data": {"x": ' + b"[" * 80 + b"]" * 80 + b"}}",
+            "invalid_json",
+        ),
+        Case(
+            "event: JSON nested deeper than the parser's stack",
+            "POST",
+            ev,
+            422,
+            decoy_token,
+            b"[" * 5000 + b"]" * 5000,
+            "invalid_json",
+        ),
+        Case(
+            "event: attempt id of non-ASCII digits",
+            "POST",
+            f"/v1/rollouts/{drid}/attempts/%C2%B2/events",
+            404,
+            server,
+            _j({"event_type": "log", "data": {}}),
+            "not_found",
+        ),
+        Case(
+            "event: unknown type is stored as data",
+            "POST",
+            ev,
+            200,
+            decoy_token,
+            _j({"event_type": "definitely-unknown-\u202e", "data": {"nested": {"a": [1, 2, {"b": None}]}}}),
+            alt=(413, "attempt_limit"),
+        ),
         # rewards out of range (Calc-X: 0..1): 1e39 once turned an update into NaN
-        Case("reward: 1e39", "POST", ev, 422, decoy_token, _j({"event_type": "reward", "data": {"value": 1e39}}),
-             "invalid_reward"),
-        Case("reward: -1", "POST", ev, 422, decoy_token, _j({"event_type": "reward", "data": {"value": -1}}),
-             "invalid_reward"),
-        Case("reward: 1.5", "POST", ev, 422, decoy_token, _j({"event_type": "reward", "data": {"value": 1.5}}),
-             "invalid_reward"),
-        Case("event: unknown rollout", "POST", "/v1/rollouts/no-such-rollout/attempts/1/events", 404, server,
-             _j({"event_type": "log", "data": {}}), "not_found"),
-        Case("event: unknown attempt", "POST", f"/v1/rollouts/{drid}/attempts/99/events", 404, server,
-             _j({"event_type": "log", "data": {}}), "not_found"),
-        Case("event: finished attempt (its own token)", "POST", f"/v1/rollouts/{frid}/attempts/{faid}/events", 409,
-             finished_token, _j({"event_type": "reward", "data": {"value": 1.0}}), "conflict"),
+        Case(
+            "reward: 1e39",
+            "POST",
+            ev,
+            422,
+            decoy_token,
+            _j({"event_type": "reward", "data": {"value": 1e39}}),
+            "invalid_reward",
+        ),
+        Case(
+            "reward: -1",
+            "POST",
+            ev,
+            422,
+            decoy_token,
+            _j({"event_type": "reward", "data": {"value": -1}}),
+            "invalid_reward",
+        ),
+        Case(
+            "reward: 1.5",
+            "POST",
+            ev,
+            422,
+            decoy_token,
+            _j({"event_type": "reward", "data": {"value": 1.5}}),
+            "invalid_reward",
+        ),
+        Case(
+            "event: unknown rollout",
+            "POST",
+            "/v1/rollouts/no-such-rollout/attempts/1/events",
+            404,
+            server,
+            _j({"event_type": "log", "data": {}}),
+            "not_found",
+        ),
+        Case(
+            "event: unknown attempt",
+            "POST",
+            f"/v1/rollouts/{drid}/attempts/99/events",
+            404,
+            server,
+            _j({"event_type": "log", "data": {}}),
+            "not_found",
+        ),
+        Case(
+            "event: finished attempt (its own token)",
+            "POST",
+            f"/v1/rollouts/{frid}/attempts/{faid}/events",
+            409,
+            finished_token,
+            _j({"event_type": "reward", "data": {"value": 1.0}}),
+            "conflict",
+        ),
         # gateway
-        Case("gateway: stream=true", "POST", gw, 400, decoy_token, _j({"messages": [{"role": "user", "content": "x"}],
-                                                                       "stream": True}), "stream_unsupported"),
-        Case("gateway: n=3", "POST", gw, 400, decoy_token, _j({"messages": [{"role": "user", "content": "x"}], "n": 3}),
-             "invalid_request"),
+        Case(
+            "gateway: stream=true",
+            "POST",
+            gw,
+            400,
+            decoy_token,
+            _j({"messages": [{"role": "user", "content": "x"}], "stream": True}),
+            "stream_unsupported",
+        ),
+        Case(
+            "gateway: n=3",
+            "POST",
+            gw,
+            400,
+            decoy_token,
+            _j({"messages": [{"role": "user", "content": "x"}], "n": 3}),
+            "invalid_request",
+        ),
         Case("gateway: no messages", "POST", gw, 400, decoy_token, _j({"messages": []}), "invalid_request"),
         Case("gateway: broken JSON", "POST", gw, 422, decoy_token, b'{"messages": [', "invalid_json"),
-        Case("gateway: JSON nested deeper than the parser's stack", "POST", gw, 422, decoy_token,
-             b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "invalid_json"),
-        Case("gateway: attempt id of non-ASCII digits", "POST",
-             f"/v1/rollouts/{drid}/attempts/%C2%B2/v1/chat/completions", 404, server, chat, "not_found"),
+        Case(
+            "gateway: JSON nested deeper than the parser's stack",
+            "POST",
+            gw,
+            422,
+            decoy_token,
+            b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            "invalid_json",
+        ),
+        Case(
+            "gateway: attempt id of non-ASCII digits",
+            "POST",
+            f"/v1/rollouts/{drid}/attempts/%C2%B2/v1/chat/completions",
+            404,
+            server,
+            chat,
+            "not_found",
+        ),
         # fields that would make tokens of the agent's choosing come back as the policy's sample
-        *[Case(f"gateway: {name}", "POST", gw, 400, decoy_token,
-               _j({"messages": [{"role": "user", "content": "x"}], name: value}), "field_not_allowed")
-          for name, value in (("logit_bias", {"1001": 100}), ("min_tokens", 4000), ("ignore_eos", True),
-                              ("priority", -100), ("guided_regex", "4{100}"), ("allowed_token_ids", [1001]),
-                              ("tool_choice", "required"), ("response_format", {"type": "json_object"}),
-                              ("an unknown field", 1))],
-        Case("gateway: finished attempt", "POST", f"/v1/rollouts/{frid}/attempts/{faid}/v1/chat/completions", 409,
-             finished_token, chat, "attempt_not_running"),
-        Case("gateway: oversized", "POST", gw, 413, decoy_token, b"[" + b"1," * (MAX_BODY_BYTES // 2 + 10) + b"1]",
-             "body_too_large"),
+        *[
+            Case(
+                f"gateway: {name}",
+                "POST",
+                gw,
+                400,
+                decoy_token,
+                _j({"messages": [{"role": "user", "content": "x"}], name: value}),
+                "field_not_allowed",
+            )
+            for name, value in (
+                ("logit_bias", {"1001": 100}),
+                ("min_tokens", 4000),
+                ("ignore_eos", True),
+                ("priority", -100),
+                ("guided_regex", "4{100}"),
+                ("allowed_token_ids", [1001]),
+                ("tool_choice", "required"),
+                ("response_format", {"type": "json_object"}),
+                ("an unknown field", 1),
+            )
+        ],
+        Case(
+            "gateway: finished attempt",
+            "POST",
+            f"/v1/rollouts/{frid}/attempts/{faid}/v1/chat/completions",
+            409,
+            finished_token,
+            chat,
+            "attempt_not_running",
+        ),
+        Case(
+            "gateway: oversized",
+            "POST",
+            gw,
+            413,
+            decoy_token,
+            b"[" + b"1," * (MAX_BODY_BYTES // 2 + 10) + b"1]",
+            "body_too_large",
+        ),
         # controller and trainer endpoints with bad bodies or states
-        Case("claims: max=0", "POST", "/v1/claims", 422, server, _j({"controller_id": "hostile", "max": 0}),
-             "invalid_body"),
+        Case(
+            "claims: max=0",
+            "POST",
+            "/v1/claims",
+            422,
+            server,
+            _j({"controller_id": "hostile", "max": 0}),
+            "invalid_body",
+        ),
         Case("claims: no controller_id", "POST", "/v1/claims", 422, server, _j({"max": 1}), "invalid_body"),
         Case("claims: broken JSON", "POST", "/v1/claims", 422, server, b"{max: 1}", "invalid_json"),
-        Case("heartbeat: attempts not a list", "POST", "/v1/claims/heartbeat", 422, server,
-             _j({"controller_id": "hostile", "attempts": "all"}), "invalid_body"),
-        Case("finish: bad state", "POST", f"/v1/rollouts/{drid}/attempts/{daid}/finish", 422, server,
-             _j({"state": "DONE"}), "invalid_body"),
-        Case("finish: FAILED without reason", "POST", f"/v1/rollouts/{drid}/attempts/{daid}/finish", 422, server,
-             _j({"state": "FAILED"}), "invalid_body"),
-        Case("finish: SUCCEEDED with reason", "POST", f"/v1/rollouts/{drid}/attempts/{daid}/finish", 422, server,
-             _j({"state": "SUCCEEDED", "reason": FailureReason.CRASH}), "invalid_body"),
-        Case("finish: unknown rollout", "POST", "/v1/rollouts/no-such-rollout/attempts/1/finish", 404, server,
-             _j({"state": "FAILED", "reason": FailureReason.CRASH}), "not_found"),
-        Case("finish: finished attempt", "POST", f"/v1/rollouts/{frid}/attempts/{faid}/finish", 409, server,
-             _j({"state": "SUCCEEDED"}), "conflict"),
-        Case("finish: reason only the cancel API sets", "POST", f"/v1/rollouts/{drid}/attempts/{daid}/finish", 422,
-             server, _j({"state": "FAILED", "reason": FailureReason.CANCELLED_BY_API}), "invalid_body"),
-        Case("retry: force not a boolean", "POST", f"/v1/rollouts/{drid}/retry", 422, server, _j({"force": [1]}),
-             "invalid_body"),
+        Case(
+            "heartbeat: attempts not a list",
+            "POST",
+            "/v1/claims/heartbeat",
+            422,
+            server,
+            _j({"controller_id": "hostile", "attempts": "all"}),
+            "invalid_body",
+        ),
+        Case(
+            "finish: bad state",
+            "POST",
+            f"/v1/rollouts/{drid}/attempts/{daid}/finish",
+            422,
+            server,
+            _j({"state": "DONE"}),
+            "invalid_body",
+        ),
+        Case(
+            "finish: FAILED without reason",
+            "POST",
+            f"/v1/rollouts/{drid}/attempts/{daid}/finish",
+            422,
+            server,
+            _j({"state": "FAILED"}),
+            "invalid_body",
+        ),
+        Case(
+            "finish: SUCCEEDED with reason",
+            "POST",
+            f"/v1/rollouts/{drid}/attempts/{daid}/finish",
+            422,
+            server,
+            _j({"state": "SUCCEEDED", "reason": FailureReason.CRASH}),
+            "invalid_body",
+        ),
+        Case(
+            "finish: unknown rollout",
+            "POST",
+            "/v1/rollouts/no-such-rollout/attempts/1/finish",
+            404,
+            server,
+            _j({"state": "FAILED", "reason": FailureReason.CRASH}),
+            "not_found",
+        ),
+        Case(
+            "finish: finished attempt",
+            "POST",
+            f"/v1/rollouts/{frid}/attempts/{faid}/finish",
+            409,
+            server,
+            _j({"state": "SUCCEEDED"}),
+            "conflict",
+        ),
+        Case(
+            "finish: reason only the cancel API sets",
+            "POST",
+            f"/v1/rollouts/{drid}/attempts/{daid}/finish",
+            422,
+            server,
+            _j({"state": "FAILED", "reason": FailureReason.CANCELLED_BY_API}),
+            "invalid_body",
+        ),
+        Case(
+            "retry: force not a boolean",
+            "POST",
+            f"/v1/rollouts/{drid}/retry",
+            422,
+            server,
+            _j({"force": [1]}),
+            "invalid_body",
+        ),
         # a run another trainer holds the lease of: a second trainer's writes for it are fenced off
-        Case("trained: a run another trainer holds", "POST", "/v1/trained", 409, server,
-             _j({"run": LEASED_RUN, "step": 1, "rollout_ids": [frid], "owner": "hostile"}), "lease_lost"),
-        Case("rewind: a run another trainer holds", "POST", "/v1/trained/rewind", 409, server,
-             _j({"run": LEASED_RUN, "after_step": 0, "owner": "hostile"}), "lease_lost"),
-        Case("cancel: a run another trainer holds", "POST", "/v1/cancel", 409, server,
-             _j({"run": LEASED_RUN, "owner": "hostile"}), "lease_lost"),
-        Case("lease: renew another trainer's run", "POST", "/v1/leases/renew", 409, server,
-             _j({"run": LEASED_RUN, "owner": "hostile"}), "lease_lost"),
-        Case("lease: release another trainer's run", "POST", "/v1/leases/release", 409, server,
-             _j({"run": LEASED_RUN, "owner": "hostile"}), "lease_lost"),
-        Case("lease: release a run nobody leased", "POST", "/v1/leases/release", 404, server,
-             _j({"run": "hostile-never-leased", "owner": "hostile"}), "not_found"),
-        Case("lease: empty owner", "POST", "/v1/leases", 422, server, _j({"run": "hostile-run", "owner": ""}),
-             "invalid_body"),
+        Case(
+            "trained: a run another trainer holds",
+            "POST",
+            "/v1/trained",
+            409,
+            server,
+            _j({"run": LEASED_RUN, "step": 1, "rollout_ids": [frid], "owner": "hostile"}),
+            "lease_lost",
+        ),
+        Case(
+            "rewind: a run another trainer holds",
+            "POST",
+            "/v1/trained/rewind",
+            409,
+            server,
+            _j({"run": LEASED_RUN, "after_step": 0, "owner": "hostile"}),
+            "lease_lost",
+        ),
+        Case(
+            "cancel: a run another trainer holds",
+            "POST",
+            "/v1/cancel",
+            409,
+            server,
+            _j({"run": LEASED_RUN, "owner": "hostile"}),
+            "lease_lost",
+        ),
+        Case(
+            "lease: renew another trainer's run",
+            "POST",
+            "/v1/leases/renew",
+            409,
+            server,
+            _j({"run": LEASED_RUN, "owner": "hostile"}),
+            "lease_lost",
+        ),
+        Case(
+            "lease: release another trainer's run",
+            "POST",
+            "/v1/leases/release",
+            409,
+            server,
+            _j({"run": LEASED_RUN, "owner": "hostile"}),
+            "lease_lost",
+        ),
+        Case(
+            "lease: release a run nobody leased",
+            "POST",
+            "/v1/leases/release",
+            404,
+            server,
+            _j({"run": "hostile-never-leased", "owner": "hostile"}),
+            "not_found",
+        ),
+        Case(
+            "lease: empty owner",
+            "POST",
+            "/v1/leases",
+            422,
+            server,
+            _j({"run": "hostile-run", "owner": ""}),
+            "invalid_body",
+        ),
         Case("lease: no run", "POST", "/v1/leases", 422, server, _j({"owner": "hostile"}), "invalid_body"),
         Case("retry: unknown rollout", "POST", "/v1/rollouts/no-such-rollout/retry", 404, server, None, "not_found"),
         Case("retry: RUNNING rollout", "POST", f"/v1/rollouts/{drid}/retry", 409, server, None, "conflict"),
-        Case("wait: unknown rollout", "POST", "/v1/rollouts/no-such-rollout/wait", 404, server, _j({"timeout_s": 0}),
-             "not_found"),
+        Case(
+            "wait: unknown rollout",
+            "POST",
+            "/v1/rollouts/no-such-rollout/wait",
+            404,
+            server,
+            _j({"timeout_s": 0}),
+            "not_found",
+        ),
         Case("get: unknown rollout", "GET", "/v1/rollouts/no-such-rollout", 404, server, None, "not_found"),
         Case("list: bad state", "GET", "/v1/rollouts?state=EXPLODED", 422, server, None, "invalid_query"),
         Case("list: limit=-1", "GET", "/v1/rollouts?limit=-1", 422, server, None, "invalid_query"),
         Case("terminal: after=abc", "GET", "/v1/terminal?after=abc", 422, server, None, "invalid_query"),
         Case("terminal: timeout_s=nan", "GET", "/v1/terminal?timeout_s=nan", 422, server, None, "invalid_query"),
-        Case("create: bad rollout id", "POST", "/v1/rollouts", 422, server,
-             _j({"rollouts": [{"rollout_id": "../../etc/passwd", "row": {"question": "q", "result": "1"}}]}),
-             "invalid_body"),
-        *[Case(f"create: rollout id {rid!r}", "POST", "/v1/rollouts", 422, server,
-               _j({"rollouts": [{"rollout_id": rid, "row": {"question": "q", "result": "1"}}]}), "invalid_body")
-          for rid in (".", "..")],
-        Case("create: row lacks env_map field", "POST", "/v1/rollouts", 422, server,
-             _j({"rollouts": [{"rollout_id": "hostile-no-result", "row": {"question": "q"}}]}), "invalid_body"),
-        Case("create: env_map sets the calculator command", "POST", "/v1/rollouts", 422, server,
-             _j({"rollouts": [{"rollout_id": "hostile-env-map", "row": {"question": "q", "result": "1",
-                                                                         "cmd": '["sh", "-c", "id"]'},
-                               "env_map": {"QUESTION": "question", "RESULT": "result",
-                                           CALCX_CALCULATOR_CMD: "cmd"}}]}), "invalid_body"),
-        Case("create: same id, other body", "POST", "/v1/rollouts", 409, server,
-             _j({"rollouts": [{"rollout_id": frid, "row": {"question": "changed", "result": "0"}}]}), "conflict"),
-        Case("create: oversized", "POST", "/v1/rollouts", 413, server,
-             _j({"rollouts": [{"rollout_id": "big", "row": {"question": "q" * (MAX_BODY_BYTES + 1), "result": "1"}}]}),
-             "body_too_large"),
+        Case(
+            "create: bad rollout id",
+            "POST",
+            "/v1/rollouts",
+            422,
+            server,
+            _j({"rollouts": [{"rollout_id": "../../etc/passwd", "row": {"question": "q", "result": "1"}}]}),
+            "invalid_body",
+        ),
+        *[
+            Case(
+                f"create: rollout id {rid!r}",
+                "POST",
+                "/v1/rollouts",
+                422,
+                server,
+                _j({"rollouts": [{"rollout_id": rid, "row": {"question": "q", "result": "1"}}]}),
+                "invalid_body",
+            )
+            for rid in (".", "..")
+        ],
+        Case(
+            "create: row lacks env_map field",
+            "POST",
+            "/v1/rollouts",
+            422,
+            server,
+            _j({"rollouts": [{"rollout_id": "hostile-no-result", "row": {"question": "q"}}]}),
+            "invalid_body",
+        ),
+        Case(
+            "create: env_map sets the calculator command",
+            "POST",
+            "/v1/rollouts",
+            422,
+            server,
+            _j(
+                {
+                    "rollouts": [
+                        {
+                            "rollout_id": "hostile-env-map",
+                            "row": {"question": "q", "result": "1", "cmd": '["sh", "-c", "id"]'},
+                            "env_map": {"QUESTION": "question", "RESULT": "result", CALCX_CALCULATOR_CMD: "cmd"},
+                        }
+                    ]
+                }
+            ),
+            "invalid_body",
+        ),
+        Case(
+            "create: same id, other body",
+            "POST",
+            "/v1/rollouts",
+            409,
+            server,
+            _j({"rollouts": [{"rollout_id": frid, "row": {"question": "changed", "result": "0"}}]}),
+            "conflict",
+        ),
+        Case(
+            "create: oversized",
+            "POST",
+            "/v1/rollouts",
+            413,
+            server,
+            _j({"rollouts": [{"rollout_id": "big", "row": {"question": "q" * (MAX_BODY_BYTES + 1), "result": "1"}}]}),
+            "body_too_large",
+        ),
         Case("models: no endpoints", "PUT", "/v1/models", 422, server, _j({"model": "x"}), "invalid_body"),
         Case("unknown endpoint", "GET", "/v1/nothing-here", 404, server, None, "not_found"),
         Case("wrong method", "DELETE", "/v1/rollouts", 405, server, None, "method_not_allowed"),
         Case("healthz is open", "GET", "/healthz", 200, none, None),
     ]
     # an event flood on the decoy: stored up to the per-attempt cap, then refused (413)
-    cases += [Case("event flood", "POST", ev, 200, decoy_token, _j({"event_type": "log", "data": {"flood": i}}),
-                   alt=(413, "attempt_limit")) for i in range(FLOOD_EVENTS)]
+    cases += [
+        Case(
+            "event flood",
+            "POST",
+            ev,
+            200,
+            decoy_token,
+            _j({"event_type": "log", "data": {"flood": i}}),
+            alt=(413, "attempt_limit"),
+        )
+        for i in range(FLOOD_EVENTS)
+    ]
     return cases
 
 
@@ -325,18 +691,53 @@ def live_cases(key: str, running: list[AttemptRef], finished: list[AttemptRef]) 
     if len(running) >= 2:
         (arid, aaid, anonce), (brid, baid, _) = random.sample(running, 2)
         stolen = _auth(attempt_token(key, arid, aaid, anonce))
-        cases.append(Case("cross-rollout gateway call", "POST",
-                          f"/v1/rollouts/{brid}/attempts/{baid}/v1/chat/completions", 403, stolen, chat, "forbidden"))
-        cases.append(Case("cross-rollout reward", "POST", f"/v1/rollouts/{brid}/attempts/{baid}/events", 403, stolen,
-                          _j({"event_type": "reward", "data": {"value": 1.0}}), "forbidden"))
+        cases.append(
+            Case(
+                "cross-rollout gateway call",
+                "POST",
+                f"/v1/rollouts/{brid}/attempts/{baid}/v1/chat/completions",
+                403,
+                stolen,
+                chat,
+                "forbidden",
+            )
+        )
+        cases.append(
+            Case(
+                "cross-rollout reward",
+                "POST",
+                f"/v1/rollouts/{brid}/attempts/{baid}/events",
+                403,
+                stolen,
+                _j({"event_type": "reward", "data": {"value": 1.0}}),
+                "forbidden",
+            )
+        )
     if finished:
         frid, faid, fnonce = random.choice(finished)
         own = _auth(attempt_token(key, frid, faid, fnonce))
-        cases.append(Case("reward for a finished rollout", "POST", f"/v1/rollouts/{frid}/attempts/{faid}/events", 409,
-                          own, _j({"event_type": "reward", "data": {"value": 0.5}}), "conflict"))
-        cases.append(Case("gateway call for a finished rollout", "POST",
-                          f"/v1/rollouts/{frid}/attempts/{faid}/v1/chat/completions", 409, own, chat,
-                          "attempt_not_running"))
+        cases.append(
+            Case(
+                "reward for a finished rollout",
+                "POST",
+                f"/v1/rollouts/{frid}/attempts/{faid}/events",
+                409,
+                own,
+                _j({"event_type": "reward", "data": {"value": 0.5}}),
+                "conflict",
+            )
+        )
+        cases.append(
+            Case(
+                "gateway call for a finished rollout",
+                "POST",
+                f"/v1/rollouts/{frid}/attempts/{faid}/v1/chat/completions",
+                409,
+                own,
+                chat,
+                "attempt_not_running",
+            )
+        )
     return cases
 
 
@@ -354,7 +755,8 @@ def send(http: httpx.Client, case: Case) -> Outcome:
     except ValueError:
         pass
     ok = (resp.status_code == case.expect and (case.code is None or code == case.code)) or (
-        case.alt is not None and (resp.status_code, code) == case.alt)
+        case.alt is not None and (resp.status_code, code) == case.alt
+    )
     return Outcome(case, resp.status_code, code, ok, sent_at, time.time())
 
 
@@ -363,9 +765,15 @@ class HostileClient(threading.Thread):
     unanswered (no answer, 503 ``starting``) while the server was restarting is not counted; one
     left unanswered at any other time is a wrong answer."""
 
-    def __init__(self, base_url: Callable[[], str], key: str, decoy: AttemptRef, finished: AttemptRef,
-                 live: Callable[[], tuple[list[AttemptRef], list[AttemptRef]]] | None = None,
-                 pause_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        base_url: Callable[[], str],
+        key: str,
+        decoy: AttemptRef,
+        finished: AttemptRef,
+        live: Callable[[], tuple[list[AttemptRef], list[AttemptRef]]] | None = None,
+        pause_s: float = 0.02,
+    ) -> None:
         super().__init__(name="hostile-client", daemon=True)
         self.base_url = base_url
         self.key = key
@@ -407,7 +815,9 @@ def summarize(outcomes: Sequence[Outcome], restarts: Sequence[tuple[float, float
     wrong: Counter[str] = Counter(
         f"{o.case.name}: want {o.case.expect} {o.case.code or ''}, got "
         + ("no answer outside a restart" if o.status == 0 else f"{o.status} {o.code}")
-        for o in counted if not o.ok)
+        for o in counted
+        if not o.ok
+    )
     return {
         "requests": len(counted),
         "right": sum(1 for o in counted if o.ok),

@@ -6,9 +6,10 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from calcx.faults.forensics import calculator_of_agent, kill_if_below, started_lines
 from calcx.faults.plan import Plan
@@ -27,8 +28,14 @@ class Event:
 class Injector(threading.Thread):
     """Acts on the running stack: row-targeted kills, and process faults at progress points."""
 
-    def __init__(self, stack: Any, plan: Plan, progress: Callable[[], float], schedule: list[tuple[float, str]],
-                 log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        stack: Any,
+        plan: Plan,
+        progress: Callable[[], float],
+        schedule: list[tuple[float, str]],
+        log: Callable[[str], None],
+    ) -> None:
         super().__init__(name="fault-injector", daemon=True)
         self.stack = stack
         self.plan = plan
@@ -72,8 +79,9 @@ class Injector(threading.Thread):
                     continue
                 if kill_if_below(controller.pid, calc, "calcx-calc"):
                     self._done_kill.add(f"{rid}/{aid}")
-                    self.events.append(Event("calculator killed mid-rollout (SIGKILL)", time.time(),
-                                             f"{rid}/{aid} pid {calc}"))
+                    self.events.append(
+                        Event("calculator killed mid-rollout (SIGKILL)", time.time(), f"{rid}/{aid} pid {calc}")
+                    )
 
     # -- process faults ------------------------------------------------------------------
     def _server_restart(self, sig: int) -> None:
@@ -100,8 +108,9 @@ class Injector(threading.Thread):
         self.stack.controllers.remove(started)
         self.stack.controllers.insert(0, started)
         self.stack.controllers.append(c0)  # keep its log for the audit
-        self.events.append(Event("controller restarted (SIGKILL)", t0, "faults-main", time.time(),
-                                 note=f"new pid {started.pid}"))
+        self.events.append(
+            Event("controller restarted (SIGKILL)", t0, "faults-main", time.time(), note=f"new pid {started.pid}")
+        )
         # what the killed controller had started (worker, agents, calculators) must be gone
         self.orphans += [f"{pid} {process_name(pid)}" for pid in survivors(tree)]
 

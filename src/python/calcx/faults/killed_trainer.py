@@ -18,8 +18,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from calcx.contract.env import CALCX_KEY
 
@@ -30,9 +31,17 @@ SLOW = "[stub:slow=3]"  # each model turn takes 3 s: the old run's work is still
 def _specs(prefix: str, rows: list[dict[str, Any]], deadline_s: float) -> list[dict[str, Any]]:
     from calcx.contract.labels import RUN_LABEL, STEP_LABEL
 
-    return [{"rollout_id": f"{prefix}-{i:03d}", "group_id": f"{prefix}-g{i // 2}",
-             "row": {**row, "question": f"{row['question']} {SLOW}"}, "deadline_s": deadline_s, "max_attempts": 1,
-             "labels": {RUN_LABEL: RUN, STEP_LABEL: "1"}} for i, row in enumerate(rows)]
+    return [
+        {
+            "rollout_id": f"{prefix}-{i:03d}",
+            "group_id": f"{prefix}-g{i // 2}",
+            "row": {**row, "question": f"{row['question']} {SLOW}"},
+            "deadline_s": deadline_s,
+            "max_attempts": 1,
+            "labels": {RUN_LABEL: RUN, STEP_LABEL: "1"},
+        }
+        for i, row in enumerate(rows)
+    ]
 
 
 def trainer_main(argv: list[str] | None = None) -> int:
@@ -56,8 +65,14 @@ def trainer_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_killed_trainer(stack: Any, workdir: Path, rows: list[dict[str, Any]], log: Callable[[str], None],
-                       deadline_s: float = 60.0, timeout_s: float = 180.0) -> dict[str, Any]:
+def run_killed_trainer(
+    stack: Any,
+    workdir: Path,
+    rows: list[dict[str, Any]],
+    log: Callable[[str], None],
+    deadline_s: float = 60.0,
+    timeout_s: float = 180.0,
+) -> dict[str, Any]:
     """Kill a trainer with rollouts running and queued, restart its run; what became of both.
     `stack`: a started server, stub LLM (with `rows` scripted) and controller."""
     import re
@@ -72,9 +87,20 @@ def run_killed_trainer(stack: Any, workdir: Path, rows: list[dict[str, Any]], lo
     write_jsonl(old_rows, workdir / "killed-trainer-rows.jsonl")
     trainer = ManagedProcess(
         "doomed-trainer",
-        [stack.config.python, "-m", "calcx.faults.killed_trainer", "--server", stack.server_url,
-         "--rows", str(workdir / "killed-trainer-rows.jsonl"), "--deadline-s", str(deadline_s)],
-        workdir / "doomed-trainer.log", python_env({CALCX_KEY: stack.config.key}))
+        [
+            stack.config.python,
+            "-m",
+            "calcx.faults.killed_trainer",
+            "--server",
+            stack.server_url,
+            "--rows",
+            str(workdir / "killed-trainer-rows.jsonl"),
+            "--deadline-s",
+            str(deadline_s),
+        ],
+        workdir / "doomed-trainer.log",
+        python_env({CALCX_KEY: stack.config.key}),
+    )
     trainer.start(re.compile(r"created (\d+) rollouts"), 60)
     out: dict[str, Any] = {}
     with CalcxClient(stack.server_url, stack.config.key, timeout=30) as client:
@@ -87,8 +113,10 @@ def run_killed_trainer(stack: Any, workdir: Path, rows: list[dict[str, Any]], lo
             time.sleep(0.1)
         trainer.stop(grace_s=0, sig=signal.SIGKILL)
         at_kill = {rid: client.get_rollout(rid).state for rid in old_ids}
-        log(f"trainer killed with {sum(s == 'RUNNING' for s in at_kill.values())} running, "
-            f"{sum(s == 'QUEUED' for s in at_kill.values())} queued")
+        log(
+            f"trainer killed with {sum(s == 'RUNNING' for s in at_kill.values())} running, "
+            f"{sum(s == 'QUEUED' for s in at_kill.values())} queued"
+        )
 
         # the same run starts again: first its predecessor's leftovers, then its own work
         cancel_at = time.time()
@@ -104,18 +132,22 @@ def run_killed_trainer(stack: Any, workdir: Path, rows: list[dict[str, Any]], lo
             time.sleep(0.5)
         old = [client.get_rollout(rid) for rid in old_ids]
         new = [client.get_rollout(rid) for rid in new_ids]
-    out.update({
-        "at_kill": at_kill,
-        "cancelled": sorted(ref.rollout_id for ref in cancelled),
-        "lost": sorted(r.rollout_id for r in old + new if not r.is_terminal),
-        # an attempt of the dead run that started after the cancel would be its work run (and
-        # trained) again, ahead of or beside the new run's
-        "old_started_after_cancel": sorted(r.rollout_id for r in old for a in r.attempts
-                                           if a.started_at is not None and a.started_at > cancel_at),
-        "old_states": {r.rollout_id: (r.state, r.attempts[-1].reason) for r in old},
-        "new_not_succeeded_once": sorted(r.rollout_id for r in new
-                                         if r.state != "SUCCEEDED" or len(r.attempts) != 1),
-    })
+    out.update(
+        {
+            "at_kill": at_kill,
+            "cancelled": sorted(ref.rollout_id for ref in cancelled),
+            "lost": sorted(r.rollout_id for r in old + new if not r.is_terminal),
+            # an attempt of the dead run that started after the cancel would be its work run (and
+            # trained) again, ahead of or beside the new run's
+            "old_started_after_cancel": sorted(
+                r.rollout_id for r in old for a in r.attempts if a.started_at is not None and a.started_at > cancel_at
+            ),
+            "old_states": {r.rollout_id: (r.state, r.attempts[-1].reason) for r in old},
+            "new_not_succeeded_once": sorted(
+                r.rollout_id for r in new if r.state != "SUCCEEDED" or len(r.attempts) != 1
+            ),
+        }
+    )
     return out
 
 
@@ -132,8 +164,16 @@ def run_killed(workdir: Path, log: Callable[[str], None], rows_n: int = 8) -> di
     rows = generate_split("train", rows_n, seed=5)
     write_jsonl(rows, workdir / "rows.jsonl")
     (workdir / "empty.jsonl").write_text("")
-    stack = make_stack(workdir, workdir / "empty.jsonl", workdir / "rows.jsonl", concurrency=2, lease_s=3.0,
-                       upstream_timeout_s=30.0, calculator_timeout_s=30.0, agent_timeout_s=60.0)
+    stack = make_stack(
+        workdir,
+        workdir / "empty.jsonl",
+        workdir / "rows.jsonl",
+        concurrency=2,
+        lease_s=3.0,
+        upstream_timeout_s=30.0,
+        calculator_timeout_s=30.0,
+        agent_timeout_s=60.0,
+    )
     try:
         stack.start_server()
         stack.start_stub()
@@ -148,12 +188,15 @@ def render(res: dict[str, Any]) -> list[str]:
     """The benchmark report's section on this scenario."""
     at_kill = list(res["at_kill"].values())
     return [
-        "## A trainer killed mid-run, its run started again", "",
+        "## A trainer killed mid-run, its run started again",
+        "",
         f"The trainer was SIGKILLed with {at_kill.count('RUNNING')} rollouts running and "
         f"{at_kill.count('QUEUED')} queued (server and controller living on). The restarted run cancelled "
         f"{len(res['cancelled'])}; leftover attempts started after the cancel: "
         f"{len(res['old_started_after_cancel'])}; new rollouts that did not succeed in one attempt: "
-        f"{len(res['new_not_succeeded_once'])}; lost: {len(res['lost'])}.", ""]
+        f"{len(res['new_not_succeeded_once'])}; lost: {len(res['lost'])}.",
+        "",
+    ]
 
 
 def problems(res: dict[str, Any]) -> bool:

@@ -4,13 +4,13 @@ which failures a process fault causes to whatever was running (collateral)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from calcx.contract.failures import FailureReason
 from calcx.faults.hostile import HOSTILE_QUESTION_SUFFIXES, UNCARRIABLE_QUESTION_SUFFIXES
-
 
 #: kind -> (question suffix or stub/proxy marker, expected (state, reason or None), reward expected)
 PLANNED: dict[str, tuple[str, tuple[str, str | None]]] = {
@@ -37,15 +37,24 @@ REFUSED_AT_CREATE = frozenset(kind for kind, (_, (state, _)) in PLANNED.items() 
 #: kind -> the expression the stub hands the calculator: each would take gigabytes or hours unbounded.
 BOMB_EXPRESSIONS = {"calculator-bomb-9**9**8": "9**9**8", "calculator-bomb-string": "'9'*10**8"}
 #: (fraction of rollouts terminal, process fault)
-DEFAULT_SCHEDULE = [(0.10, "second-controller-start"), (0.22, "server-sigterm"), (0.38, "controller-restart"),
-                    (0.55, "server-sigkill"), (0.70, "second-controller-stop")]
+DEFAULT_SCHEDULE = [
+    (0.10, "second-controller-start"),
+    (0.22, "server-sigterm"),
+    (0.38, "controller-restart"),
+    (0.55, "server-sigkill"),
+    (0.70, "second-controller-stop"),
+]
 #: Attempts per row: one more than the process faults of the schedule, so a row has an attempt that
 #: none of them cut short even if each one hits it (then its planned fault is seen, not masked).
 MAX_ATTEMPTS = len(DEFAULT_SCHEDULE) + 1
 RETRIABLE_KINDS = {"clean"} | {f"question-{n}" for n in HOSTILE_QUESTION_SUFFIXES}
 #: Failures a process fault (controller killed or stopped) causes to whatever was running.
 #: (Not cancelled_by_api: the cancel API withdraws work, and a trainer does not retry it.)
-COLLATERAL_REASONS = {FailureReason.CONTROLLER_LOST, FailureReason.CANCELLED, FailureReason.REWARD_POST_FAILED}  # + a server restart under an agent
+COLLATERAL_REASONS = {
+    FailureReason.CONTROLLER_LOST,
+    FailureReason.CANCELLED,
+    FailureReason.REWARD_POST_FAILED,
+}  # + a server restart under an agent
 
 
 def outcome_name(state: str, reason: str | None) -> str:
@@ -77,8 +86,15 @@ class Plan:
     script: Path
 
 
-def build_plan(n: int, workdir: Path, seed: int = 7, prefix: str = "f", deadline_s: float = 45.0,
-               kinds_each: int = 2, kinds: Iterable[str] | None = None) -> Plan:
+def build_plan(
+    n: int,
+    workdir: Path,
+    seed: int = 7,
+    prefix: str = "f",
+    deadline_s: float = 45.0,
+    kinds_each: int = 2,
+    kinds: Iterable[str] | None = None,
+) -> Plan:
     """N rollouts: each planned kind (all, or ``kinds``) ``kinds_each`` times, spread evenly,
     the rest clean rows."""
     from calcx.data.generator import generate_split
@@ -105,8 +121,15 @@ def build_plan(n: int, workdir: Path, seed: int = 7, prefix: str = "f", deadline
             script_rows.append({"question": row["question"], "expression": BOMB_EXPRESSIONS[kind]})
         elif marker:
             row["question"] = f"{row['question']}\n\n{marker}"
-        specs.append({"rollout_id": rid, "group_id": f"{prefix}-g{i // 4}", "row": row, "deadline_s": deadline_s,
-                      "max_attempts": MAX_ATTEMPTS})
+        specs.append(
+            {
+                "rollout_id": rid,
+                "group_id": f"{prefix}-g{i // 4}",
+                "row": row,
+                "deadline_s": deadline_s,
+                "max_attempts": MAX_ATTEMPTS,
+            }
+        )
         kind_of[rid] = kind
         questions[rid] = row["question"]
     script = workdir / "rows.jsonl"

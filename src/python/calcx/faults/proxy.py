@@ -67,19 +67,31 @@ def create_proxy_app(upstream: str, canary: Path) -> Any:
                 after_tool = bool(messages) and messages[-1].get("role") == "tool"
                 if name == "garbage":
                     counts["garbage"] += 1
-                    return Response(b"<html>502 oops {\"choices\": [", status_code=200, media_type="application/json")
+                    return Response(b'<html>502 oops {"choices": [', status_code=200, media_type="application/json")
                 if name == "reflect-tool" and after_tool:
                     counts["reflect-tool"] += 1
-                    return JSONResponse(_completion(None, [{
-                        "id": "call_reflect", "type": "function",
-                        "function": {"name": "calculate", "arguments": json.dumps({"expression": "2+2"})}}]))
+                    return JSONResponse(
+                        _completion(
+                            None,
+                            [
+                                {
+                                    "id": "call_reflect",
+                                    "type": "function",
+                                    "function": {"name": "calculate", "arguments": json.dumps({"expression": "2+2"})},
+                                }
+                            ],
+                        )
+                    )
                 if name == "answer" and after_tool and arg in answers:
                     counts[f"answer={arg}"] += 1
                     return JSONResponse(_completion(f"### ANSWER: {answers[arg]} ###", None))
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "x-stub-mode")}
         upstream_resp = await client.request(request.method, f"/{path}", content=raw, headers=headers)
-        return Response(upstream_resp.content, status_code=upstream_resp.status_code,
-                        media_type=upstream_resp.headers.get("content-type", "application/json"))
+        return Response(
+            upstream_resp.content,
+            status_code=upstream_resp.status_code,
+            media_type=upstream_resp.headers.get("content-type", "application/json"),
+        )
 
     app = Starlette(routes=[Route("/proxy/stats", stats), Route("/v1/{path:path}", forward, methods=["GET", "POST"])])
     return app
@@ -89,10 +101,16 @@ def _completion(content: str | None, tool_calls: list[dict[str, Any]] | None) ->
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = tool_calls
-    return {"id": "chatcmpl-fault", "object": "chat.completion", "created": int(time.time()), "model": "fault-proxy",
-            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop",
-                         "logprobs": None}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+    return {
+        "id": "chatcmpl-fault",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": "fault-proxy",
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop", "logprobs": None}
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,8 +11,9 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -39,19 +40,42 @@ from calcx.faults.plan import DEFAULT_SCHEDULE, REFUSED_AT_CREATE, build_plan, s
 from calcx.procs.procutil import pid_alive, rss_bytes
 
 
-def make_stack(workdir: Path, plan_script: Path, rows_script: Path, concurrency: int, lease_s: float,
-               upstream_timeout_s: float, calculator_timeout_s: float, agent_timeout_s: float) -> Any:
-    from calcx.rehearse.stack import StackConfig, Stack
+def make_stack(
+    workdir: Path,
+    plan_script: Path,
+    rows_script: Path,
+    concurrency: int,
+    lease_s: float,
+    upstream_timeout_s: float,
+    calculator_timeout_s: float,
+    agent_timeout_s: float,
+) -> Any:
+    from calcx.rehearse.stack import Stack, StackConfig
 
     config = StackConfig(
-        workdir=workdir, key=KEY, concurrency=concurrency, agent_logs=True,
+        workdir=workdir,
+        key=KEY,
+        concurrency=concurrency,
+        agent_logs=True,
         script_files=[str(rows_script), str(plan_script)],
-        server_args=["--lease-s", str(lease_s), "--max-body-bytes", str(MAX_BODY_BYTES),
-                     "--max-event-body-bytes", str(MAX_EVENT_BODY_BYTES),
-                     "--max-events-per-attempt", str(MAX_EVENTS_PER_ATTEMPT),
-                     "--upstream-timeout-s", str(upstream_timeout_s), "--upstream-retries", "2"],
-        controller_env={"CALCX_CALCULATOR_TIMEOUT_S": str(calculator_timeout_s),
-                        "CALCX_AGENT_TIMEOUT_S": str(agent_timeout_s)},
+        server_args=[
+            "--lease-s",
+            str(lease_s),
+            "--max-body-bytes",
+            str(MAX_BODY_BYTES),
+            "--max-event-body-bytes",
+            str(MAX_EVENT_BODY_BYTES),
+            "--max-events-per-attempt",
+            str(MAX_EVENTS_PER_ATTEMPT),
+            "--upstream-timeout-s",
+            str(upstream_timeout_s),
+            "--upstream-retries",
+            "2",
+        ],
+        controller_env={
+            "CALCX_CALCULATOR_TIMEOUT_S": str(calculator_timeout_s),
+            "CALCX_AGENT_TIMEOUT_S": str(agent_timeout_s),
+        },
     )
     return Stack(config)
 
@@ -60,8 +84,7 @@ def start_proxy(stack: Any, canary: Path) -> Any:
     from calcx.procs.managed import ManagedProcess
     from calcx.rehearse.stack import python_env
 
-    cmd = [stack.config.python, "-m", "calcx.faults.proxy", "--upstream", stack.stub_url,
-           "--canary", str(canary)]
+    cmd = [stack.config.python, "-m", "calcx.faults.proxy", "--upstream", stack.stub_url, "--canary", str(canary)]
     proc = ManagedProcess("fault-proxy", cmd, stack.workdir / "proxy.log", python_env())
     proc.start(re.compile(r"serving on (http://\S+)"), 60)
     return proc
@@ -96,8 +119,12 @@ def decoy_attempts(client: Any, prefix: str) -> tuple[AttemptRef, AttemptRef]:
     controller may claim it again and run an agent for it. And a run lease held by another
     trainer, whose run the hostile client writes for."""
     row = {"question": "decoy", "result": "0"}
-    client.create_rollouts([{"rollout_id": f"{prefix}-decoy-{name}", "row": row, "deadline_s": 3600,
-                             "max_attempts": 1} for name in ("running", "finished")])
+    client.create_rollouts(
+        [
+            {"rollout_id": f"{prefix}-decoy-{name}", "row": row, "deadline_s": 3600, "max_attempts": 1}
+            for name in ("running", "finished")
+        ]
+    )
     claims = client.claim("hostile-client", max=2, timeout_s=0).claims
     refs = {c.rollout.rollout_id: ref_of(c.rollout) for c in claims}
     running, finished = refs[f"{prefix}-decoy-running"], refs[f"{prefix}-decoy-finished"]
@@ -131,11 +158,20 @@ def submit(client: Any, plan: Any) -> dict[str, tuple[str, str]]:
 def run_faults(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
     from calcx.api.client import CalcxAPIError, CalcxClient
 
-    plan = build_plan(args.n, workdir, deadline_s=args.deadline_s, kinds_each=args.kinds_each,
-                      kinds=getattr(args, "kinds", None))
+    plan = build_plan(
+        args.n, workdir, deadline_s=args.deadline_s, kinds_each=args.kinds_each, kinds=getattr(args, "kinds", None)
+    )
     canary = workdir / CANARY_NAME
-    stack = make_stack(workdir, plan.script, workdir / "rows.jsonl", args.concurrency, args.lease_s,
-                       args.upstream_timeout_s, args.calculator_timeout_s, args.agent_timeout_s)
+    stack = make_stack(
+        workdir,
+        plan.script,
+        workdir / "rows.jsonl",
+        args.concurrency,
+        args.lease_s,
+        args.upstream_timeout_s,
+        args.calculator_timeout_s,
+        args.agent_timeout_s,
+    )
     result: dict[str, Any] = {}
     proxy = None
     threads: list[Any] = []
@@ -196,14 +232,17 @@ def run_faults(args: argparse.Namespace, workdir: Path, log: Callable[[str], Non
                             c.retry(r.rollout_id)
                             retried[r.attempts[-1].reason or "?"] += 1
                     done = len(terminal) == len(mine) == len(plan.specs) and not any(
-                        should_retry(plan.kind[r.rollout_id], r) for r in terminal)
+                        should_retry(plan.kind[r.rollout_id], r) for r in terminal
+                    )
             except CalcxAPIError:
                 time.sleep(0.2)  # the server is restarting
                 continue
             if time.monotonic() - last_report > 10:
                 last_report = time.monotonic()
-                log(f"  {len(terminal)}/{len(plan.specs)} terminal, {len(progress_state['running'])} running, "
-                    f"{sum(retried.values())} retried")
+                log(
+                    f"  {len(terminal)}/{len(plan.specs)} terminal, {len(progress_state['running'])} running, "
+                    f"{sum(retried.values())} retried"
+                )
             if done and not injector.schedule_left() and not injector.busy():
                 break
             time.sleep(0.5)
@@ -259,8 +298,9 @@ def run_queued(args: argparse.Namespace, workdir: Path, log: Callable[[str], Non
     rows = generate_split("train", n, seed=3)
     write_jsonl(rows, workdir / "rows.jsonl")
     (workdir / "empty.jsonl").write_text("")
-    stack = make_stack(workdir, workdir / "empty.jsonl", workdir / "rows.jsonl", args.concurrency, 30.0,
-                       30.0, 30.0, 60.0)
+    stack = make_stack(
+        workdir, workdir / "empty.jsonl", workdir / "rows.jsonl", args.concurrency, 30.0, 30.0, 30.0, 60.0
+    )
     out: dict[str, Any] = {"queued": n}
     try:
         stack.start_server()
@@ -284,8 +324,10 @@ def run_queued(args: argparse.Namespace, workdir: Path, log: Callable[[str], Non
 
         rss0 = rss_bytes(stack.server.pid)
         base_health = latencies(200, "GET", lambda i: "/healthz")
-        specs = [{"rollout_id": f"q-{i:05d}", "group_id": f"q-g{i // 8}", "row": row, "deadline_s": 60,
-                  "max_attempts": 1} for i, row in enumerate(rows)]
+        specs = [
+            {"rollout_id": f"q-{i:05d}", "group_id": f"q-g{i // 8}", "row": row, "deadline_s": 60, "max_attempts": 1}
+            for i, row in enumerate(rows)
+        ]
         dt_create, resp = timed("POST", "/v1/rollouts", {"rollouts": specs})
         if resp.status_code != 200:
             raise RuntimeError(f"create: {resp.status_code} {resp.text[:300]}")
@@ -293,12 +335,18 @@ def run_queued(args: argparse.Namespace, workdir: Path, log: Callable[[str], Non
         health = latencies(300, "GET", lambda i: "/healthz")
         gets = latencies(300, "GET", lambda i: f"/v1/rollouts/q-{(i * 37) % n:05d}")
         lists = latencies(20, "GET", lambda i: "/v1/rollouts?state=QUEUED&limit=1000")
-        claims = latencies(100, "POST", lambda i: "/v1/claims", {"controller_id": "latency-probe", "max": 1,
-                                                                   "timeout_s": 0})
+        claims = latencies(
+            100, "POST", lambda i: "/v1/claims", {"controller_id": "latency-probe", "max": 1, "timeout_s": 0}
+        )
         with CalcxClient(stack.server_url, KEY) as c:
             for r in c.list_rollouts(state="RUNNING", controller_id="latency-probe", limit=1000):
-                c.finish(r.rollout_id, r.attempts[-1].attempt_id, "FAILED", reason=FailureReason.CANCELLED,
-                         detail="claimed only to measure claim latency")
+                c.finish(
+                    r.rollout_id,
+                    r.attempts[-1].attempt_id,
+                    "FAILED",
+                    reason=FailureReason.CANCELLED,
+                    detail="claimed only to measure claim latency",
+                )
         rss2 = rss_bytes(stack.server.pid)
         log(f"queued {n}: create {dt_create * 1000:.0f} ms; draining for {args.drain_s:.0f}s")
         stack.start_controller(controller_id="drain")
@@ -313,23 +361,29 @@ def run_queued(args: argparse.Namespace, workdir: Path, log: Callable[[str], Non
         rss3 = rss_bytes(stack.server.pid)
         states = Counter(r.state for r in done)
         ms = lambda xs, q: percentile(xs, q, math.nan) * 1000  # noqa: E731
-        out.update({
-            "create_ms": dt_create * 1000,
-            "rss_mb": {"idle": rss0 / 2**20, "after_enqueue": rss1 / 2**20, "after_probes": rss2 / 2**20,
-                       "after_drain": rss3 / 2**20},
-            "latency_ms": {
-                "healthz idle": (ms(base_health, .5), ms(base_health, .99)),
-                "healthz, 1,000 queued": (ms(health, .5), ms(health, .99)),
-                "GET rollout, 1,000 queued": (ms(gets, .5), ms(gets, .99)),
-                "list 1,000 QUEUED": (ms(lists, .5), ms(lists, .99)),
-                "claim (max=1)": (ms(claims, .5), ms(claims, .99)),
-                "healthz while draining": (ms(drain_health, .5), ms(drain_health, .99)),
-                "GET rollout while draining": (ms(drain_gets, .5), ms(drain_gets, .99)),
-            },
-            "drain_s": args.drain_s,
-            "states_after_drain": dict(states),
-            "lost": n - len(done),
-        })
+        out.update(
+            {
+                "create_ms": dt_create * 1000,
+                "rss_mb": {
+                    "idle": rss0 / 2**20,
+                    "after_enqueue": rss1 / 2**20,
+                    "after_probes": rss2 / 2**20,
+                    "after_drain": rss3 / 2**20,
+                },
+                "latency_ms": {
+                    "healthz idle": (ms(base_health, 0.5), ms(base_health, 0.99)),
+                    "healthz, 1,000 queued": (ms(health, 0.5), ms(health, 0.99)),
+                    "GET rollout, 1,000 queued": (ms(gets, 0.5), ms(gets, 0.99)),
+                    "list 1,000 QUEUED": (ms(lists, 0.5), ms(lists, 0.99)),
+                    "claim (max=1)": (ms(claims, 0.5), ms(claims, 0.99)),
+                    "healthz while draining": (ms(drain_health, 0.5), ms(drain_health, 0.99)),
+                    "GET rollout while draining": (ms(drain_gets, 0.5), ms(drain_gets, 0.99)),
+                },
+                "drain_s": args.drain_s,
+                "states_after_drain": dict(states),
+                "lost": n - len(done),
+            }
+        )
     finally:
         stack.stop()
     return out

@@ -50,24 +50,29 @@ def _label(text: str) -> tuple[str, str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="python -m calcx.image", description=__doc__,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    top = argparse.ArgumentParser(
+        prog="python -m calcx.image", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = top.add_subparsers(dest="what", required=True)
     for name in RECIPES:
         image = sub.add_parser(name, help=f"the {name} image from its PEX")
         image.add_argument("--pex", type=Path, required=True)
         image.add_argument("--base", default=os.environ.get("BASE_IMAGE") or DEFAULT_BASE)
-        image.add_argument("--tag", action="append", default=[],
-                           help=f"default calcx/{name}:<version> and calcx/{name}:latest")
+        image.add_argument(
+            "--tag", action="append", default=[], help=f"default calcx/{name}:<version> and calcx/{name}:latest"
+        )
         image.add_argument("--no-tag", action="store_true", help="leave the image untagged (a check build)")
         image.add_argument("--epoch", type=int)
-        image.add_argument("--epoch-from-base", action="store_true",
-                           help="date the image at the base image's SOURCE_DATE_EPOCH (its label)")
+        image.add_argument(
+            "--epoch-from-base",
+            action="store_true",
+            help="date the image at the base image's SOURCE_DATE_EPOCH (its label)",
+        )
         image.add_argument("--archive", type=Path, help="also write the image here as a docker-archive")
-        image.add_argument("--base-lock", type=Path,
-                           help="fail unless the base was made from this packages.lock")
-        image.add_argument("--docker-dir", type=Path, default=DOCKER_DIR,
-                           help="where the recipes' files lie (src/docker)")
+        image.add_argument("--base-lock", type=Path, help="fail unless the base was made from this packages.lock")
+        image.add_argument(
+            "--docker-dir", type=Path, default=DOCKER_DIR, help="where the recipes' files lie (src/docker)"
+        )
     loader = sub.add_parser("load", help="docker load a docker-archive file, tagged as it names")
     loader.add_argument("archive", type=Path)
     base = sub.add_parser("base", help="the base image from a root filesystem tarball")

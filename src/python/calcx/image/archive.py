@@ -69,8 +69,9 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mtime: int) -> None
     tar.addfile(info, BytesIO(data))
 
 
-def write_archive(out: IO[bytes], config: ImageConfig, layers: Mapping[str, Path],
-                  repo_tags: Sequence[str] = ()) -> str:
+def write_archive(
+    out: IO[bytes], config: ImageConfig, layers: Mapping[str, Path], repo_tags: Sequence[str] = ()
+) -> str:
     """Write the docker-archive of `config` to `out`; return the image ID.
 
     `layers` maps the diff IDs this archive carries to their tar files; any other diff ID of the
@@ -81,11 +82,13 @@ def write_archive(out: IO[bytes], config: ImageConfig, layers: Mapping[str, Path
         raise ValueError(f"layers {sorted(unknown)} are not in the config's diff IDs")
     config_bytes = config.to_json()
     config_hex = image_id(config_bytes).split(":", 1)[1]
-    manifest = [{
-        "Config": f"{config_hex}.json",
-        "RepoTags": list(repo_tags) or None,
-        "Layers": [f"{diff_id.split(':', 1)[1]}/layer.tar" for diff_id in config.diff_ids],
-    }]
+    manifest = [
+        {
+            "Config": f"{config_hex}.json",
+            "RepoTags": list(repo_tags) or None,
+            "Layers": [f"{diff_id.split(':', 1)[1]}/layer.tar" for diff_id in config.diff_ids],
+        }
+    ]
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for diff_id in config.diff_ids:
             if diff_id in layers:

@@ -64,8 +64,9 @@ def docker(*args: str, timeout: float = DOCKER_TIMEOUT_S, stdin: bytes | None = 
 
 def load(config: ImageConfig, layers: Mapping[str, Path], tags: Sequence[str] = ()) -> str:
     """Stream the docker-archive of `config` into `docker load`; return the image ID."""
-    proc = subprocess.Popen(["docker", "load", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        ["docker", "load", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     assert proc.stdin is not None
     try:
         write_archive(proc.stdin, config, layers, repo_tags=tags)  # communicate() closes stdin
@@ -145,33 +146,39 @@ def check_base_lock(base: str, lock: Path) -> None:
     """Fail unless `base` was made from the package set `lock` records."""
     made_from = base_labels(base).get(BASE_PACKAGES_LABEL)
     if made_from != lock_digest(lock):
-        raise BuildError(f"base image {base} was not made from the package set of {lock} (its label "
-                         f"{BASE_PACKAGES_LABEL} is {made_from}, the file's is {lock_digest(lock)}): "
-                         "rebuild it with src/docker/base/build-base.sh --force")
+        raise BuildError(
+            f"base image {base} was not made from the package set of {lock} (its label "
+            f"{BASE_PACKAGES_LABEL} is {made_from}, the file's is {lock_digest(lock)}): "
+            "rebuild it with src/docker/base/build-base.sh --force"
+        )
 
 
 def base_epoch(base: str) -> int:
     """The SOURCE_DATE_EPOCH the base was made at (its label)."""
     value = base_labels(base).get(BASE_EPOCH_LABEL, "")
     if not value.isdigit():
-        raise BuildError(f"base image {base} has no {BASE_EPOCH_LABEL} label: rebuild it with "
-                         "src/docker/base/build-base.sh --force")
+        raise BuildError(
+            f"base image {base} has no {BASE_EPOCH_LABEL} label: rebuild it with "
+            "src/docker/base/build-base.sh --force"
+        )
     return int(value)
 
 
 def _venv_script(recipe: Recipe, host_uid: int, host_gid: int) -> str:
     user = f"calcx:x:{recipe.uid}:{recipe.uid}::/tmp:/usr/sbin/nologin"
-    return "\n".join([
-        "set -eu",
-        'python3 -c \'import sys; assert sys.version_info[:2] == (3, 11), "the PEX needs Python 3.11, base has " + sys.version\'',
-        f"PEX_TOOLS=1 python3 /build/app.pex venv --pex-root /tmp/pex-root {recipe.venv}",
-        f"{recipe.venv}/bin/python -m compileall -q -f --invalidation-mode unchecked-hash -j 0 /opt >/dev/null",
-        f"PYTHONDONTWRITEBYTECODE=1 {recipe.venv}/bin/python -c '{recipe.import_check}'",
-        f"{{ cat /etc/passwd; echo '{user}'; }} > /build/etc/passwd",
-        f"{{ cat /etc/group; echo 'calcx:x:{recipe.uid}:'; }} > /build/etc/group",
-        # the host user owns what it must clean up
-        f"chown -R {host_uid}:{host_gid} /opt /build/etc",
-    ])
+    return "\n".join(
+        [
+            "set -eu",
+            "python3 -c 'import sys; assert sys.version_info[:2] == (3, 11), \"the PEX needs Python 3.11, base has \" + sys.version'",
+            f"PEX_TOOLS=1 python3 /build/app.pex venv --pex-root /tmp/pex-root {recipe.venv}",
+            f"{recipe.venv}/bin/python -m compileall -q -f --invalidation-mode unchecked-hash -j 0 /opt >/dev/null",
+            f"PYTHONDONTWRITEBYTECODE=1 {recipe.venv}/bin/python -c '{recipe.import_check}'",
+            f"{{ cat /etc/passwd; echo '{user}'; }} > /build/etc/passwd",
+            f"{{ cat /etc/group; echo 'calcx:x:{recipe.uid}:'; }} > /build/etc/group",
+            # the host user owns what it must clean up
+            f"chown -R {host_uid}:{host_gid} /opt /build/etc",
+        ]
+    )
 
 
 def populate(recipe: Recipe, pex: Path, base: str, root: Path, epoch: int, docker_dir: Path = DOCKER_DIR) -> None:
@@ -186,11 +193,29 @@ def populate(recipe: Recipe, pex: Path, base: str, root: Path, epoch: int, docke
     pex_dir = root.parent / "pex"
     pex_dir.mkdir()
     shutil.copyfile(pex, pex_dir / "app.pex")
-    docker("run", "--rm", "--network", "none", "--user", "0:0",
-           "-e", "PYTHONHASHSEED=0", "-e", f"SOURCE_DATE_EPOCH={epoch}",
-           "-v", f"{root / 'opt'}:/opt", "-v", f"{root / 'etc'}:/build/etc",
-           "-v", f"{pex_dir / 'app.pex'}:/build/app.pex:ro",
-           "--entrypoint", "/bin/sh", base, "-c", _venv_script(recipe, os.getuid(), os.getgid()))
+    docker(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--user",
+        "0:0",
+        "-e",
+        "PYTHONHASHSEED=0",
+        "-e",
+        f"SOURCE_DATE_EPOCH={epoch}",
+        "-v",
+        f"{root / 'opt'}:/opt",
+        "-v",
+        f"{root / 'etc'}:/build/etc",
+        "-v",
+        f"{pex_dir / 'app.pex'}:/build/app.pex:ro",
+        "--entrypoint",
+        "/bin/sh",
+        base,
+        "-c",
+        _venv_script(recipe, os.getuid(), os.getgid()),
+    )
 
 
 def image_config(recipe: Recipe, base_ids: Sequence[str], layer_id: str, epoch: int, base: str) -> ImageConfig:
@@ -201,10 +226,15 @@ def image_config(recipe: Recipe, base_ids: Sequence[str], layer_id: str, epoch: 
         entrypoint=recipe.entrypoint,
         user=f"{recipe.uid}:{recipe.uid}",
         workdir="/tmp",
-        labels={"org.opencontainers.image.title": recipe.title,
-                "org.opencontainers.image.description": recipe.description,
-                "org.opencontainers.image.base.name": base},
-        history=(*(f"base {base}" for _ in base_ids), f"calcx.image {recipe.name}: venv {recipe.venv}, user {recipe.uid}"),
+        labels={
+            "org.opencontainers.image.title": recipe.title,
+            "org.opencontainers.image.description": recipe.description,
+            "org.opencontainers.image.base.name": base,
+        },
+        history=(
+            *(f"base {base}" for _ in base_ids),
+            f"calcx.image {recipe.name}: venv {recipe.venv}, user {recipe.uid}",
+        ),
     )
 
 
@@ -218,8 +248,15 @@ def selftest(recipe: Recipe, image: str) -> str:
     return out
 
 
-def build(recipe: Recipe, pex: Path, base: str, epoch: int, tags: Sequence[str] = (),
-          archive: Path | None = None, docker_dir: Path = DOCKER_DIR) -> Built:
+def build(
+    recipe: Recipe,
+    pex: Path,
+    base: str,
+    epoch: int,
+    tags: Sequence[str] = (),
+    archive: Path | None = None,
+    docker_dir: Path = DOCKER_DIR,
+) -> Built:
     """Build, load and self-test the image of `recipe` from `pex` over `base`; then tag it `tags`
     and, given `archive`, write it there as a docker-archive named by the recipe's tags, which
     carries the base's layers too (`docker load -i` needs nothing else)."""

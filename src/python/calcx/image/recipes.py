@@ -37,8 +37,12 @@ class Recipe:
         return (f"calcx/{self.name}:{__version__}", f"calcx/{self.name}:latest")
 
     def env(self) -> tuple[str, ...]:
-        return ("LANG=C.UTF-8", "PYTHONUNBUFFERED=1", "PYTHONDONTWRITEBYTECODE=1",
-                f"PATH={self.venv}/bin:{SYSTEM_PATH}")
+        return (
+            "LANG=C.UTF-8",
+            "PYTHONUNBUFFERED=1",
+            "PYTHONDONTWRITEBYTECODE=1",
+            f"PATH={self.venv}/bin:{SYSTEM_PATH}",
+        )
 
 
 AGENT = Recipe(
@@ -63,8 +67,7 @@ CONTROLLER = Recipe(
     title="calcx-controller",
     description="calcx controller: runs each rollout as a Kubernetes Job",
     entrypoint=("/opt/calcx/bin/python", "-m", "calcx.cli"),
-    import_check=("import calcx.controller.k8s_cli, calcx.k8s.render, kubernetes; "
-                  "calcx.k8s.render.templates_dir()"),
+    import_check=("import calcx.controller.k8s_cli, calcx.k8s.render, kubernetes; " "calcx.k8s.render.templates_dir()"),
     # the k8s runner's flags and the Job template must be inside
     selftest=("controller", "--runner", "k8s", "--help"),
     selftest_expect="--agent-image",

@@ -34,8 +34,9 @@ SECRET_FILE_MODE = 0o600
 EXAMPLE_ROW = {"question": 'What is 2 + 3? Answer as "### ANSWER: x ###".', "result": "5"}
 
 
-def build(out: Path, static: StaticSettings, server_key: str | None, version: str,
-          ray: RaySettings | None = None) -> list[Path]:
+def build(
+    out: Path, static: StaticSettings, server_key: str | None, version: str, ray: RaySettings | None = None
+) -> list[Path]:
     """Render, validate, then write; nothing is written when anything is invalid."""
     rendered = render_static(static, server_key=server_key)
     rendered[RAY_CLUSTER_FILE] = render_ray_cluster(ray or RaySettings(), static)
@@ -53,7 +54,9 @@ def build(out: Path, static: StaticSettings, server_key: str | None, version: st
         },
         token="calcx-at.example-rollout.1.<nonce>.<hmac-sha256 of the server key>",
         deadline_s=300,
-        settings=JobSettings(namespace=static.namespace, image=static.agent_image, ttl_seconds_after_finished=static.job_ttl_s),
+        settings=JobSettings(
+            namespace=static.namespace, image=static.agent_image, ttl_seconds_after_finished=static.job_ttl_s
+        ),
     )
     files = {name: text for name, (text, _) in rendered.items()}
     files["examples/agent-job.yaml"] = example.job_yaml
@@ -95,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray-workers", type=int, default=r.workers, help="GPU worker nodes of the RayCluster")
     parser.add_argument("--ray-gpus-per-worker", type=int, default=r.gpus_per_worker, help="GPUs of each worker node")
     parser.add_argument("--ray-worker-cpu", default=r.worker_cpu, help="CPU of each worker node (request = limit)")
-    parser.add_argument("--ray-worker-memory", default=r.worker_memory, help="memory of each worker node (request = limit)")
+    parser.add_argument(
+        "--ray-worker-memory", default=r.worker_memory, help="memory of each worker node (request = limit)"
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     server_key = None
@@ -106,24 +111,38 @@ def main(argv: list[str] | None = None) -> int:
             print(f"calcx.k8s.build: cannot read --server-key-file: {exc}", file=sys.stderr)
             return 2
     static = StaticSettings(
-        namespace=args.namespace, agent_image=args.agent_image, controller_image=args.controller_image,
-        server_url=args.server_url, image_pull_policy=args.image_pull_policy,
-        max_jobs_per_s=args.max_jobs_per_s, job_ttl_s=args.job_ttl_s,
+        namespace=args.namespace,
+        agent_image=args.agent_image,
+        controller_image=args.controller_image,
+        server_url=args.server_url,
+        image_pull_policy=args.image_pull_policy,
+        max_jobs_per_s=args.max_jobs_per_s,
+        job_ttl_s=args.job_ttl_s,
     )
     try:
-        ray = RaySettings(image=args.ray_image, workers=args.ray_workers, gpus_per_worker=args.ray_gpus_per_worker,
-                          worker_cpu=args.ray_worker_cpu, worker_memory=args.ray_worker_memory)
+        ray = RaySettings(
+            image=args.ray_image,
+            workers=args.ray_workers,
+            gpus_per_worker=args.ray_gpus_per_worker,
+            worker_cpu=args.ray_worker_cpu,
+            worker_memory=args.ray_worker_memory,
+        )
         written = build(args.out, static, server_key, args.k8s_version, ray)
     except (RenderError, ManifestInvalid) as exc:
         print(f"calcx.k8s.build: {exc}", file=sys.stderr)
         return 1
     for path in written:
         print(path)
-    print(f"calcx.k8s.build: {len(written)} manifests rendered and validated against Kubernetes "
-          f"{args.k8s_version} in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    print(
+        f"calcx.k8s.build: {len(written)} manifests rendered and validated against Kubernetes "
+        f"{args.k8s_version} in {time.monotonic() - started:.1f} s",
+        file=sys.stderr,
+    )
     if server_key is None:
-        print(f"calcx.k8s.build: create {args.out / 'server-key.env'} (key=<secret>) before `kubectl apply -k`",
-              file=sys.stderr)
+        print(
+            f"calcx.k8s.build: create {args.out / 'server-key.env'} (key=<secret>) before `kubectl apply -k`",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -51,8 +51,9 @@ def node_env(static: StaticSettings) -> list[dict[str, Any]]:
     ]
 
 
-def render_ray_cluster(ray: RaySettings, static: StaticSettings,
-                       directory: Path | None = None) -> tuple[str, dict[str, Any]]:
+def render_ray_cluster(
+    ray: RaySettings, static: StaticSettings, directory: Path | None = None
+) -> tuple[str, dict[str, Any]]:
     """(YAML text, parsed) of the RayCluster, in the namespace and against the server of `static`."""
     for field in ("workers", "gpus_per_worker"):
         value = getattr(ray, field)
@@ -60,8 +61,13 @@ def render_ray_cluster(ray: RaySettings, static: StaticSettings,
             raise RenderError(f"RayCluster {field} must be a positive integer, got {value!r}")
     source = "raycluster.yaml.j2"
     text = render_text(
-        source, directory, **asdict(ray), namespace=static.namespace, server_url=static.server_url,
-        server_key_secret=static.server_key_secret, image_pull_policy=static.image_pull_policy,
+        source,
+        directory,
+        **asdict(ray),
+        namespace=static.namespace,
+        server_url=static.server_url,
+        server_key_secret=static.server_key_secret,
+        image_pull_policy=static.image_pull_policy,
         ray_version=RAY_VERSION,
     )
     obj = parse_one(text, kind="RayCluster", source=source)

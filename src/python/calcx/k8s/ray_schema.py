@@ -77,8 +77,11 @@ RAY_CLUSTER_SCHEMA: dict[str, Any] = {
         "metadata": {
             "type": "object",
             "required": ["name", "namespace"],
-            "properties": {"name": _DNS_NAME, "namespace": _DNS_NAME,
-                           "labels": {"type": "object", "additionalProperties": {"type": "string"}}},
+            "properties": {
+                "name": _DNS_NAME,
+                "namespace": _DNS_NAME,
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
         },
         "spec": {
             "type": "object",
@@ -102,8 +105,14 @@ RAY_CLUSTER_SCHEMA: dict[str, Any] = {
                     "minItems": 1,
                     "items": {
                         "type": "object",
-                        "required": ["groupName", "replicas", "minReplicas", "maxReplicas", "rayStartParams",
-                                     "template"],
+                        "required": [
+                            "groupName",
+                            "replicas",
+                            "minReplicas",
+                            "maxReplicas",
+                            "rayStartParams",
+                            "template",
+                        ],
                         "additionalProperties": False,
                         "properties": {
                             "groupName": _DNS_NAME,
@@ -136,6 +145,8 @@ def replica_problems(cluster: dict[str, Any]) -> list[str]:
     for i, group in enumerate(cluster["spec"]["workerGroupSpecs"]):
         low, size, high = group["minReplicas"], group["replicas"], group["maxReplicas"]
         if not low <= size <= high:
-            problems.append(f"spec.workerGroupSpecs.{i}: minReplicas {low} <= replicas {size} <= maxReplicas {high} "
-                            "does not hold")
+            problems.append(
+                f"spec.workerGroupSpecs.{i}: minReplicas {low} <= replicas {size} <= maxReplicas {high} "
+                "does not hold"
+            )
     return problems

@@ -310,23 +310,35 @@ def render_static(
     for filename, (template, kind) in STATIC_MANIFESTS.items():
         text = render_text(template, directory, **context)
         obj = parse_one(text, kind=kind, source=template)
-        where = ("metadata.name", obj["metadata"].get("name")) if kind == "Namespace" else (
-            "metadata.namespace", obj["metadata"].get("namespace"))
+        where = (
+            ("metadata.name", obj["metadata"].get("name"))
+            if kind == "Namespace"
+            else ("metadata.namespace", obj["metadata"].get("namespace"))
+        )
         expect(template, where[0], where[1], settings.namespace)
         out[filename] = (text, obj)
     if server_key is not None:
         problem = key_problem(server_key)
         if problem is not None:
             raise RenderError(problem)
-        text = render_text("server-key-secret.yaml.j2", directory, name=settings.server_key_secret,
-                           namespace=settings.namespace, key=server_key)
+        text = render_text(
+            "server-key-secret.yaml.j2",
+            directory,
+            name=settings.server_key_secret,
+            namespace=settings.namespace,
+            key=server_key,
+        )
         obj = parse_one(text, kind="Secret", source="server-key-secret.yaml.j2")
         expect("server-key-secret.yaml.j2", "stringData", obj.get("stringData"), {"key": server_key})
         out["server-key-secret.yaml"] = (text, obj)
     resources = list(out)
     text = render_text(
-        "kustomization.yaml.j2", directory, namespace=settings.namespace, resources=resources,
-        server_key_included=server_key is not None, server_key_secret=settings.server_key_secret,
+        "kustomization.yaml.j2",
+        directory,
+        namespace=settings.namespace,
+        resources=resources,
+        server_key_included=server_key is not None,
+        server_key_secret=settings.server_key_secret,
     )
     obj = parse_one(text, kind="Kustomization", source="kustomization.yaml.j2")
     expect("kustomization.yaml.j2", "resources", obj.get("resources"), resources)

@@ -65,9 +65,12 @@ def _validate_ray_cluster(obj: dict[str, Any], *, version: str, source: str) -> 
     validator = jsonschema.Draft202012Validator(ray_schema.RAY_CLUSTER_SCHEMA)
     errors = sorted(validator.iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
-        raise ManifestInvalid("\n".join(
-            f"{source}: {name} does not match calcx's {ray_schema.KIND} schema: at {_path(e)}: {_message(e)}"
-            for e in errors))
+        raise ManifestInvalid(
+            "\n".join(
+                f"{source}: {name} does not match calcx's {ray_schema.KIND} schema: at {_path(e)}: {_message(e)}"
+                for e in errors
+            )
+        )
     problems = ray_schema.replica_problems(obj)
     if problems:
         raise ManifestInvalid("\n".join(f"{source}: {name}: {p}" for p in problems))

@@ -15,9 +15,10 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 GGUF_MAGIC = b"GGUF"
 CHAT_TEMPLATE_FIELD = "tokenizer.chat_template"
@@ -37,8 +38,10 @@ class Converted:
 
 
 def _lacks(name: str, exc: ImportError) -> ConvertError:
-    return ConvertError(f"this build lacks {name} ({exc}); use the trainer artifact (the calcx-gpu PEX on a GPU "
-                        "machine) or a Python environment with torch, transformers, gguf and accelerate")
+    return ConvertError(
+        f"this build lacks {name} ({exc}); use the trainer artifact (the calcx-gpu PEX on a GPU "
+        "machine) or a Python environment with torch, transformers, gguf and accelerate"
+    )
 
 
 def _require() -> tuple[Any, Any, Any]:
@@ -89,8 +92,10 @@ def check_gguf(path: Path) -> None:
     with path.open("rb") as handle:
         magic = handle.read(len(GGUF_MAGIC))
     if magic != GGUF_MAGIC:
-        raise ConvertError(f"{path}: not a GGUF file (it starts with {magic!r}, a GGUF file with {GGUF_MAGIC!r}); "
-                           "is it a partial download, or the pieces not yet joined?")
+        raise ConvertError(
+            f"{path}: not a GGUF file (it starts with {magic!r}, a GGUF file with {GGUF_MAGIC!r}); "
+            "is it a partial download, or the pieces not yet joined?"
+        )
 
 
 def check_out(out: Path, force: bool) -> None:
@@ -123,8 +128,11 @@ class Metadata:
     special_ids: dict[str, int]  # "bos_token"/"eos_token"/"pad_token" -> token id
 
 
-SPECIAL_ID_FIELDS = {"bos_token": "tokenizer.ggml.bos_token_id", "eos_token": "tokenizer.ggml.eos_token_id",
-                     "pad_token": "tokenizer.ggml.padding_token_id"}
+SPECIAL_ID_FIELDS = {
+    "bos_token": "tokenizer.ggml.bos_token_id",
+    "eos_token": "tokenizer.ggml.eos_token_id",
+    "pad_token": "tokenizer.ggml.padding_token_id",
+}
 
 
 def read_metadata(gguf_module: Any, path: Path) -> Metadata:
@@ -154,9 +162,16 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def convert(gguf: str | Path, out: str | Path, *, dtype: str = "bfloat16", sha256: str | None = None,
-            force: bool = False, chat_template_file: str | Path | None = None,
-            log: Callable[[str], None] = print) -> Converted:
+def convert(
+    gguf: str | Path,
+    out: str | Path,
+    *,
+    dtype: str = "bfloat16",
+    sha256: str | None = None,
+    force: bool = False,
+    chat_template_file: str | Path | None = None,
+    log: Callable[[str], None] = print,
+) -> Converted:
     """Convert ``gguf`` into a model directory at ``out``; ConvertError for anything a user can fix."""
     gguf, out = Path(gguf), Path(out)
     if dtype not in DTYPES:
@@ -176,8 +191,10 @@ def convert(gguf: str | Path, out: str | Path, *, dtype: str = "bfloat16", sha25
     started = time.monotonic()
     actual = sha256_of(gguf)
     if expected is not None and actual != expected:
-        raise ConvertError(f"{gguf}: sha256 is {actual}, expected {expected}; the file is damaged or not the one "
-                           "meant (re-copy it, or check the pieces were joined in order)")
+        raise ConvertError(
+            f"{gguf}: sha256 is {actual}, expected {expected}; the file is damaged or not the one "
+            "meant (re-copy it, or check the pieces were joined in order)"
+        )
     checked = "matches --sha256" if expected is not None else "not checked: no --sha256"
     log(f"verify sha256: {actual} ({checked}) ({time.monotonic() - started:.1f} s)")
 
@@ -185,28 +202,37 @@ def convert(gguf: str | Path, out: str | Path, *, dtype: str = "bfloat16", sha25
     try:
         metadata = read_metadata(gguf_module, gguf)
     except (ValueError, KeyError, IndexError, OSError) as exc:  # GGUFReader on a damaged or truncated file
-        raise ConvertError(f"{gguf}: cannot be read as GGUF ({type(exc).__name__}: {exc}); the file is "
-                           "damaged or truncated (compare its sha256 with the source's)") from None
+        raise ConvertError(
+            f"{gguf}: cannot be read as GGUF ({type(exc).__name__}: {exc}); the file is "
+            "damaged or truncated (compare its sha256 with the source's)"
+        ) from None
     template = template_override if template_override is not None else metadata.chat_template
     if template is None:
-        raise ConvertError(f"{gguf}: has no {CHAT_TEMPLATE_FIELD}; pass --chat-template FILE (a Jinja chat "
-                           "template) to give the model one")
+        raise ConvertError(
+            f"{gguf}: has no {CHAT_TEMPLATE_FIELD}; pass --chat-template FILE (a Jinja chat "
+            "template) to give the model one"
+        )
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        loaded = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                                   dtype=torch.float32)
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
     except (ValueError, KeyError, OSError, RuntimeError) as exc:
         raise ConvertError(f"{gguf}: transformers {transformers.__version__} cannot read it: {exc}") from None
     config = loaded.config
-    log(f"read: {config.model_type} ({type(loaded).__name__}), {config.num_hidden_layers} layers, hidden "
-        f"{config.hidden_size}, vocab {config.vocab_size} ({time.monotonic() - started:.1f} s)")
+    log(
+        f"read: {config.model_type} ({type(loaded).__name__}), {config.num_hidden_layers} layers, hidden "
+        f"{config.hidden_size}, vocab {config.vocab_size} ({time.monotonic() - started:.1f} s)"
+    )
 
     started = time.monotonic()
     fresh = _rebuild(loaded, torch, dtype, gguf)
     del loaded
     parameters = sum(p.numel() for p in fresh.parameters())
-    log(f"rebuild: {type(fresh).__name__}, {parameters:,} parameters as {dtype} "
-        f"({time.monotonic() - started:.1f} s)")
+    log(
+        f"rebuild: {type(fresh).__name__}, {parameters:,} parameters as {dtype} "
+        f"({time.monotonic() - started:.1f} s)"
+    )
 
     started = time.monotonic()
     _save(fresh, tokenizer, template, metadata.special_ids, out)
@@ -231,8 +257,10 @@ def _rebuild(loaded: Any, torch: Any, dtype: str, gguf: Path) -> Any:
     weights, wanted = loaded.state_dict(), set(fresh.state_dict())
     missing, unexpected = sorted(wanted - set(weights)), sorted(set(weights) - wanted)
     if missing or unexpected:
-        raise ConvertError(f"{gguf}: the weights read do not fit {type(fresh).__name__}: missing {missing}, "
-                           f"unexpected {unexpected}; this architecture is not supported as is")
+        raise ConvertError(
+            f"{gguf}: the weights read do not fit {type(fresh).__name__}: missing {missing}, "
+            f"unexpected {unexpected}; this architecture is not supported as is"
+        )
     fresh.load_state_dict(weights, strict=True)
     del weights
     target = getattr(torch, dtype)

@@ -12,9 +12,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from calcx.procs.procutil import descendants, kill_survivors, parent_death_preexec, process_tree, stop_group
 
@@ -37,13 +37,18 @@ class ManagedProcess:
     match: re.Match[str] | None = None
     _ready: threading.Event = field(default_factory=threading.Event)
 
-    def start(self, ready: re.Pattern[str] | None, timeout_s: float = 120.0) -> "ManagedProcess":
+    def start(self, ready: re.Pattern[str] | None, timeout_s: float = 120.0) -> ManagedProcess:
         """Start it and wait until a stdout line matches `ready` (the part's ready line; None: no wait)."""
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
-                self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=self.env,
-                text=True, start_new_session=True,
+                self.cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=self.env,
+                text=True,
+                start_new_session=True,
                 preexec_fn=parent_death_preexec() if self.die_with_parent else None,
             )
         finally:
@@ -55,7 +60,8 @@ class ManagedProcess:
         while not self._ready.wait(0.05):
             if self.proc.poll() is not None:
                 raise ProcessStartError(
-                    f"{self.name} exited with {self.proc.returncode} before it was ready; see {self.log_path}")
+                    f"{self.name} exited with {self.proc.returncode} before it was ready; see {self.log_path}"
+                )
             if time.monotonic() > deadline:
                 self.stop()
                 raise ProcessStartError(f"{self.name} was not ready after {timeout_s:.0f}s; see {self.log_path}")

@@ -6,7 +6,8 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -113,8 +114,9 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
         return False
 
 
-def stop_group(pid: int, *, grace_s: float = 10.0, sig: int = signal.SIGTERM,
-               running: Callable[[], bool] | None = None) -> None:
+def stop_group(
+    pid: int, *, grace_s: float = 10.0, sig: int = signal.SIGTERM, running: Callable[[], bool] | None = None
+) -> None:
     """Stop a process that leads its own group: send it `sig`, give it `grace_s` to exit, then
     SIGKILL its whole group. Whatever is left in the group is killed either way, so no helper
     it started in its group outlives it.

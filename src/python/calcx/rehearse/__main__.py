@@ -22,16 +22,20 @@ from calcx.common.stats import percentile
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="calcx rehearse", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="calcx rehearse", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", help="Calc-X rows: a .parquet or .jsonl file (see 'calcx data generate')")
     src.add_argument("--generate", type=int, metavar="ROWS", help="use ROWS generated rows instead of a file")
     p.add_argument("--n", type=int, default=4, help="rollouts per row, one GRPO group (default 4)")
     p.add_argument("--limit", type=int, default=None, help="use only the first R rows")
     p.add_argument("--concurrency", type=int, default=8, help="rollouts run at once (default 8)")
-    p.add_argument("--mode", default="normal",
-                   help="stub LLM mode: normal, direct, wrong, noformat, badjson, unknowntool, error500, slow[=S], hang")
+    p.add_argument(
+        "--mode",
+        default="normal",
+        help="stub LLM mode: normal, direct, wrong, noformat, badjson, unknowntool, error500, slow[=S], hang",
+    )
     p.add_argument("--deadline-s", type=float, default=120.0, help="deadline of each rollout (default 120)")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="give up waiting after this long (default 3600)")
     p.add_argument("--no-prefork", action="store_true", help="spawn one agent process per rollout (slower)")
@@ -122,8 +126,14 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         print("calcx rehearse: no rows to run (empty file or --limit 0)", file=sys.stderr)
         return 2
-    config = StackConfig(workdir=workdir, concurrency=args.concurrency, prefork=not args.no_prefork,
-                         stub_mode=args.mode, script_files=[script], agent_logs=args.agent_logs)
+    config = StackConfig(
+        workdir=workdir,
+        concurrency=args.concurrency,
+        prefork=not args.no_prefork,
+        stub_mode=args.mode,
+        script_files=[script],
+        agent_logs=args.agent_logs,
+    )
     stack = Stack(config)
     print(f"calcx rehearse: starting server, stub LLM and controller (logs in {workdir})", file=sys.stderr)
     try:
@@ -137,17 +147,32 @@ def run(args: argparse.Namespace) -> int:
             specs = []
             for i, row in enumerate(rows):
                 for k in range(args.n):
-                    specs.append({"rollout_id": f"rh-{run_id}-{i}-{k}", "group_id": f"rh-{run_id}-{i}", "row": row,
-                                  "deadline_s": args.deadline_s, "max_attempts": 1})
+                    specs.append(
+                        {
+                            "rollout_id": f"rh-{run_id}-{i}-{k}",
+                            "group_id": f"rh-{run_id}-{i}",
+                            "row": row,
+                            "deadline_s": args.deadline_s,
+                            "max_attempts": 1,
+                        }
+                    )
             wanted = {s["rollout_id"] for s in specs}
             t0 = time.time()
             for start in range(0, len(specs), 1000):
-                client.create_rollouts(specs[start:start + 1000])
+                client.create_rollouts(specs[start : start + 1000])
             done = _wait_all(client, wanted, args)
             wall = time.time() - t0
         summary = summarize(list(done.values()), wall, len(wanted))
-        summary.update({"workdir": str(workdir), "mode": args.mode, "n": args.n, "rows": len(rows),
-                        "concurrency": args.concurrency, "prefork": not args.no_prefork})
+        summary.update(
+            {
+                "workdir": str(workdir),
+                "mode": args.mode,
+                "n": args.n,
+                "rows": len(rows),
+                "concurrency": args.concurrency,
+                "prefork": not args.no_prefork,
+            }
+        )
     finally:
         stack.stop()
     print(format_summary(summary), file=sys.stderr)

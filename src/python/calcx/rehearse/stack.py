@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from calcx.api.tokens import new_key
 from calcx.contract.env import CALCX_KEY, service_base_env
@@ -74,8 +74,20 @@ class Stack:
     # -- parts ---------------------------------------------------------------------------
     def start_server(self, timeout_s: float = 60.0) -> str:
         c = self.config
-        cmd = [c.python, "-m", "calcx.server", "--host", "127.0.0.1", "--port", str(self._server_port),
-               "--db", str(self.db_path), "--log-level", "warning", *c.server_args]
+        cmd = [
+            c.python,
+            "-m",
+            "calcx.server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self._server_port),
+            "--db",
+            str(self.db_path),
+            "--log-level",
+            "warning",
+            *c.server_args,
+        ]
         env = services_env({CALCX_KEY: c.key})  # in its environment, never on its command line
         self.server = ManagedProcess("server", cmd, self.workdir / "server.log", env).start(SERVER_READY, timeout_s)
         assert self.server.match is not None
@@ -98,9 +110,24 @@ class Stack:
 
     def start_stub(self, timeout_s: float = 60.0) -> str:
         c = self.config
-        cmd = [c.python, "-m", "calcx.stub_llm", "--host", "127.0.0.1", "--port", "0", "--mode", c.stub_mode,
-               "--model-name", c.model_name, *[a for f in c.script_files for a in ("--script", f)], *c.stub_args]
-        self.stub = ManagedProcess("stub-llm", cmd, self.workdir / "stub.log", services_env({})).start(STUB_LLM_READY, timeout_s)
+        cmd = [
+            c.python,
+            "-m",
+            "calcx.stub_llm",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--mode",
+            c.stub_mode,
+            "--model-name",
+            c.model_name,
+            *[a for f in c.script_files for a in ("--script", f)],
+            *c.stub_args,
+        ]
+        self.stub = ManagedProcess("stub-llm", cmd, self.workdir / "stub.log", services_env({})).start(
+            STUB_LLM_READY, timeout_s
+        )
         assert self.stub.match is not None
         self.stub_url = self.stub.match.group(1).rstrip("/")
         if not self.stub_url.endswith("/v1"):
@@ -113,13 +140,28 @@ class Stack:
         with CalcxClient(self.server_url, self.config.key) as client:
             client.put_models(self.config.model_name, [self.stub_url])
 
-    def start_controller(self, controller_id: str | None = None, extra_args: Sequence[str] = (),
-                         timeout_s: float = 180.0) -> ManagedProcess:
+    def start_controller(
+        self, controller_id: str | None = None, extra_args: Sequence[str] = (), timeout_s: float = 180.0
+    ) -> ManagedProcess:
         c = self.config
         n = len(self.controllers)
-        cmd = [c.python, "-m", "calcx.controller", "--runner", "local", "--server", self.server_url,
-               "--concurrency", str(c.concurrency), "--controller-id", controller_id or f"rehearsal-{n}",
-               "--log-level", os.environ.get("CALCX_STACK_LOG_LEVEL", "info"), *c.controller_args, *extra_args]
+        cmd = [
+            c.python,
+            "-m",
+            "calcx.controller",
+            "--runner",
+            "local",
+            "--server",
+            self.server_url,
+            "--concurrency",
+            str(c.concurrency),
+            "--controller-id",
+            controller_id or f"rehearsal-{n}",
+            "--log-level",
+            os.environ.get("CALCX_STACK_LOG_LEVEL", "info"),
+            *c.controller_args,
+            *extra_args,
+        ]
         if not c.prefork:
             cmd.append("--no-prefork")
         if c.agent_logs:
@@ -129,7 +171,7 @@ class Stack:
         self.controllers.append(proc)
         return proc.start(CONTROLLER_READY, timeout_s)
 
-    def start(self) -> "Stack":
+    def start(self) -> Stack:
         try:
             self.start_server()
             self.start_stub()
@@ -154,9 +196,8 @@ class Stack:
         started here outlives it."""
         stop_all([*((c, 20.0) for c in self.controllers), (self.stub, 10.0), (self.server, 10.0)])
 
-    def __enter__(self) -> "Stack":
+    def __enter__(self) -> Stack:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-

@@ -1,9 +1,9 @@
 """`calcx runs`: the committed GPU runs' records and the figures of one run.
 
-    calcx runs index [--check]                      results/INDEX.md from results/runs/*/run.yaml
-    calcx runs table METRICS.jsonl [--calls DB ...]  a run's step tables (its steps.md)
-    calcx runs curves --out PNG LABEL=METRICS.jsonl...  runs side by side in one picture
-    calcx runs startup [LABEL=]TRAIN_LOG...              each run's start-up phases, in seconds
+calcx runs index [--check]                      results/INDEX.md from results/runs/*/run.yaml
+calcx runs table METRICS.jsonl [--calls DB ...]  a run's step tables (its steps.md)
+calcx runs curves --out PNG LABEL=METRICS.jsonl...  runs side by side in one picture
+calcx runs startup [LABEL=]TRAIN_LOG...              each run's start-up phases, in seconds
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ def _index(args: argparse.Namespace) -> int:
     return 0
 
 
-CURVES_DESCRIPTION = ("One picture of GPU runs side by side: training reward, validation accuracy by source and, "
-                      "when the runs logged it, calculator use, one colour a run (calcx.runs.curves).")
+CURVES_DESCRIPTION = (
+    "One picture of GPU runs side by side: training reward, validation accuracy by source and, "
+    "when the runs logged it, calculator use, one colour a run (calcx.runs.curves)."
+)
 CURVES_TITLE = "calcx GRPO on GSM8K, Qwen2.5-Coder-1.5B-Instruct, one H200"
 
 
@@ -44,29 +46,40 @@ def _curves(args: argparse.Namespace) -> int:
     try:
         from calcx.runs import curves  # pants: no-infer-dep (not in the `calcx` PEX: BUILD says why)
     except ImportError as exc:
-        raise SystemExit(f"calcx runs curves: this build lacks what pictures need ({exc}); "
-                         "run it from calcx-gpu.pex or a checkout (docs/gpu-run.md)") from exc
+        raise SystemExit(
+            f"calcx runs curves: this build lacks what pictures need ({exc}); "
+            "run it from calcx-gpu.pex or a checkout (docs/gpu-run.md)"
+        ) from exc
     print(curves.draw(curves.parse_runs(args.parser, args.runs), args.out, args.title))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="calcx runs", description="Committed GPU runs as records, and a run's figures.")
+    parser = argparse.ArgumentParser(
+        prog="calcx runs", description="Committed GPU runs as records, and a run's figures."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     index = sub.add_parser("index", help="results/INDEX.md from results/runs/*/run.yaml")
-    index.add_argument("--root", type=Path, default=Path("results/runs"), help="the runs' folder (default results/runs)")
-    index.add_argument("--out", type=Path, default=Path("results/INDEX.md"), help="the index (default results/INDEX.md)")
+    index.add_argument(
+        "--root", type=Path, default=Path("results/runs"), help="the runs' folder (default results/runs)"
+    )
+    index.add_argument(
+        "--out", type=Path, default=Path("results/INDEX.md"), help="the index (default results/INDEX.md)"
+    )
     index.add_argument("--check", action="store_true", help="exit 1 when the index is not what the records make")
-    tables = sub.add_parser("table", help="a run's step tables from its metrics (and its store)",
-                            description=table.DESCRIPTION)
+    tables = sub.add_parser(
+        "table", help="a run's step tables from its metrics (and its store)", description=table.DESCRIPTION
+    )
     table.add_arguments(tables)
-    pictures = sub.add_parser("curves", help="runs' reward, validation and calculator use in one PNG",
-                              description=CURVES_DESCRIPTION)
+    pictures = sub.add_parser(
+        "curves", help="runs' reward, validation and calculator use in one PNG", description=CURVES_DESCRIPTION
+    )
     pictures.add_argument("runs", nargs="+", metavar="LABEL=METRICS.jsonl")
     pictures.add_argument("--out", type=Path, required=True)
     pictures.add_argument("--title", default=CURVES_TITLE)
-    starts = sub.add_parser("startup", help="runs' start-up phases (seconds) from their train.log",
-                            description=startup.__doc__)
+    starts = sub.add_parser(
+        "startup", help="runs' start-up phases (seconds) from their train.log", description=startup.__doc__
+    )
     starts.add_argument("logs", nargs="+", metavar="[LABEL=]TRAIN_LOG")
     for command in (index, tables, pictures, starts):
         command.set_defaults(parser=command)  # a refusal names the subcommand and shows its usage

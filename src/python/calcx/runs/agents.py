@@ -36,8 +36,10 @@ def step_rollouts(store: StoreReader) -> dict[int, dict[str, float]]:
         if match:
             created[int(match.group(1))][rid] = at
     first_trained = store.first_trained_created()
-    return {step: {rid: at for rid, at in ids.items() if at >= first_trained.get(step, float("-inf"))}
-            for step, ids in created.items()}
+    return {
+        step: {rid: at for rid, at in ids.items() if at >= first_trained.get(step, float("-inf"))}
+        for step, ids in created.items()
+    }
 
 
 def _step_of(rollouts: Mapping[int, Mapping[str, float]]) -> dict[str, int]:
@@ -89,28 +91,43 @@ def wait_breakdown(store: StoreReader, sessions: Path | None = None) -> dict[int
         created = min(ids.values())
         first_sent, last_answer = min(s for s, _ in spans), max(e for _, e in spans)
         done = max((finished[rid] for rid in ids if rid in finished), default=last_answer)
-        out[step] = {"before_first_call": first_sent - created,
-                     "between_calls": (last_answer - first_sent) - union_length(spans),
-                     "after_last_call": max(0.0, done - last_answer),
-                     "agents_window": done - created, "busy": union_length(spans)}
+        out[step] = {
+            "before_first_call": first_sent - created,
+            "between_calls": (last_answer - first_sent) - union_length(spans),
+            "after_last_call": max(0.0, done - last_answer),
+            "agents_window": done - created,
+            "busy": union_length(spans),
+        }
         spans_of_sessions = [times[rid] for rid in ids if rid in times]
         if spans_of_sessions:
             entered, returned = min(e for e, _ in spans_of_sessions), max(r for _, r in spans_of_sessions)
-            out[step].update({"sessions_to_first_created": created - entered, "finished_to_returned": returned - done,
-                              "sessions_window": returned - entered})
+            out[step].update(
+                {
+                    "sessions_to_first_created": created - entered,
+                    "finished_to_returned": returned - done,
+                    "sessions_window": returned - entered,
+                }
+            )
     return out
 
 
 def _wait_cells(m: Mapping, w: Mapping[str, float], with_sessions: bool) -> list[str]:
     gen = m.get("timing_s/gen")
-    cells = ["-" if gen is None else f"{gen:.2f}", f"{w['busy']:.2f}", f"{w['before_first_call']:.2f}",
-             f"{w['between_calls']:.2f}", f"{w['after_last_call']:.2f}",
-             "-" if gen is None else f"{gen - w['agents_window']:.2f}"]
+    cells = [
+        "-" if gen is None else f"{gen:.2f}",
+        f"{w['busy']:.2f}",
+        f"{w['before_first_call']:.2f}",
+        f"{w['between_calls']:.2f}",
+        f"{w['after_last_call']:.2f}",
+        "-" if gen is None else f"{gen - w['agents_window']:.2f}",
+    ]
     if with_sessions:
         known = "sessions_window" in w
-        cells += [f"{w['sessions_to_first_created']:.2f}" if known else "-",
-                  f"{w['finished_to_returned']:.2f}" if known else "-",
-                  f"{gen - w['sessions_window']:.2f}" if known and gen is not None else "-"]
+        cells += [
+            f"{w['sessions_to_first_created']:.2f}" if known else "-",
+            f"{w['finished_to_returned']:.2f}" if known else "-",
+            f"{gen - w['sessions_window']:.2f}" if known and gen is not None else "-",
+        ]
     share = idle_share(m, w["busy"])
     cells.append("-" if share is None else f"{share:.0%}")
     return cells
@@ -121,11 +138,21 @@ def wait_table(steps: Metrics, waits: Mapping[int, Mapping[str, float]]) -> str:
     `wait_breakdown` finds; "trainer" is the rest of verl's `timing_s/gen` outside the window from the
     first rollout's creation to the last one's finish (creating groups, reading the recorded calls)."""
     with_sessions = any("sessions_window" in w for w in waits.values())
-    head = ["step", "rollout (gen) s", "calls in vLLM s", "before first call s", "between calls s",
-            "after last call s", "trainer, outside agents s"]
+    head = [
+        "step",
+        "rollout (gen) s",
+        "calls in vLLM s",
+        "before first call s",
+        "between calls s",
+        "after last call s",
+        "trainer, outside agents s",
+    ]
     if with_sessions:
-        head += ["first session -> first rollout created s", "last attempt finished -> last session returned s",
-                 "verl, outside the sessions s"]
+        head += [
+            "first session -> first rollout created s",
+            "last attempt finished -> last session returned s",
+            "verl, outside the sessions s",
+        ]
     head.append("GPU idle waiting for agents")
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for step in sorted(waits):
@@ -171,14 +198,23 @@ def agent_stats(store: StoreReader) -> dict[int, dict[str, float]]:
 
 
 def agent_table(stats: Mapping[int, Mapping[str, float]]) -> str:
-    head = ["step", "rollouts", "successful calculator call", "tool calls / rollout", "tool-call parse failures",
-            "failed attempts", "max policy lag"]
+    head = [
+        "step",
+        "rollouts",
+        "successful calculator call",
+        "tool calls / rollout",
+        "tool-call parse failures",
+        "failed attempts",
+        "max policy lag",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for step in sorted(stats):
         m = stats[step]
-        lines.append(f"| {step} | {int(m.get('rollouts', 0))} | {m.get('tool_share', 0.0):.0%} | "
-                     f"{m.get('calls_per_rollout', 0.0):.2f} | {int(m.get('parse_failures', 0))} | "
-                     f"{int(m.get('failed_attempts', 0))} | {int(m.get('max_lag', 0))} |")
+        lines.append(
+            f"| {step} | {int(m.get('rollouts', 0))} | {m.get('tool_share', 0.0):.0%} | "
+            f"{m.get('calls_per_rollout', 0.0):.2f} | {int(m.get('parse_failures', 0))} | "
+            f"{int(m.get('failed_attempts', 0))} | {int(m.get('max_lag', 0))} |"
+        )
     return "\n".join(lines)
 
 
@@ -192,8 +228,9 @@ def _finish_reason(response: bytes | None) -> str:
 def evicted_calls(store: StoreReader, incomplete: Path) -> str:
     """What the model calls of the rollouts left out of their steps (`incomplete_groups.jsonl`)
     came back with: HTTP status, vLLM's finish reason, and whether any response token arrived."""
-    rollout_ids = sorted({json.loads(line)["rollout_id"] for line in incomplete.read_text().splitlines()
-                          if line.strip()})
+    rollout_ids = sorted(
+        {json.loads(line)["rollout_id"] for line in incomplete.read_text().splitlines() if line.strip()}
+    )
     kinds: Counter[tuple[int, str, str]] = Counter()
     without_calls = 0
     for rid in rollout_ids:
@@ -201,7 +238,13 @@ def evicted_calls(store: StoreReader, incomplete: Path) -> str:
         without_calls += not rows
         for status, response, any_tokens in rows:
             kinds[(status, _finish_reason(response), "some" if any_tokens else "none")] += 1
-    lines = [f"{len(rollout_ids)} rollouts left out; {without_calls} of them recorded no call", "",
-             "| HTTP status | finish reason | response tokens | calls |", "|---:|---|---|---:|"]
-    lines += [f"| {status} | {finish} | {tokens} | {count} |" for (status, finish, tokens), count in sorted(kinds.items())]
+    lines = [
+        f"{len(rollout_ids)} rollouts left out; {without_calls} of them recorded no call",
+        "",
+        "| HTTP status | finish reason | response tokens | calls |",
+        "|---:|---|---|---:|",
+    ]
+    lines += [
+        f"| {status} | {finish} | {tokens} | {count} |" for (status, finish, tokens), count in sorted(kinds.items())
+    ]
     return "\n".join(lines)

@@ -16,7 +16,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from calcx.trainer.run.report import TOOL_USE_SERIES, metric_series, read_metrics, reward_series, validation_points_by_source
+from calcx.trainer.run.report import (
+    TOOL_USE_SERIES,
+    metric_series,
+    read_metrics,
+    reward_series,
+    validation_points_by_source,
+)
 
 Labelled = dict[int, list[tuple[float, str]]]  # step -> (accuracy, colour) of every run
 
@@ -36,19 +42,30 @@ def _plot_run(axes: Any, label: str, metrics: list[dict], with_tool_use: bool, l
     """One run's lines, in one colour: its reward, its calculator use, its validation by source."""
     reward_ax, val_ax = axes[0], axes[1]
     _, steps, values = reward_series(metrics)
-    reward_line, = reward_ax.plot(steps, values, "o-", markersize=3, label=label)
+    (reward_line,) = reward_ax.plot(steps, values, "o-", markersize=3, label=label)
     if with_tool_use:
         for (key, _), style in zip(TOOL_USE_SERIES, ("o-", "s--")):
             points = metric_series(metrics, key)
             if points:
-                axes[2].plot([p[0] for p in points], [p[1] for p in points], style, markersize=3,
-                             color=reward_line.get_color(), label=f"{label} {key.split('/')[1]}")
+                axes[2].plot(
+                    [p[0] for p in points],
+                    [p[1] for p in points],
+                    style,
+                    markersize=3,
+                    color=reward_line.get_color(),
+                    label=f"{label} {key.split('/')[1]}",
+                )
     by_source = validation_points_by_source(metrics)
     for (source, points), style in zip(by_source.items(), ("s--", "^:", "d-.", "v:")):
         # one line a validation source (gsm8k, gsm8k-hard, ...), in the run's colour
-        line, = val_ax.plot([p[0] for p in points], [p[1] for p in points], style, markersize=5,
-                            color=reward_line.get_color(),
-                            label=label if len(by_source) == 1 else f"{label} ({source})")
+        (line,) = val_ax.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            style,
+            markersize=5,
+            color=reward_line.get_color(),
+            label=label if len(by_source) == 1 else f"{label} ({source})",
+        )
         for step, acc in points:
             labelled.setdefault(step, []).append((acc, line.get_color()))
 
@@ -59,10 +76,14 @@ def _annotate(val_ax: Any, labelled: Labelled) -> None:
     for step, marks in labelled.items():
         marks.sort()
         for rank, (acc, colour) in enumerate(marks):
-            offset, align = ((0, 7), "center") if rank == len(marks) - 1 else (
-                ((0, -14), "center") if rank == 0 else ((8, -4), "left"))
-            val_ax.annotate(f"{acc:.3f}", (step, acc), textcoords="offset points", color=colour,
-                            xytext=offset, ha=align)
+            offset, align = (
+                ((0, 7), "center")
+                if rank == len(marks) - 1
+                else (((0, -14), "center") if rank == 0 else ((8, -4), "left"))
+            )
+            val_ax.annotate(
+                f"{acc:.3f}", (step, acc), textcoords="offset points", color=colour, xytext=offset, ha=align
+            )
 
 
 def draw(runs: list[tuple[str, Path]], out: Path, title: str) -> Path:

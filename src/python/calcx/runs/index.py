@@ -6,8 +6,10 @@ from pathlib import Path
 
 from calcx.runs.record import RECORD_FILE, UNKNOWN, Accuracy, RunRecord, read_record
 
-HEADER = ("# GPU runs\n\nMade by `calcx runs index` from each run's run.yaml and metrics.jsonl; the "
-          "accuracy is the last validation's, by source, with its standard error.\n")
+HEADER = (
+    "# GPU runs\n\nMade by `calcx runs index` from each run's run.yaml and metrics.jsonl; the "
+    "accuracy is the last validation's, by source, with its standard error.\n"
+)
 
 
 def records(root: str | Path) -> list[RunRecord]:
@@ -22,14 +24,22 @@ def _accuracy(a: Accuracy) -> str:
 
 
 def render_index(root: str | Path, link_base: str = "runs") -> str:
-    lines = [HEADER, "| run | profile | mode | steps | validation sets | last validation: accuracy (SE) | "
-             "artifact sha256 | commit |", "|---|---|---|---:|---|---|---|---|"]
+    lines = [
+        HEADER,
+        "| run | profile | mode | steps | validation sets | last validation: accuracy (SE) | "
+        "artifact sha256 | commit |",
+        "|---|---|---|---:|---|---|---|---|",
+    ]
     for record in records(root):
         data = record.data
-        sets = ", ".join(f"{s.source} {UNKNOWN if s.rows is None else s.rows}" for s in record.validation_sets) or "none"
+        sets = (
+            ", ".join(f"{s.source} {UNKNOWN if s.rows is None else s.rows}" for s in record.validation_sets) or "none"
+        )
         last = record.last_validation()
         shown = "-" if last is None else f"step {last[0]}: " + ", ".join(_accuracy(a) for a in last[1])
-        lines.append(f"| [{record.folder.name}]({link_base}/{record.folder.name}/) | {data['profile']} | "
-                     f"{data['mode']} | {data['steps']} | {sets} | {shown} | "
-                     f"`{str(data['artifact']['sha256'])[:12]}` | `{str(data['commit'])[:9]}` |")
+        lines.append(
+            f"| [{record.folder.name}]({link_base}/{record.folder.name}/) | {data['profile']} | "
+            f"{data['mode']} | {data['steps']} | {sets} | {shown} | "
+            f"`{str(data['artifact']['sha256'])[:12]}` | `{str(data['commit'])[:9]}` |"
+        )
     return "\n".join(lines) + "\n"

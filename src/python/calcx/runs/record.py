@@ -14,17 +14,31 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
 RECORD_FILE = "run.yaml"
 METRICS_FILE = "metrics.jsonl"
 # what every run.yaml must say (dotted paths), so that a run can be rebuilt and its figures read
-REQUIRED = ("name", "date", "commit", "artifact.name", "artifact.sha256", "command", "profile", "mode",
-            "steps", "model", "machine.gpu", "train_sets", "validation_sets")
+REQUIRED = (
+    "name",
+    "date",
+    "commit",
+    "artifact.name",
+    "artifact.sha256",
+    "command",
+    "profile",
+    "mode",
+    "steps",
+    "model",
+    "machine.gpu",
+    "train_sets",
+    "validation_sets",
+)
 VAL_PREFIX = "val-core/"
 VAL_SUFFIX = "/mean@1"
 # the accepted value of a fact that is not known (a commit nobody wrote down, a set's size per source)
@@ -72,7 +86,9 @@ def _sets(data: Mapping[str, Any], key: str, where: Path, may_be_empty: bool = F
             rows = None if item["rows"] == UNKNOWN else int(item["rows"])
             sets.append(DataSet(str(item["file"]), rows, str(item["source"])))
         except (KeyError, TypeError, ValueError):
-            raise RecordError(f"{where}: each of '{key}' needs file, rows (a number) and source; got {item!r}") from None
+            raise RecordError(
+                f"{where}: each of '{key}' needs file, rows (a number) and source; got {item!r}"
+            ) from None
     return sets
 
 
@@ -102,8 +118,8 @@ class RunRecord:
             except (ValueError, KeyError, TypeError):
                 raise RecordError(f"{path}: line {number} is not a metrics line") from None
             for key, value in values.items():
-                if key.startswith(VAL_PREFIX) and key.endswith(VAL_SUFFIX) and isinstance(value, (int, float)):
-                    by_step.setdefault(step, {}).setdefault(key[len(VAL_PREFIX):].split("/", 1)[0], float(value))
+                if key.startswith(VAL_PREFIX) and key.endswith(VAL_SUFFIX) and isinstance(value, int | float):
+                    by_step.setdefault(step, {}).setdefault(key[len(VAL_PREFIX) :].split("/", 1)[0], float(value))
         if not by_step:
             return None
         step = max(by_step)
@@ -131,5 +147,6 @@ def read_record(folder: str | Path) -> RunRecord:
     expected = f"{data['date']}-{data['name']}"
     if folder.name != expected:
         raise RecordError(f"{path}: a run named {data['name']!r} of {data['date']} lives in a folder {expected}/")
-    return RunRecord(folder, data, _sets(data, "train_sets", path),
-                     _sets(data, "validation_sets", path, may_be_empty=True))
+    return RunRecord(
+        folder, data, _sets(data, "train_sets", path), _sets(data, "validation_sets", path, may_be_empty=True)
+    )

@@ -14,14 +14,16 @@ from calcx.trainer.run.progress import dominant_phase
 
 Metrics = Mapping[int, Mapping]  # step -> that step's metrics
 
-TOOL_USE_COLUMNS = (("equal-reward groups", "calcx/train/equal_reward_groups", "{:.0%}"),
-                    ("entropy", "actor/entropy", "{:.3f}"),
-                    ("train tool use", "calcx/train/tool_use", "{:.0%}"),
-                    ("train calls / rollout", "calcx/train/tool_calls_per_rollout", "{:.2f}"),
-                    ("train parse failures", "calcx/train/tool_parse_failures", "{:.0f}"),
-                    ("val tool use", "calcx/val/tool_use", "{:.0%}"),
-                    ("val calls / rollout", "calcx/val/tool_calls_per_rollout", "{:.2f}"),
-                    ("val parse failures", "calcx/val/tool_parse_failures", "{:.0f}"))
+TOOL_USE_COLUMNS = (
+    ("equal-reward groups", "calcx/train/equal_reward_groups", "{:.0%}"),
+    ("entropy", "actor/entropy", "{:.3f}"),
+    ("train tool use", "calcx/train/tool_use", "{:.0%}"),
+    ("train calls / rollout", "calcx/train/tool_calls_per_rollout", "{:.2f}"),
+    ("train parse failures", "calcx/train/tool_parse_failures", "{:.0f}"),
+    ("val tool use", "calcx/val/tool_use", "{:.0%}"),
+    ("val calls / rollout", "calcx/val/tool_calls_per_rollout", "{:.2f}"),
+    ("val parse failures", "calcx/val/tool_parse_failures", "{:.0f}"),
+)
 
 
 def read_metrics(path: Path) -> dict[int, dict]:
@@ -40,8 +42,10 @@ def tool_use_table(steps: Metrics) -> str:
     rows = [(step, m) for step, m in sorted(steps.items()) if any(key in m for _, key, _ in TOOL_USE_COLUMNS)]
     if not rows:
         return ""
-    lines = ["| step | " + " | ".join(name for name, _, _ in TOOL_USE_COLUMNS) + " |",
-             "|" + "---:|" * (len(TOOL_USE_COLUMNS) + 1)]
+    lines = [
+        "| step | " + " | ".join(name for name, _, _ in TOOL_USE_COLUMNS) + " |",
+        "|" + "---:|" * (len(TOOL_USE_COLUMNS) + 1),
+    ]
     for step, m in rows:
         cells = [fmt.format(m[key]) if key in m else "-" for _, key, fmt in TOOL_USE_COLUMNS]
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
@@ -73,8 +77,9 @@ def steady_steps(steps: Metrics, restarts: set[int] | frozenset[int]) -> list[in
     return [step for step in sorted(steps)[1:] if step not in restarts]
 
 
-def idle_summary(steps: Metrics, busy: Mapping[int, float], restarts: set[int] | frozenset[int] = frozenset()
-                 ) -> str | None:
+def idle_summary(
+    steps: Metrics, busy: Mapping[int, float], restarts: set[int] | frozenset[int] = frozenset()
+) -> str | None:
     """The mean and largest idle share over the steps after the first (the first pays start-up
     costs inside its generation phase), nor the first step of a restarted run (`restarts`, from
     the run's starts file), or None when no such step was measured."""
@@ -84,10 +89,15 @@ def idle_summary(steps: Metrics, busy: Mapping[int, float], restarts: set[int] |
         return None
     worst = max(measured, key=lambda step: measured[step])
     left_out = sorted(restarts & set(steps))
-    besides = (f" and step{'s' if len(left_out) > 1 else ''} {', '.join(map(str, left_out))}, the first after a restart"
-               if left_out else "")
-    return (f"GPU idle waiting for agents: mean {statistics.mean(measured.values()):.1%} of a step over "
-            f"{len(measured)} step{'s' if len(measured) != 1 else ''} after the first{besides} (largest {measured[worst]:.1%}, step {worst})")
+    besides = (
+        f" and step{'s' if len(left_out) > 1 else ''} {', '.join(map(str, left_out))}, the first after a restart"
+        if left_out
+        else ""
+    )
+    return (
+        f"GPU idle waiting for agents: mean {statistics.mean(measured.values()):.1%} of a step over "
+        f"{len(measured)} step{'s' if len(measured) != 1 else ''} after the first{besides} (largest {measured[worst]:.1%}, step {worst})"
+    )
 
 
 def restarted_steps(starts: Path | None) -> set[int]:
@@ -122,9 +132,24 @@ def _dominant(m: Mapping) -> str:
 def step_table(steps: Metrics, busy: Mapping[int, float] | None) -> str:
     """One row a step. Evicted samples are counted by why verl left them out: a group with a failed
     attempt (`rollout_failure`) or one older than the allowed staleness (`off_policy`, async)."""
-    head = ["step", "step s", "dominant phase", "rollout (gen) s", "old log-prob s", "update s", "weight sync s",
-            "tokens/s", "update MFU", "GPU mem peak GB", "GPU idle waiting for agents", "mean reward",
-            "val accuracy", "trajectory staleness max", "evicted samples: failed", "evicted samples: stale"]
+    head = [
+        "step",
+        "step s",
+        "dominant phase",
+        "rollout (gen) s",
+        "old log-prob s",
+        "update s",
+        "weight sync s",
+        "tokens/s",
+        "update MFU",
+        "GPU mem peak GB",
+        "GPU idle waiting for agents",
+        "mean reward",
+        "val accuracy",
+        "trajectory staleness max",
+        "evicted samples: failed",
+        "evicted samples: stale",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for step in sorted(steps):
         m = steps[step]
@@ -135,22 +160,33 @@ def step_table(steps: Metrics, busy: Mapping[int, float] | None) -> str:
             share = idle_share(m, busy.get(step))
             idle = "n/a" if share is None else f"{share:.0%}"
         val = _validation_values(m)
-        cells = [str(step), f"{m['timing_s/step']:.2f}", _dominant(m), f"{m.get('timing_s/gen', float('nan')):.2f}",
-                 f"{m.get('timing_s/old_log_prob', float('nan')):.2f}", f"{m.get('timing_s/update_actor', float('nan')):.2f}",
-                 f"{m.get('timing_s/update_weights', float('nan')):.2f}", f"{m.get('perf/throughput', float('nan')):.0f}",
-                 _percent(m.get("perf/mfu/actor")),
-                 f"{m.get('actor/perf/max_memory_allocated_gb', float('nan')):.1f}", idle,
-                 f"{m.get('critic/score/mean', float('nan')):.3f}", f"{statistics.mean(val):.3f}" if val else "-",
-                 _staleness(m), f"{m.get('training/rollout_failure/evicted_samples', 0):.0f}",
-                 f"{m.get('training/off_policy/evicted_samples', 0):.0f}"]
+        cells = [
+            str(step),
+            f"{m['timing_s/step']:.2f}",
+            _dominant(m),
+            f"{m.get('timing_s/gen', float('nan')):.2f}",
+            f"{m.get('timing_s/old_log_prob', float('nan')):.2f}",
+            f"{m.get('timing_s/update_actor', float('nan')):.2f}",
+            f"{m.get('timing_s/update_weights', float('nan')):.2f}",
+            f"{m.get('perf/throughput', float('nan')):.0f}",
+            _percent(m.get("perf/mfu/actor")),
+            f"{m.get('actor/perf/max_memory_allocated_gb', float('nan')):.1f}",
+            idle,
+            f"{m.get('critic/score/mean', float('nan')):.3f}",
+            f"{statistics.mean(val):.3f}" if val else "-",
+            _staleness(m),
+            f"{m.get('training/rollout_failure/evicted_samples', 0):.0f}",
+            f"{m.get('training/off_policy/evicted_samples', 0):.0f}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def validation_line(steps: Metrics) -> str | None:
     """`validation accuracy: step 0: 0.125, ...` (the mean over sources), or None without validation."""
-    validation = [(step, statistics.mean(_validation_values(m))) for step, m in sorted(steps.items())
-                  if _validation_values(m)]
+    validation = [
+        (step, statistics.mean(_validation_values(m))) for step, m in sorted(steps.items()) if _validation_values(m)
+    ]
     if not validation:
         return None
     return "validation accuracy: " + ", ".join(f"step {step}: {acc:.3f}" for step, acc in validation)
@@ -167,5 +203,7 @@ def step_time_line(timed: Metrics, restarts: set[int]) -> str | None:
     if not after_first:
         return None
     besides = ", nor the first after a restart" if restarts & set(timed) else ""
-    return (f"mean step time after the first{besides}: {statistics.mean(after_first):.2f} s "
-            f"(median {statistics.median(after_first):.2f} s over {len(after_first)} steps)")
+    return (
+        f"mean step time after the first{besides}: {statistics.mean(after_first):.2f} s "
+        f"(median {statistics.median(after_first):.2f} s over {len(after_first)} steps)"
+    )

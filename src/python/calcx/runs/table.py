@@ -34,17 +34,34 @@ DESCRIPTION = __doc__.split("\n\n")[0]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("metrics", type=Path)
     parser.add_argument("--calls", type=Path, help="the calcx server's SQLite store of the run")
-    parser.add_argument("--incomplete", type=Path,
-                        help="the run's incomplete_groups.jsonl: with --calls, what their calls came back with")
-    parser.add_argument("--sessions", type=Path,
-                        help="the run's session_times.jsonl: with --calls, the trainer's sessions in the wait table")
-    parser.add_argument("--starts", type=Path,
-                        help="the run's starts.jsonl: a restart's first step pays start-up, left out of the wait summary")
-    parser.add_argument("--outcomes", type=Path, metavar="CSV",
-                        help="with --calls, write each validation problem's reward per step (step,id,source,reward): "
-                             "what a run record keeps of its store, for pairing runs without it")
-    parser.add_argument("--versus", type=Path, metavar="OTHER_DB",
-                        help="with --calls, another run's store: the two runs' validations per problem, step by step")
+    parser.add_argument(
+        "--incomplete",
+        type=Path,
+        help="the run's incomplete_groups.jsonl: with --calls, what their calls came back with",
+    )
+    parser.add_argument(
+        "--sessions",
+        type=Path,
+        help="the run's session_times.jsonl: with --calls, the trainer's sessions in the wait table",
+    )
+    parser.add_argument(
+        "--starts",
+        type=Path,
+        help="the run's starts.jsonl: a restart's first step pays start-up, left out of the wait summary",
+    )
+    parser.add_argument(
+        "--outcomes",
+        type=Path,
+        metavar="CSV",
+        help="with --calls, write each validation problem's reward per step (step,id,source,reward): "
+        "what a run record keeps of its store, for pairing runs without it",
+    )
+    parser.add_argument(
+        "--versus",
+        type=Path,
+        metavar="OTHER_DB",
+        help="with --calls, another run's store: the two runs' validations per problem, step by step",
+    )
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -66,8 +83,9 @@ def _validation_tables(args: argparse.Namespace, store: StoreReader) -> None:
         args.outcomes.write_text(validation.outcomes_csv(outcomes, sources))
     by_source = validation.split_by_source(outcomes, sources)
     # several sources (e.g. gsm8k and its hard split): all of them, then each apart
-    parts = [("", outcomes)] + ([(f" ({name})", part) for name, part in by_source.items()]
-                                if len(by_source) > 1 else [])
+    parts = [("", outcomes)] + (
+        [(f" ({name})", part) for name, part in by_source.items()] if len(by_source) > 1 else []
+    )
     for label, part in parts:
         if part:
             print(f"\nvalidation per problem{label} (the store's validation rollouts; SE: standard error):\n")
@@ -76,8 +94,10 @@ def _validation_tables(args: argparse.Namespace, store: StoreReader) -> None:
         with StoreReader(args.versus) as other_store:
             other = validation.validation_outcomes(other_store)
             other_sources = validation.validation_sources(other_store)
-        other_parts = {"": other, **{f" ({name})": part for name, part in
-                                     validation.split_by_source(other, other_sources).items()}}
+        other_parts = {
+            "": other,
+            **{f" ({name})": part for name, part in validation.split_by_source(other, other_sources).items()},
+        }
         for label, part in parts:
             print(f"\nthis run against {args.versus}{label}, the same problems at each step both validated:\n")
             print(versus_table(part, other_parts.get(label, {})))

@@ -37,8 +37,9 @@ def validation_outcomes(store: StoreReader) -> dict[int, dict[str, float]]:
         scored = scored_reward(state, reward)
         if scored is not None:
             rewards[step][str(row["id"])].append(scored)
-    return {step: {row: statistics.mean(values) for row, values in rows.items()}
-            for step, rows in sorted(rewards.items())}
+    return {
+        step: {row: statistics.mean(values) for row, values in rows.items()} for step, rows in sorted(rewards.items())
+    }
 
 
 def validation_sources(store: StoreReader) -> dict[str, str]:
@@ -47,8 +48,9 @@ def validation_sources(store: StoreReader) -> dict[str, str]:
     return {str(row["id"]): str(row.get("source") or UNKNOWN_SOURCE) for _, row, _, _ in _validation_rows(store)}
 
 
-def split_by_source(outcomes: Mapping[int, Outcomes], sources: Mapping[str, str]
-                    ) -> dict[str, dict[int, dict[str, float]]]:
+def split_by_source(
+    outcomes: Mapping[int, Outcomes], sources: Mapping[str, str]
+) -> dict[str, dict[int, dict[str, float]]]:
     """The outcomes of each source apart ({source: {step: {row: reward}}}), sources in name order."""
     split: dict[str, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     for step, rows in outcomes.items():
@@ -59,8 +61,10 @@ def split_by_source(outcomes: Mapping[int, Outcomes], sources: Mapping[str, str]
 
 def validation_table(outcomes: Mapping[int, Outcomes]) -> str:
     """Each validation's accuracy (standard error) and what changed since the validation before."""
-    lines = ["| step | problems | accuracy (SE) | problems in both | better now | "
-             "worse now | change (paired SE) |", "|" + "---:|" * 7]
+    lines = [
+        "| step | problems | accuracy (SE) | problems in both | better now | " "worse now | change (paired SE) |",
+        "|" + "---:|" * 7,
+    ]
     previous: Outcomes | None = None
     for step, rows in outcomes.items():
         since = ["-"] * 4 if previous is None else [str(cell) for cell in paired_change(previous, rows)]
@@ -74,4 +78,6 @@ def outcomes_csv(outcomes: Mapping[int, Outcomes], sources: Mapping[str, str]) -
     """Each validation problem's reward per step as `step,id,source,reward` lines."""
     return OUTCOMES_HEADER + "".join(
         f"{step},{row},{sources.get(row, UNKNOWN_SOURCE)},{reward:g}\n"
-        for step, rows in outcomes.items() for row, reward in sorted(rows.items()))
+        for step, rows in outcomes.items()
+        for row, reward in sorted(rows.items())
+    )

@@ -35,10 +35,15 @@ def paired_change(before: Outcomes, after: Outcomes) -> tuple[int, int, int, str
 
 def versus_table(mine: Mapping[int, Outcomes], other: Mapping[int, Outcomes]) -> str:
     """At each step both runs validated: both accuracies and this run's change against the other's."""
-    lines = ["| step | problems in both | this run (SE) | other run (SE) | better here | "
-             "worse here | difference (paired SE) |", "|" + "---:|" * 7]
+    lines = [
+        "| step | problems in both | this run (SE) | other run (SE) | better here | "
+        "worse here | difference (paired SE) |",
+        "|" + "---:|" * 7,
+    ]
     for step in sorted(mine.keys() & other.keys()):
         shared, better, worse, change = paired_change(other[step], mine[step])
-        lines.append(f"| {step} | {shared} | {accuracy_cell(mine[step])} | {accuracy_cell(other[step])} | "
-                     f"{better} | {worse} | {change} |")
+        lines.append(
+            f"| {step} | {shared} | {accuracy_cell(mine[step])} | {accuracy_cell(other[step])} | "
+            f"{better} | {worse} | {change} |"
+        )
     return "\n".join(lines)

@@ -23,7 +23,6 @@ from calcx.server.assistant_turns import HERMES
 from calcx.server.serve import CalcxUvicornServer, uvicorn_config
 from calcx.server.settings import DEFAULTS, ServerSettings
 
-
 # ServerSettings fields that `calcx server` sets with a flag of the same name (`--lease-s` sets
 # lease_s), typed and defaulted by DEFAULTS; the text is the flag's help before its default.
 TUNED_SETTINGS: tuple[tuple[str, str], ...] = (
@@ -32,18 +31,26 @@ TUNED_SETTINGS: tuple[tuple[str, str], ...] = (
     ("max_event_body_bytes", "largest event body accepted; past it 413"),
     ("max_in_flight_per_attempt", "requests in flight at once with one attempt's URLs (gateway, events); past it 429"),
     ("max_connections", "connections and requests the server holds at once; past it 503 at once"),
-    ("request_head_timeout_s", "a connection that has not sent a whole request head (line and headers) this long "
-     "after it opened, or after its next request's first byte, is closed"),
+    (
+        "request_head_timeout_s",
+        "a connection that has not sent a whole request head (line and headers) this long "
+        "after it opened, or after its next request's first byte, is closed",
+    ),
     ("lease_s", "claim lease; controllers heartbeat within it"),
-    ("run_lease_s", "a run's lease; its trainer renews it within it, and a second start of the run is refused "
-     "while it is live"),
+    (
+        "run_lease_s",
+        "a run's lease; its trainer renews it within it, and a second start of the run is refused " "while it is live",
+    ),
     ("max_run_leases", "runs the server holds leases for; past it ended leases make room, live ones are kept"),
     ("max_poll_s", "longest long poll the server holds"),
     ("upstream_timeout_s", "read timeout of one upstream call"),
     ("upstream_retries", "retries of a failed upstream call"),
     ("replica_probe_s", "a model replica that failed gets no new rollout until it answers; it is probed this often"),
-    ("abort_retry_s", "a call the model server aborted (e.g. paused for a weight update) is sent again until "
-     "this many seconds have passed, then the agent gets the aborted answer; 0: at once"),
+    (
+        "abort_retry_s",
+        "a call the model server aborted (e.g. paused for a weight update) is sent again until "
+        "this many seconds have passed, then the agent gets the aborted answer; 0: at once",
+    ),
     ("max_events_per_attempt", "events one attempt may post; past it 413"),
     ("max_event_bytes_per_attempt", "bytes of event data one attempt may post"),
     ("max_calls_per_attempt", "model calls one attempt may make; past it 413"),
@@ -81,17 +88,26 @@ def build_parser() -> argparse.ArgumentParser:
     d = DEFAULTS
     p = argparse.ArgumentParser(prog="calcx server", description=__doc__)
     p.add_argument("--host", default=d.host, help=f"address to listen on (default {d.host})")
-    p.add_argument("--port", type=int, default=d.port,
-                   help=f"port to listen on (default {d.port}; 0 picks a free one)")
-    p.add_argument("--db", default=d.store_path,
-                   help=f"SQLite file of the rollout store (default {os.path.join('.', d.store_path)})")
-    p.add_argument("--key-file", default=None, metavar="FILE",
-                   help=f"file holding the server key, at least {MIN_KEY_CHARS} characters (default: ${CALCX_KEY}); "
-                   "required, from one or the other")
+    p.add_argument("--port", type=int, default=d.port, help=f"port to listen on (default {d.port}; 0 picks a free one)")
+    p.add_argument(
+        "--db",
+        default=d.store_path,
+        help=f"SQLite file of the rollout store (default {os.path.join('.', d.store_path)})",
+    )
+    p.add_argument(
+        "--key-file",
+        default=None,
+        metavar="FILE",
+        help=f"file holding the server key, at least {MIN_KEY_CHARS} characters (default: ${CALCX_KEY}); "
+        "required, from one or the other",
+    )
     p.add_argument("--key", default=None, help=argparse.SUPPRESS)  # refused: see KEY_FLAG_REFUSED
-    p.add_argument("--new-key", action="store_true",
-                   help="print a new random server key and exit (for a local run: "
-                   "`export CALCX_KEY=$(calcx server --new-key)`)")
+    p.add_argument(
+        "--new-key",
+        action="store_true",
+        help="print a new random server key and exit (for a local run: "
+        "`export CALCX_KEY=$(calcx server --new-key)`)",
+    )
     p.add_argument(
         "--public-url",
         default=d.public_url,
@@ -99,17 +115,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for name, text in TUNED_SETTINGS:
         default = getattr(d, name)
-        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
-                       help=f"{text} (default {_shown(name, default)})")
-    p.add_argument("--tool-call-parser", default=d.tool_call_parser, metavar="NAME",
-                   help="the model servers' tool-call parser (vLLM's --tool-call-parser); with "
-                   f"{HERMES!r}, an earlier turn with tool calls goes back to the model as the model wrote it "
-                   "(default: not known, turns go as the agent sends them)")
-    p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"],
-                   help=f"(default {d.log_level})")
-    p.add_argument("--access-log", action="store_true", default=d.access_log,
-                   help="log every request and every upstream call (costs throughput; default "
-                   f"{'on' if d.access_log else 'off'})")
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            type=type(default),
+            default=default,
+            help=f"{text} (default {_shown(name, default)})",
+        )
+    p.add_argument(
+        "--tool-call-parser",
+        default=d.tool_call_parser,
+        metavar="NAME",
+        help="the model servers' tool-call parser (vLLM's --tool-call-parser); with "
+        f"{HERMES!r}, an earlier turn with tool calls goes back to the model as the model wrote it "
+        "(default: not known, turns go as the agent sends them)",
+    )
+    p.add_argument(
+        "--log-level",
+        default=d.log_level,
+        choices=["debug", "info", "warning", "error"],
+        help=f"(default {d.log_level})",
+    )
+    p.add_argument(
+        "--access-log",
+        action="store_true",
+        default=d.access_log,
+        help="log every request and every upstream call (costs throughput; default "
+        f"{'on' if d.access_log else 'off'})",
+    )
     return p
 
 
@@ -120,9 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         key = process_server_key(
-            os.environ, args.key, args.key_file,
+            os.environ,
+            args.key,
+            args.key_file,
             missing=f"{KEY_SOURCES}; controllers, trainers and the rehearsal use the same key, and agents get "
-                    f"per-attempt tokens derived from it; {HOW_TO_MAKE_A_KEY}")
+            f"per-attempt tokens derived from it; {HOW_TO_MAKE_A_KEY}",
+        )
     except ValueError as exc:
         print(f"calcx server: {exc}", file=sys.stderr)
         return 2
@@ -134,20 +169,32 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if not math.isfinite(args.abort_retry_s) or args.abort_retry_s < 0:
-        print(f"calcx server: --abort-retry-s must be a number of seconds >= 0, not {args.abort_retry_s}",
-              file=sys.stderr)
+        print(
+            f"calcx server: --abort-retry-s must be a number of seconds >= 0, not {args.abort_retry_s}", file=sys.stderr
+        )
         return 2
-    limits = (args.max_events_per_attempt, args.max_event_bytes_per_attempt, args.max_calls_per_attempt,
-              args.max_call_bytes_per_attempt, args.max_in_flight_per_attempt, args.max_connections,
-              args.max_event_body_bytes)
+    limits = (
+        args.max_events_per_attempt,
+        args.max_event_bytes_per_attempt,
+        args.max_calls_per_attempt,
+        args.max_call_bytes_per_attempt,
+        args.max_in_flight_per_attempt,
+        args.max_connections,
+        args.max_event_body_bytes,
+    )
     if min(limits) < 1 or not math.isfinite(args.retain_s) or args.retain_s < 0:
-        print("calcx server: the --max-*-per-attempt limits, --max-connections and --max-event-body-bytes must be "
-              ">= 1 and --retain-s a number >= 0",
-              file=sys.stderr)
+        print(
+            "calcx server: the --max-*-per-attempt limits, --max-connections and --max-event-body-bytes must be "
+            ">= 1 and --retain-s a number >= 0",
+            file=sys.stderr,
+        )
         return 2
     if not (math.isfinite(args.reward_min) and math.isfinite(args.reward_max) and args.reward_min <= args.reward_max):
-        print(f"calcx server: --reward-min and --reward-max must be finite with min <= max, not "
-              f"{args.reward_min} and {args.reward_max}", file=sys.stderr)
+        print(
+            f"calcx server: --reward-min and --reward-max must be finite with min <= max, not "
+            f"{args.reward_min} and {args.reward_max}",
+            file=sys.stderr,
+        )
         return 2
     try:  # fail here, with a plain message, rather than inside the server's startup
         from calcx.server.store import RolloutStore
@@ -173,9 +220,15 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = settings_from_args(args, key=key, port=port, public_url=public_url)
     app = create_app(settings)
-    server = CalcxUvicornServer(uvicorn_config(app, log_level=settings.log_level, access_log=settings.access_log,
-                                               limit_concurrency=settings.max_connections,
-                                               request_head_timeout_s=settings.request_head_timeout_s))
+    server = CalcxUvicornServer(
+        uvicorn_config(
+            app,
+            log_level=settings.log_level,
+            access_log=settings.access_log,
+            limit_concurrency=settings.max_connections,
+            request_head_timeout_s=settings.request_head_timeout_s,
+        )
+    )
     # Printed once listening is certain, so a parent process can read the address from stdout.
     print(server_ready_line(f"http://{shown_host}:{port}", public_url, args.db), flush=True)
     try:

@@ -46,8 +46,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
     metrics = ServerMetrics()
     service = RolloutService(settings, metrics)
     auth = Authenticator(settings.key, nonce_of=lambda rid, aid: service.db.attempts.token_nonce(rid, aid))
-    state = ServerState(settings=settings, auth=auth, metrics=metrics, service=service,
-                        budgets=AttemptBudgets(settings))
+    state = ServerState(
+        settings=settings, auth=auth, metrics=metrics, service=service, budgets=AttemptBudgets(settings)
+    )
     replicas = Replicas()  # outlives a gateway: the homes of running rollouts, the endpoints' health
     service.signals.attempt_ended.append(replicas.release)
     metrics.watch_replicas(replicas.states)

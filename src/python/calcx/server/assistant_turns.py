@@ -45,8 +45,13 @@ def as_generated(messages: list[Any]) -> list[Any]:
     also carries tool calls (the rest, and anything that is not such a message, unchanged)."""
     out: list[Any] = []
     for message in messages:
-        if (isinstance(message, dict) and message.get("role") == "assistant" and message.get("tool_calls")
-                and isinstance(message.get("content"), str) and message["content"].endswith("\n")):
+        if (
+            isinstance(message, dict)
+            and message.get("role") == "assistant"
+            and message.get("tool_calls")
+            and isinstance(message.get("content"), str)
+            and message["content"].endswith("\n")
+        ):
             message = {**message, "content": message["content"][:-1]}
         out.append(message)
     return out
@@ -70,8 +75,11 @@ def _template_call(block: str) -> dict[str, Any] | None:
     name, arguments = (call.get("name"), call.get("arguments")) if isinstance(call, dict) else (None, None)
     if not isinstance(name, str) or not isinstance(arguments, dict):
         return None
-    return {"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+    return {
+        "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+    }
 
 
 def read_template_calls(payload: dict[str, Any]) -> dict[str, Any] | None:
@@ -92,8 +100,11 @@ def read_template_calls(payload: dict[str, Any]) -> dict[str, Any] | None:
     calls = [_template_call(block) for block in blocks]
     if not calls or any(call is None for call in calls):
         return None
-    before = content[:content.index(TOOL_CALL_START)]
+    before = content[: content.index(TOOL_CALL_START)]
     finish = choices[0].get("finish_reason")
-    choice = {**choices[0], "message": {**message, "content": before if before.strip() else None, "tool_calls": calls},
-              "finish_reason": "tool_calls" if finish == "stop" else finish}
+    choice = {
+        **choices[0],
+        "message": {**message, "content": before if before.strip() else None, "tool_calls": calls},
+        "finish_reason": "tool_calls" if finish == "stop" else finish,
+    }
     return {**payload, "choices": [choice, *choices[1:]]}

@@ -56,7 +56,9 @@ class Authenticator:
             return None
         scope = verify_attempt_token(self._key, token)
         if scope is None:
-            raise APIError(401, "unauthorized", "unknown credentials: the key or attempt token is not valid", _CHALLENGE)
+            raise APIError(
+                401, "unauthorized", "unknown credentials: the key or attempt token is not valid", _CHALLENGE
+            )
         current = self._nonce_of(scope.rollout_id, scope.attempt_id)
         if current is None or not hmac.compare_digest(scope.nonce.encode(), current.encode()):
             raise APIError(

@@ -68,7 +68,8 @@ class AttemptBudgets:
         if held.requests >= limit:
             self._release(key, held)
             raise APIError(
-                429, "too_many_requests",
+                429,
+                "too_many_requests",
                 f"attempt {attempt_id} of rollout {rollout_id!r} already has {held.requests} requests in flight; "
                 f"one attempt may have at most {limit} at once (--max-in-flight-per-attempt): wait for an answer",
                 {"Retry-After": str(RETRY_AFTER_S)},
@@ -80,8 +81,9 @@ class AttemptBudgets:
             held.requests -= 1
             self._release(key, held)
 
-    def _check(self, calls: Calls, rollout_id: str, attempt_id: str, held: _Held, wanted: int | None,
-               what: str) -> None:
+    def _check(
+        self, calls: Calls, rollout_id: str, attempt_id: str, held: _Held, wanted: int | None, what: str
+    ) -> None:
         """LimitReached unless the attempt has a call left and `wanted` bytes (None: unknown) fit in
         its bytes left; what it has counts the store's recorded calls and the reserved ones."""
         s = self._settings

@@ -48,8 +48,11 @@ CHAT_FIELDS: dict[str, ChatField] = {
     "parallel_tool_calls": ChatField(Rule.FORWARD),
     "stop": ChatField(Rule.FORWARD),
     "user": ChatField(Rule.FORWARD),
-    "response_format": ChatField(Rule.FORWARD, ({"type": "text"},),
-                                 "a JSON object or schema format is decoded under a grammar, not sampled from the policy"),
+    "response_format": ChatField(
+        Rule.FORWARD,
+        ({"type": "text"},),
+        "a JSON object or schema format is decoded under a grammar, not sampled from the policy",
+    ),
     # the gateway's own (Gateway.prepare)
     "model": ChatField(Rule.GATEWAY),
     "stream": ChatField(Rule.GATEWAY),
@@ -62,16 +65,50 @@ CHAT_FIELDS: dict[str, ChatField] = {
     # the sampling parameters a rollout may set
     **{name: ChatField(Rule.SAMPLING) for name in Sampling.model_fields},
     # known fields that change what is sampled (or when): OpenAI's and vLLM's
-    **{name: ChatField(Rule.REFUSED) for name in (
-        "logit_bias", "min_tokens", "ignore_eos", "priority", "bad_words", "allowed_token_ids",
-        "logits_processors", "stop_token_ids", "length_penalty", "use_beam_search", "best_of",
-        "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-        "guided_decoding_backend", "guided_whitespace_pattern", "prompt_logprobs", "top_logprobs", "echo",
-        "add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs",
-        "add_special_tokens", "truncate_prompt_tokens", "skip_special_tokens", "spaces_between_special_tokens",
-        "include_stop_str_in_output", "return_tokens_as_token_ids", "functions", "function_call", "prediction",
-        "reasoning_effort", "service_tier", "vllm_xargs", "kv_transfer_params", "cache_salt",
-    )},
+    **{
+        name: ChatField(Rule.REFUSED)
+        for name in (
+            "logit_bias",
+            "min_tokens",
+            "ignore_eos",
+            "priority",
+            "bad_words",
+            "allowed_token_ids",
+            "logits_processors",
+            "stop_token_ids",
+            "length_penalty",
+            "use_beam_search",
+            "best_of",
+            "structured_outputs",
+            "guided_json",
+            "guided_regex",
+            "guided_choice",
+            "guided_grammar",
+            "guided_decoding_backend",
+            "guided_whitespace_pattern",
+            "prompt_logprobs",
+            "top_logprobs",
+            "echo",
+            "add_generation_prompt",
+            "continue_final_message",
+            "chat_template",
+            "chat_template_kwargs",
+            "add_special_tokens",
+            "truncate_prompt_tokens",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+            "include_stop_str_in_output",
+            "return_tokens_as_token_ids",
+            "functions",
+            "function_call",
+            "prediction",
+            "reasoning_effort",
+            "service_tier",
+            "vllm_xargs",
+            "kv_transfer_params",
+            "cache_salt",
+        )
+    },
 }
 
 #: The fields forwarded as the agent sent them (in the order of the table), for messages.
@@ -99,5 +136,7 @@ def check_fields(body: dict[str, Any]) -> None:
                 "requests are scheduled), and the recorded answer is trained as the policy's own sample"
             )
         if field.values is not None and value is not None and value not in field.values:
-            raise _refused(f"{name}={value!r} is refused by the calcx gateway: {field.why}; send one of "
-                           f"{', '.join(repr(v) for v in field.values)} or leave it out")
+            raise _refused(
+                f"{name}={value!r} is refused by the calcx gateway: {field.why}; send one of "
+                f"{', '.join(repr(v) for v in field.values)} or leave it out"
+            )

@@ -76,7 +76,7 @@ def too_deep(value: Any, max_depth: int) -> bool:
         item, depth = stack.pop()
         children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
         for child in children:
-            if isinstance(child, (dict, list)):
+            if isinstance(child, dict | list):
                 if depth + 1 > max_depth:
                     return True
                 stack.append((child, depth + 1))
@@ -85,14 +85,16 @@ def too_deep(value: Any, max_depth: int) -> bool:
 
 def _too_large(declared: str, limit: BodyLimit) -> APIError:
     return APIError(
-        413, "body_too_large",
+        413,
+        "body_too_large",
         f"request body is {declared} bytes; this endpoint accepts at most {limit.max_bytes} bytes ({limit.setting})",
     )
 
 
 def _too_deep(limit: BodyLimit) -> APIError:
     return APIError(
-        422, "invalid_json",
+        422,
+        "invalid_json",
         f"request body nests objects and arrays more than {limit.max_depth} deep; this server reads at most that depth",
     )
 

@@ -118,14 +118,15 @@ def extract_tokens(payload: dict[str, Any]) -> tuple[list[int], list[int], list[
     lp = choice.get("logprobs")
     if isinstance(lp, dict) and isinstance(lp.get("content"), list):
         for item in lp["content"]:
-            if isinstance(item, dict) and isinstance(item.get("logprob"), (int, float)):
+            if isinstance(item, dict) and isinstance(item.get("logprob"), int | float):
                 logprobs.append(float(item["logprob"]))
     return prompt_ids, response_ids, logprobs
 
 
 class Gateway:
-    def __init__(self, store: RolloutStore, metrics: ServerMetrics, settings: ServerSettings,
-                 replicas: Replicas) -> None:
+    def __init__(
+        self, store: RolloutStore, metrics: ServerMetrics, settings: ServerSettings, replicas: Replicas
+    ) -> None:
         self.store = store
         self.metrics = metrics
         self.settings = settings
@@ -203,12 +204,17 @@ class Gateway:
             return request
         overridden = {k: v for k, v in request.items() if k in SAMPLING_FIELDS and sampling.get(k) != v}
         if overridden:
-            log.debug("rollout %s: agent's sampling %s replaced by the rollout's %s", rollout_id, overridden,
-                      {k: sampling.get(k) for k in overridden})
+            log.debug(
+                "rollout %s: agent's sampling %s replaced by the rollout's %s",
+                rollout_id,
+                overridden,
+                {k: sampling.get(k) for k in overridden},
+            )
         return {**{k: v for k, v in request.items() if k not in SAMPLING_FIELDS}, **sampling}
 
-    def pick_endpoints(self, rollout_id: str, endpoints: list[str],
-                       registry_now: Callable[[], dict[str, Any]]) -> list[str]:
+    def pick_endpoints(
+        self, rollout_id: str, endpoints: list[str], registry_now: Callable[[], dict[str, Any]]
+    ) -> list[str]:
         """Endpoints in the order to try (calcx.server.replicas: the rollout's home first); every
         one of them that is down gets a probe, which reads the registry of its moment."""
         order = self.replicas.order(rollout_id, endpoints)
@@ -219,7 +225,8 @@ class Gateway:
     def _watch(self, endpoint: str, registry_now: Callable[[], dict[str, Any]]) -> None:
         if endpoint not in self._probes and self._client is not None:
             self._probes[endpoint] = asyncio.get_running_loop().create_task(
-                self._probe(endpoint, registry_now), name=f"calcx-probe {endpoint}")
+                self._probe(endpoint, registry_now), name=f"calcx-probe {endpoint}"
+            )
 
     async def _probe(self, endpoint: str, registry_now: Callable[[], dict[str, Any]]) -> None:
         """Every `replica_probe_s`, `GET {endpoint}/models` until it answers 200 (the replica is
@@ -266,8 +273,12 @@ class Gateway:
                 payload = None
         return UpstreamResult(resp.status_code, resp.content, payload, endpoint)
 
-    async def _try_endpoints(self, rollout_id: str, order: list[str], body: bytes,
-                             ) -> tuple[UpstreamResult | None, str, str]:
+    async def _try_endpoints(
+        self,
+        rollout_id: str,
+        order: list[str],
+        body: bytes,
+    ) -> tuple[UpstreamResult | None, str, str]:
         """One call with bounded retries over `order`: (the answer, or None when every try failed;
         the last error; the endpoint tried last). An endpoint that answers becomes the rollout's
         home; one that fails (not merely busy) is down."""
@@ -340,7 +351,11 @@ class Gateway:
         return answer
 
     async def _send(
-        self, rollout_id: str, attempt_id: str, request: dict[str, Any], registry_now: Callable[[], dict[str, Any]],
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        request: dict[str, Any],
+        registry_now: Callable[[], dict[str, Any]],
         encoded: bytes | None = None,
     ) -> Sent:
         """The call sent with retries over the rollout's endpoints, and sent again while its answer
@@ -360,8 +375,16 @@ class Gateway:
             self.metrics.upstream_errors.labels("abort").inc()
             waited = time.perf_counter() - started
             if waited >= s.abort_retry_s:
-                return Sent(body, result, last_error, endpoint, 0.0, registry.get("policy_version"), aborts + 1,
-                            gave_up_after_s=waited)
+                return Sent(
+                    body,
+                    result,
+                    last_error,
+                    endpoint,
+                    0.0,
+                    registry.get("policy_version"),
+                    aborts + 1,
+                    gave_up_after_s=waited,
+                )
             await self._back_off(aborts)
             aborts += 1
             current = registry_now()
@@ -393,7 +416,11 @@ class Gateway:
             self.store.calls.record(call.without_tokens())
 
     async def _answered(
-        self, rollout_id: str, attempt_id: str, sent: Sent, result: UpstreamResult,
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        sent: Sent,
+        result: UpstreamResult,
         agent_gone: Callable[[], Awaitable[bool]] | None,
     ) -> tuple[CallRecord, Forwarded]:
         """An upstream answer the agent gets as it came (200, or a 4xx other than 408 and 429)."""
@@ -409,14 +436,26 @@ class Gateway:
         status = result.status
         abandoned = agent_gone is not None and await agent_gone()
         if abandoned:
-            log.info("rollout %s attempt %s: the agent hung up before the answer came; recorded as %d",
-                     rollout_id, attempt_id, CLIENT_CLOSED)
+            log.info(
+                "rollout %s attempt %s: the agent hung up before the answer came; recorded as %d",
+                rollout_id,
+                attempt_id,
+                CLIENT_CLOSED,
+            )
             status = CLIENT_CLOSED
         call = CallRecord(
-            rollout_id=rollout_id, attempt_id=attempt_id, request=sent.body,
-            response=content if payload is not None else None, status_code=status,
-            latency_s=sent.latency_s, policy_version=sent.policy_version, endpoint=result.endpoint,
-            prompt_token_ids=ids[0], response_token_ids=ids[1], response_logprobs=ids[2], abandoned=abandoned,
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            request=sent.body,
+            response=content if payload is not None else None,
+            status_code=status,
+            latency_s=sent.latency_s,
+            policy_version=sent.policy_version,
+            endpoint=result.endpoint,
+            prompt_token_ids=ids[0],
+            response_token_ids=ids[1],
+            response_logprobs=ids[2],
+            abandoned=abandoned,
         )
         return call, Forwarded(result.status, content)
 
@@ -427,8 +466,14 @@ class Gateway:
         log.warning("rollout %s attempt %s: %s", rollout_id, attempt_id, message)
         error = json.dumps({"error": {"code": "upstream_unavailable", "message": message}}).encode()
         call = CallRecord(
-            rollout_id=rollout_id, attempt_id=attempt_id, request=sent.body, response=error, status_code=502,
-            latency_s=sent.latency_s, policy_version=sent.policy_version, endpoint=sent.endpoint,
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            request=sent.body,
+            response=error,
+            status_code=502,
+            latency_s=sent.latency_s,
+            policy_version=sent.policy_version,
+            endpoint=sent.endpoint,
         )
         return call, Forwarded(502, error)
 
@@ -437,13 +482,26 @@ class Gateway:
     ) -> tuple[CallRecord, Forwarded]:
         """An answer the model server aborted through all of `abort_retry_s`: recorded as a 503
         (never trained), and a `model_aborted` failure for the attempt instead of an empty answer."""
-        detail = (f"the model server aborted this call {sent.aborts} times in {waited:.0f} s (abort_retry_s="
-                  f"{self.settings.abort_retry_s:g}); a weight update outlasted the resend window")
-        log.warning("rollout %s attempt %s: %s; failing the attempt (%s)", rollout_id, attempt_id, detail,
-                    FailureReason.MODEL_ABORTED)
+        detail = (
+            f"the model server aborted this call {sent.aborts} times in {waited:.0f} s (abort_retry_s="
+            f"{self.settings.abort_retry_s:g}); a weight update outlasted the resend window"
+        )
+        log.warning(
+            "rollout %s attempt %s: %s; failing the attempt (%s)",
+            rollout_id,
+            attempt_id,
+            detail,
+            FailureReason.MODEL_ABORTED,
+        )
         error = json.dumps({"error": {"code": FailureReason.MODEL_ABORTED, "message": detail}}).encode()
         call = CallRecord(
-            rollout_id=rollout_id, attempt_id=attempt_id, request=sent.body, response=error, status_code=503,
-            latency_s=sent.latency_s, policy_version=sent.policy_version, endpoint=result.endpoint,
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            request=sent.body,
+            response=error,
+            status_code=503,
+            latency_s=sent.latency_s,
+            policy_version=sent.policy_version,
+            endpoint=result.endpoint,
         )
         return call, Forwarded(503, error, failure=FailureReason.MODEL_ABORTED, detail=detail)

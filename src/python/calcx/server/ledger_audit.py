@@ -12,9 +12,9 @@ import argparse
 import json
 import sqlite3
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from calcx.contract.labels import RUN_LABEL
 
@@ -71,8 +71,15 @@ SELECT COUNT(DISTINCT json_extract(r.spec, '$.row.id')),
 FROM trained t JOIN rollouts r ON r.rollout_id = t.rollout_id
 WHERE t.run = :run AND t.rolled_back_at IS NULL
 """
-QUERIES = {"trained_twice": TRAINED_TWICE, "step_batches": STEP_BATCHES, "rolled_back": ROLLED_BACK,
-           "in_flight": IN_FLIGHT, "outcomes": OUTCOMES, "not_redrawn": NOT_REDRAWN, "problems": PROBLEMS}
+QUERIES = {
+    "trained_twice": TRAINED_TWICE,
+    "step_batches": STEP_BATCHES,
+    "rolled_back": ROLLED_BACK,
+    "in_flight": IN_FLIGHT,
+    "outcomes": OUTCOMES,
+    "not_redrawn": NOT_REDRAWN,
+    "problems": PROBLEMS,
+}
 
 
 @dataclass
@@ -96,14 +103,18 @@ class LedgerAudit:
             problems.append(f"the surviving steps are not 1..{len(numbers)}: {numbers}")
         for step, rollouts, _, succeeded in self.steps:
             if succeeded != rollouts:
-                problems.append(f"step {step}: {rollouts - succeeded} of {rollouts} trained rollouts not SUCCEEDED "
-                                "in this run")
+                problems.append(
+                    f"step {step}: {rollouts - succeeded} of {rollouts} trained rollouts not SUCCEEDED " "in this run"
+                )
             if batch_rollouts is not None and rollouts != batch_rollouts:
                 problems.append(f"step {step}: {rollouts} rollouts, not a whole batch of {batch_rollouts}")
         if self.in_flight:
             problems.append(f"{self.in_flight} rollout(s) of the run still QUEUED or RUNNING")
-        problems += [f"step {step}: {n} problem(s) the rolled-back step drew were not drawn when it ran again "
-                     "(the data loader did not resume at the checkpoint's position)" for step, n in self.not_redrawn]
+        problems += [
+            f"step {step}: {n} problem(s) the rolled-back step drew were not drawn when it ran again "
+            "(the data loader did not resume at the checkpoint's position)"
+            for step, n in self.not_redrawn
+        ]
         self.problems = problems
         return problems
 
@@ -117,29 +128,47 @@ def audit(db_path: Path, run: str) -> LedgerAudit:
         rows = {name: db.execute(sql, {"run": run}).fetchall() for name, sql in QUERIES.items()}
     finally:
         db.close()
-    return LedgerAudit(run=run, trained_twice=[tuple(r) for r in rows["trained_twice"]],
-                       steps=[tuple(r) for r in rows["step_batches"]],
-                       rolled_back=[tuple(r) for r in rows["rolled_back"]], in_flight=rows["in_flight"][0][0],
-                       outcomes=[tuple(r) for r in rows["outcomes"]],
-                       not_redrawn=[tuple(r) for r in rows["not_redrawn"]],
-                       distinct_problems=rows["problems"][0][0], step_problems=rows["problems"][0][1])
+    return LedgerAudit(
+        run=run,
+        trained_twice=[tuple(r) for r in rows["trained_twice"]],
+        steps=[tuple(r) for r in rows["step_batches"]],
+        rolled_back=[tuple(r) for r in rows["rolled_back"]],
+        in_flight=rows["in_flight"][0][0],
+        outcomes=[tuple(r) for r in rows["outcomes"]],
+        not_redrawn=[tuple(r) for r in rows["not_redrawn"]],
+        distinct_problems=rows["problems"][0][0],
+        step_problems=rows["problems"][0][1],
+    )
 
 
 def render(result: LedgerAudit) -> str:
-    lines = [f"training ledger of run {result.run!r}",
-             f"rollouts trained more than once: {len(result.trained_twice)}",
-             f"rollouts of the run still queued or running: {result.in_flight}",
-             "", "| step | rollouts trained | groups | SUCCEEDED attempts of this run |", "|---:|---:|---:|---:|"]
+    lines = [
+        f"training ledger of run {result.run!r}",
+        f"rollouts trained more than once: {len(result.trained_twice)}",
+        f"rollouts of the run still queued or running: {result.in_flight}",
+        "",
+        "| step | rollouts trained | groups | SUCCEEDED attempts of this run |",
+        "|---:|---:|---:|---:|",
+    ]
     lines += [f"| {s} | {n} | {g} | {ok} |" for s, n, g, ok in result.steps]
-    lines += ["", "steps rolled back by a resume (trained again after it): "
-              + (", ".join(f"{s} ({n} rollouts)" for s, n in result.rolled_back) or "none")]
-    lines += ["problems of rolled-back steps not drawn again when the step ran again: "
-              + (", ".join(f"step {s} {n}" for s, n in result.not_redrawn) or "none")]
-    lines += [f"problems trained (rows' id): {result.distinct_problems} distinct over {result.step_problems} "
-              f"(step, problem) pairs ({result.step_problems - result.distinct_problems} came back at a later step; "
-              "0 within one epoch)"]
-    lines += ["rollouts of the run by state (last attempt's failure reason): "
-              + ", ".join(f"{state}{f' {why}' if why else ''} {n}" for state, why, n in result.outcomes)]
+    lines += [
+        "",
+        "steps rolled back by a resume (trained again after it): "
+        + (", ".join(f"{s} ({n} rollouts)" for s, n in result.rolled_back) or "none"),
+    ]
+    lines += [
+        "problems of rolled-back steps not drawn again when the step ran again: "
+        + (", ".join(f"step {s} {n}" for s, n in result.not_redrawn) or "none")
+    ]
+    lines += [
+        f"problems trained (rows' id): {result.distinct_problems} distinct over {result.step_problems} "
+        f"(step, problem) pairs ({result.step_problems - result.distinct_problems} came back at a later step; "
+        "0 within one epoch)"
+    ]
+    lines += [
+        "rollouts of the run by state (last attempt's failure reason): "
+        + ", ".join(f"{state}{f' {why}' if why else ''} {n}" for state, why, n in result.outcomes)
+    ]
     lines += ["", "OK" if not result.problems else "PROBLEMS:", *[f"- {p}" for p in result.problems]]
     return "\n".join(lines)
 
@@ -148,8 +177,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="calcx ledger", description=__doc__.splitlines()[0])
     parser.add_argument("--db", type=Path, required=True, help="the server's SQLite file (runs/RUN/services/calcx.db)")
     parser.add_argument("--run", required=True, help="the run's name (every rollout's `run` label)")
-    parser.add_argument("--batch-rollouts", type=int, default=None,
-                        help="rollouts a whole step trains (train_batch_size x n); checked when given")
+    parser.add_argument(
+        "--batch-rollouts",
+        type=int,
+        default=None,
+        help="rollouts a whole step trains (train_batch_size x n); checked when given",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--show-queries", action="store_true", help="print the SQL the figures come from")
     args = parser.parse_args(argv)

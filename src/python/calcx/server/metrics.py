@@ -37,14 +37,19 @@ class _ReplicaCollector(Collector):
         self._states = states
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        up = GaugeMetricFamily("calcx_gateway_replica_up",
-                               "1 while a model endpoint may take new rollouts, 0 from a failure until it answers",
-                               labels=["endpoint"])
-        in_flight = GaugeMetricFamily("calcx_gateway_replica_in_flight", "Upstream tries in flight per model endpoint",
-                                      labels=["endpoint"])
-        rollouts = GaugeMetricFamily("calcx_gateway_replica_rollouts",
-                                     "Rollouts whose calls go to each model endpoint (until their attempt ends)",
-                                     labels=["endpoint"])
+        up = GaugeMetricFamily(
+            "calcx_gateway_replica_up",
+            "1 while a model endpoint may take new rollouts, 0 from a failure until it answers",
+            labels=["endpoint"],
+        )
+        in_flight = GaugeMetricFamily(
+            "calcx_gateway_replica_in_flight", "Upstream tries in flight per model endpoint", labels=["endpoint"]
+        )
+        rollouts = GaugeMetricFamily(
+            "calcx_gateway_replica_rollouts",
+            "Rollouts whose calls go to each model endpoint (until their attempt ends)",
+            labels=["endpoint"],
+        )
         for state in self._states():
             up.add_metric([state.endpoint], 1 if state.up else 0)
             in_flight.add_metric([state.endpoint], state.in_flight)
@@ -60,19 +65,25 @@ class ServerMetrics:
         )
         self.claims = Counter("calcx_claims", "Attempts handed to controllers", registry=self.registry)
         self.finished = Counter(
-            "calcx_attempts_finished", "Attempts finished, by state and reason", ["state", "reason"],
+            "calcx_attempts_finished",
+            "Attempts finished, by state and reason",
+            ["state", "reason"],
             registry=self.registry,
         )
         self.retries = Counter("calcx_retries", "New attempts queued after a failure", registry=self.registry)
         self.template_calls_read = Counter(
             "calcx_gateway_template_calls_read",
             "Answers whose tool calls were read from the chat template's doubled-brace example form",
-            registry=self.registry)
+            registry=self.registry,
+        )
         self.events = Counter("calcx_events", "Events received, by type", ["event_type"], registry=self.registry)
-        self.pruned = Counter("calcx_rollouts_pruned", "Terminal rollouts deleted by retention (--retain-s)",
-                              registry=self.registry)
+        self.pruned = Counter(
+            "calcx_rollouts_pruned", "Terminal rollouts deleted by retention (--retain-s)", registry=self.registry
+        )
         self.gateway_calls = Counter(
-            "calcx_gateway_calls", "Gateway chat completions, by the status returned to the agent", ["status"],
+            "calcx_gateway_calls",
+            "Gateway chat completions, by the status returned to the agent",
+            ["status"],
             registry=self.registry,
         )
         self.gateway_latency = Histogram(
@@ -82,11 +93,15 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.upstream_errors = Counter(
-            "calcx_gateway_upstream_errors", "Failed upstream tries, by kind (status code, timeout, connect, abort: an answer the model server aborted)",
-            ["kind"], registry=self.registry,
+            "calcx_gateway_upstream_errors",
+            "Failed upstream tries, by kind (status code, timeout, connect, abort: an answer the model server aborted)",
+            ["kind"],
+            registry=self.registry,
         )
         self.replica_calls = Counter(
-            "calcx_gateway_replica_calls", "Upstream tries sent to each model endpoint (answered or not)", ["endpoint"],
+            "calcx_gateway_replica_calls",
+            "Upstream tries sent to each model endpoint (answered or not)",
+            ["endpoint"],
             registry=self.registry,
         )
         self.http_errors = Counter(

@@ -67,8 +67,11 @@ def include_routes(app: FastAPI, modules: Iterable[Routes], state: ServerState) 
     handlers = handlers_by_endpoint(modules)
     for endpoint in ENDPOINTS:
         app.router.add_route(
-            endpoint.path, _asgi_endpoint(endpoint, handlers[endpoint], state), methods=[endpoint.method],
-            name=endpoint.name, include_in_schema=False,
+            endpoint.path,
+            _asgi_endpoint(endpoint, handlers[endpoint], state),
+            methods=[endpoint.method],
+            name=endpoint.name,
+            include_in_schema=False,
         )
 
 

@@ -26,8 +26,14 @@ class CalcxUvicornServer(uvicorn.Server):
         await super().shutdown(sockets=sockets)
 
 
-def uvicorn_config(app: FastAPI, *, log_level: str = "warning", access_log: bool = False,
-                   request_head_timeout_s: float = DEFAULTS.request_head_timeout_s, **kwargs: Any) -> uvicorn.Config:
+def uvicorn_config(
+    app: FastAPI,
+    *,
+    log_level: str = "warning",
+    access_log: bool = False,
+    request_head_timeout_s: float = DEFAULTS.request_head_timeout_s,
+    **kwargs: Any,
+) -> uvicorn.Config:
     """Settings for throughput: no access log, long keep-alive for controllers and agents; a
     deadline on each request's head (calcx.server.request_head)."""
     return uvicorn.Config(
@@ -47,8 +53,9 @@ class ServerThread(ThreadedServer):
     """The calcx server on its own thread and event loop (uvloop when installed, like `calcx server`)."""
 
     def __init__(self, app: FastAPI, sock: socket.socket, **config: Any) -> None:
-        super().__init__(app, sock, server=CalcxUvicornServer(uvicorn_config(app, **config)),
-                         name=f"calcx-server-{url_of(sock)}")
+        super().__init__(
+            app, sock, server=CalcxUvicornServer(uvicorn_config(app, **config)), name=f"calcx-server-{url_of(sock)}"
+        )
 
 
 def start_server_thread(
@@ -66,12 +73,20 @@ def start_server_thread(
     sock = bind_socket(host, port)
     try:
         server_settings = ServerSettings(
-            key=key, store_path=store_path, host=host, port=sock.getsockname()[1],
-            public_url=public_url or url_of(sock), **settings,
+            key=key,
+            store_path=store_path,
+            host=host,
+            port=sock.getsockname()[1],
+            public_url=public_url or url_of(sock),
+            **settings,
         )
         app = create_app(server_settings)
-        return ServerThread(app, sock, limit_concurrency=server_settings.max_connections,
-                            request_head_timeout_s=server_settings.request_head_timeout_s).start()
+        return ServerThread(
+            app,
+            sock,
+            limit_concurrency=server_settings.max_connections,
+            request_head_timeout_s=server_settings.request_head_timeout_s,
+        ).start()
     except BaseException:
         sock.close()
         raise

@@ -99,8 +99,11 @@ class RolloutService:
             )
         leased = store.leases.renew_after_restart(self.settings.run_lease_s)
         if leased:
-            log.warning("%d run lease(s) were live when the server stopped; their trainers have %.0f s to renew them",
-                        leased, self.settings.run_lease_s)
+            log.warning(
+                "%d run lease(s) were live when the server stopped; their trainers have %.0f s to renew them",
+                leased,
+                self.settings.run_lease_s,
+            )
         self.store = store
         self.closing = False
 
@@ -269,8 +272,11 @@ class RolloutService:
         refs = None if request.attempts is None else [(a.rollout_id, a.attempt_id) for a in request.attempts]
         lease_s = self.settings.lease_s
         held, lost = self.db.attempts.heartbeat(request.controller_id, refs, lease_s)
-        return {"lease_s": lease_s, "held": _refs(held),
-                "lost": [{"rollout_id": r, "attempt_id": a, "reason": reason} for r, a, reason in lost]}
+        return {
+            "lease_s": lease_s,
+            "held": _refs(held),
+            "lost": [{"rollout_id": r, "attempt_id": a, "reason": reason} for r, a, reason in lost],
+        }
 
     def finish(self, rid: str, aid: str, request: FinishRequest) -> dict[str, Any]:
         if request.state == "SUCCEEDED" and request.reason is not None:
@@ -326,11 +332,22 @@ class RolloutService:
                 raise APIError(422, "invalid_reward", str(exc)) from None
             low, high = self.settings.reward_min, self.settings.reward_max
             if not low <= reward <= high:
-                raise APIError(422, "invalid_reward", f"data.value {reward:g} is outside the reward range "
-                               f"[{low:g}, {high:g}] this server accepts (calcx server --reward-min/--reward-max)")
+                raise APIError(
+                    422,
+                    "invalid_reward",
+                    f"data.value {reward:g} is outside the reward range "
+                    f"[{low:g}, {high:g}] this server accepts (calcx server --reward-min/--reward-max)",
+                )
         s = self.settings
-        event_id = self.db.events.add(rid, aid, event.event_type, event.data, reward,
-                                      max_count=s.max_events_per_attempt, max_bytes=s.max_event_bytes_per_attempt)
+        event_id = self.db.events.add(
+            rid,
+            aid,
+            event.event_type,
+            event.data,
+            reward,
+            max_count=s.max_events_per_attempt,
+            max_bytes=s.max_event_bytes_per_attempt,
+        )
         kind = event.event_type if event.event_type in _KNOWN_EVENT_TYPES else "other"
         self.metrics.events.labels(kind).inc()
         return event_id

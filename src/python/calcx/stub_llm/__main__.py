@@ -44,9 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.slow_s < 0 or args.hang_s < 0:
         print("calcx stub-llm: error: --slow-s and --hang-s must be >= 0", file=sys.stderr)
         return 2
+    from calcx.common.serving import bind_socket, plain_server
     from calcx.stub_llm.app import create_app
     from calcx.stub_llm.script import ScriptError, load_script
-    from calcx.common.serving import bind_socket, plain_server
 
     try:
         script = load_script(args.script)

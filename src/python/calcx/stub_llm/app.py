@@ -66,8 +66,12 @@ def build_response(body: dict, turn: Turn, model_name: str) -> dict:
     n = n if isinstance(n, int) and 1 <= n <= 8 else 1
     choices = []
     for index in range(n):
-        choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": turn.finish_reason,
-                                  "logprobs": None}
+        choice: dict[str, Any] = {
+            "index": index,
+            "message": message,
+            "finish_reason": turn.finish_reason,
+            "logprobs": None,
+        }
         if body.get("logprobs"):
             top = body.get("top_logprobs") or 0
             choice["logprobs"] = logprobs_block(response_text, top if isinstance(top, int) else 0)

@@ -18,14 +18,19 @@ MODES = {
     "noformat": "call the calculator, then answer without the ### ANSWER: ### format",
     "badjson": "call the calculator with arguments that are not valid JSON",
     "steps": "call the calculator one call a round, each on the last result plus 1 (name=count calls, default 3), "
-             "then answer the last result",
+    "then answer the last result",
     "unknowntool": "call a tool that was not offered",
     "error500": "answer every request with HTTP 500",
     "slow": "wait (default 1 s, or name=seconds) and then behave normally",
     "hang": "never answer (waits --hang-s, default 3600 s)",
 }
-ALIASES = {"500": "error500", "http500": "error500", "no_format": "noformat", "bad_json": "badjson",
-           "unknown_tool": "unknowntool"}
+ALIASES = {
+    "500": "error500",
+    "http500": "error500",
+    "no_format": "noformat",
+    "bad_json": "badjson",
+    "unknown_tool": "unknowntool",
+}
 
 
 class ModeError(ValueError):

@@ -65,9 +65,7 @@ def conversation_text(messages: list[dict]) -> str:
 
 def pick_tool(tools: list[dict]) -> str | None:
     names = [
-        name
-        for t in tools
-        if isinstance(t, dict) and isinstance(name := (t.get("function") or {}).get("name"), str)
+        name for t in tools if isinstance(t, dict) and isinstance(name := (t.get("function") or {}).get("name"), str)
     ]
     for name in names:
         if "calc" in name.lower():
@@ -100,8 +98,11 @@ def _answer_text(value: float | None, mode: Mode, question: str) -> str:
 
 
 def _tool_call(tool_name: str, expression: str, seed: str) -> Turn:
-    call = {"id": call_id(seed), "type": "function",
-            "function": {"name": tool_name, "arguments": json.dumps({"expression": expression})}}
+    call = {
+        "id": call_id(seed),
+        "type": "function",
+        "function": {"name": tool_name, "arguments": json.dumps({"expression": expression})},
+    }
     return Turn(content=None, tool_calls=[call], kind="tool_call")
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 MARKER_RE = re.compile(r"\[stub:([a-z0-9_]+)(?:=([0-9]+(?:\.[0-9]+)?))?\]", re.IGNORECASE)
 GADGET_RE = re.compile(r'<gadget id="calculator">(.*?)</gadget>', re.DOTALL)

@@ -36,7 +36,7 @@ def encode(text: str) -> list[int]:
 
 def token_logprob(token: str, position: int) -> float:
     """A made-up but fixed log-prob in (-3, 0) for ``token`` at ``position``."""
-    return -((zlib.crc32(f"{position}:{token}".encode("utf-8")) % 3000) + 1) / 1000.0
+    return -((zlib.crc32(f"{position}:{token}".encode()) % 3000) + 1) / 1000.0
 
 
 def content_text(content: Any) -> str:

@@ -26,8 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preload", action="append", default=[], help="another module to import before forking")
     parser.add_argument("--no-warmup", action="store_true", help="skip filling library caches before forking")
     parser.add_argument("--spares", type=int, default=4, help="children forked ahead of demand (default 4)")
-    parser.add_argument("--child-nice", type=int, default=5,
-                        help="niceness added to rollout processes, so orchestration keeps its CPU (default 5)")
+    parser.add_argument(
+        "--child-nice",
+        type=int,
+        default=5,
+        help="niceness added to rollout processes, so orchestration keeps its CPU (default 5)",
+    )
     args = parser.parse_args(argv)
     set_parent_death_signal(signal.SIGKILL)
     set_process_name("calcx-zygote")
@@ -47,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     sys.stderr.flush()
     try:
-        return ZygoteServer(args.socket, agent_entry, calc_module, spares=max(0, args.spares),
-                      child_nice=max(0, args.child_nice)).serve()
+        return ZygoteServer(
+            args.socket, agent_entry, calc_module, spares=max(0, args.spares), child_nice=max(0, args.child_nice)
+        ).serve()
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             sys.stderr.write(f"calcx-zygote: socket {args.socket} is in use\n")

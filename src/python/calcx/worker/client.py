@@ -11,8 +11,9 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from calcx.contract.ready import WORKER_READY_LINE
 from calcx.procs.procutil import kill_group, stop_group
@@ -71,7 +72,9 @@ class AgentHandle:
                 msg = json.loads(line)
                 if "exit" in msg:
                     info = msg["exit"]
-                    result = ChildExit(info.get("code"), info.get("signal"), float(info["wall_s"]), float(info["cpu_s"]))
+                    result = ChildExit(
+                        info.get("code"), info.get("signal"), float(info["wall_s"]), float(info["cpu_s"])
+                    )
                     break
         except (OSError, ValueError, asyncio.IncompleteReadError):
             result = None
@@ -102,8 +105,13 @@ class AgentHandle:
 class ZygoteClient:
     """One zygote process: started on demand, restarted when it dies."""
 
-    def __init__(self, command: list[str], env: Mapping[str, str] | None = None, start_timeout_s: float = 120.0,
-                 log_path: str | None = None) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        env: Mapping[str, str] | None = None,
+        start_timeout_s: float = 120.0,
+        log_path: str | None = None,
+    ) -> None:
         self.command = list(command)
         self.env = dict(os.environ if env is None else env)
         self.start_timeout_s = start_timeout_s
@@ -134,7 +142,9 @@ class ZygoteClient:
                 raise ZygoteUnavailable("the runner is closing")
             if self.proc is not None:
                 self.restarts += 1
-                log.warning("agent worker (pid %s) exited with %s; starting a new one", self.proc.pid, self.proc.returncode)
+                log.warning(
+                    "agent worker (pid %s) exited with %s; starting a new one", self.proc.pid, self.proc.returncode
+                )
             await self._start()
 
     async def _start(self) -> None:
@@ -144,9 +154,14 @@ class ZygoteClient:
             stderr = open(self.log_path, "ab")
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *self.command, "--socket", self.sock_path,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
-                env=self.env, start_new_session=True,
+                *self.command,
+                "--socket",
+                self.sock_path,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=stderr,
+                env=self.env,
+                start_new_session=True,
             )
         except OSError as exc:
             raise ZygoteUnavailable(f"cannot start the agent worker {self.command}: {exc}") from exc
@@ -171,8 +186,12 @@ class ZygoteClient:
         asyncio.create_task(self._drain(self.proc))
         pong = await self._request({"op": "ping"})
         self.supports_calc = bool(pong.get("calc"))
-        log.info("agent worker pid %s ready in %.2fs (calculator worker: %s)", self.proc.pid,
-                 time.perf_counter() - t0, self.supports_calc)
+        log.info(
+            "agent worker pid %s ready in %.2fs (calculator worker: %s)",
+            self.proc.pid,
+            time.perf_counter() - t0,
+            self.supports_calc,
+        )
 
     @staticmethod
     async def _drain(proc: asyncio.subprocess.Process) -> None:

@@ -11,7 +11,8 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from calcx.contract.env import CALCX_ZYGOTE_PROFILE_DIR
 from calcx.contract.failures import FailureReason, failure_line

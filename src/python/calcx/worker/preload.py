@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from calcx.contract.env import CALCX_CALCULATOR_CMD
 

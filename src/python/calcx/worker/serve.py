@@ -13,8 +13,9 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from calcx.contract.env import agent_base_env
 from calcx.contract.ready import WORKER_READY_LINE
@@ -82,8 +83,7 @@ class ZygoteServer(Forking):
         dunder part: a package's `__main__` is its script and runs at import (some serve on the
         worker's own stdin, e.g. `mcp_server_calculator.__main__`)."""
         parts = name.split(".")
-        return (all(part.isidentifier() and not part.startswith("__") for part in parts)
-                and parts[0] in self.learnable)
+        return all(part.isidentifier() and not part.startswith("__") for part in parts) and parts[0] in self.learnable
 
     def _learn(self, modules: list[Any]) -> None:
         """Import what a child had to import lazily, so that later children find it loaded."""
@@ -230,8 +230,9 @@ class ZygoteServer(Forking):
     def _handle(self, conn: _Conn, msg: dict[str, Any]) -> None:
         op = msg.get("op")
         if op == "ping":
-            self._reply(conn, {"pong": self.pid, "calc": self.calc_module is not None,
-                               "agent": self.agent_entry is not None})
+            self._reply(
+                conn, {"pong": self.pid, "calc": self.calc_module is not None, "agent": self.agent_entry is not None}
+            )
         elif op == "stats":
             self._reply(conn, {"stats": self.stats, "children": len(self.children)})
         elif op == "agent" and conn.pid is None:

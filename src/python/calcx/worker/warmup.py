@@ -47,7 +47,11 @@ _SAMPLE_CHAT_REQUEST: dict[str, Any] = {
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": "call_0", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "2 + 3"}'}}
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": "calculate", "arguments": '{"expression": "2 + 3"}'},
+                }
             ],
         },
         {"role": "tool", "content": "5", "tool_call_id": "call_0"},
@@ -59,7 +63,11 @@ _SAMPLE_CHAT_REQUEST: dict[str, Any] = {
             "function": {
                 "name": "calculate",
                 "description": "Calculates/evaluates the given expression.",
-                "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+                "parameters": {
+                    "type": "object",
+                    "properties": {"expression": {"type": "string"}},
+                    "required": ["expression"],
+                },
                 "strict": False,
             },
         }

@@ -9,5 +9,13 @@ from calcx.server.routes import claims, events, gateway, health, leases, models,
 from calcx.server.routing import Routes
 
 #: Every resource module's handlers; together they serve each declared endpoint once.
-ROUTES: tuple[Routes, ...] = (health.routes, rollouts.routes, claims.routes, events.routes, gateway.routes,
-                              models.routes, training.routes, leases.routes)
+ROUTES: tuple[Routes, ...] = (
+    health.routes,
+    rollouts.routes,
+    claims.routes,
+    events.routes,
+    gateway.routes,
+    models.routes,
+    training.routes,
+    leases.routes,
+)

@@ -53,8 +53,9 @@ async def chat_completions(request: Request, state: ServerState, body: None) -> 
     with budgets.call(calls, rid, aid, len(encoded)):
         # The gateway reads the registry again when it resends a call the model server aborted
         # (generation paused for a weight update).
-        answer = await gateway.forward(rid, aid, upstream_request, lambda: state.registry, request.is_disconnected,
-                                       encoded=encoded)
+        answer = await gateway.forward(
+            rid, aid, upstream_request, lambda: state.registry, request.is_disconnected, encoded=encoded
+        )
     if answer.failure is not None:
         # e.g. model_aborted: the attempt fails as infrastructure before the agent could score an
         # empty answer, whatever the agent does with the error it gets.

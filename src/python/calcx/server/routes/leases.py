@@ -23,8 +23,12 @@ async def acquire(request: Request, state: ServerState, body: LeaseRequest) -> R
     s = state.settings
     lease = state.db.leases.acquire(body.run, body.owner, body.take_over, s.run_lease_s, s.max_run_leases)
     if lease["took_over"]:
-        log.warning("run %r taken over by trainer %r from trainer %r, whose writes for it are now refused",
-                    body.run, body.owner, lease["previous_owner"])
+        log.warning(
+            "run %r taken over by trainer %r from trainer %r, whose writes for it are now refused",
+            body.run,
+            body.owner,
+            lease["previous_owner"],
+        )
     return json_response(lease)
 
 

@@ -28,6 +28,10 @@ async def record_trained(request: Request, state: ServerState, body: TrainedRequ
 async def rewind(request: Request, state: ServerState, body: RewindRequest) -> Response:
     steps = state.db.trained.rewind(body.run, body.after_step, body.owner)
     if steps:
-        log.warning("run %r resumed after step %d: rolled back the training records of steps %s", body.run,
-                    body.after_step, steps)
+        log.warning(
+            "run %r resumed after step %d: rolled back the training records of steps %s",
+            body.run,
+            body.after_step,
+            steps,
+        )
     return json_response({"run": body.run, "after_step": body.after_step, "rolled_back": steps})

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from calcx.api.tokens import new_nonce
-from calcx.contract.labels import RUN_LABEL
 from calcx.contract.failures import FailureReason
+from calcx.contract.labels import RUN_LABEL
 from calcx.server.store.database import Conflict, Database, NotFound, parse_attempt_id
 from calcx.server.store.run_leases import RunLeases
 
@@ -81,9 +81,7 @@ class Attempts:
                 "token_nonce = ? WHERE rollout_id = ? AND attempt_no = ?",
                 [(now, controller_id, lease_until, new_nonce(), rid, no) for rid, no in picked],
             )
-            db.executemany(
-                "UPDATE rollouts SET state = 'RUNNING' WHERE rollout_id = ?", [(rid,) for rid, _ in picked]
-            )
+            db.executemany("UPDATE rollouts SET state = 'RUNNING' WHERE rollout_id = ?", [(rid,) for rid, _ in picked])
         return [(rid, str(no)) for rid, no in picked]
 
     def unclaim(self, controller_id: str, picked: Sequence[tuple[str, str]]) -> int:
@@ -131,18 +129,26 @@ class Attempts:
             lost: list[tuple[str, str, str | None]] = []
             for rid, aid in refs:
                 no = parse_attempt_id(aid)
-                if no is not None and db.execute(
-                    "UPDATE attempts SET lease_expires_at = ? WHERE rollout_id = ? AND attempt_no = ? "
-                    "AND controller_id = ? AND state = 'RUNNING'",
-                    (expires, rid, no, controller_id),
-                ).rowcount == 1:
+                if (
+                    no is not None
+                    and db.execute(
+                        "UPDATE attempts SET lease_expires_at = ? WHERE rollout_id = ? AND attempt_no = ? "
+                        "AND controller_id = ? AND state = 'RUNNING'",
+                        (expires, rid, no, controller_id),
+                    ).rowcount
+                    == 1
+                ):
                     held.append((rid, aid))
                     continue
-                row = None if no is None else db.execute(
-                    "SELECT reason FROM attempts WHERE rollout_id = ? AND attempt_no = ? AND controller_id = ? "
-                    "AND state = 'FAILED'",
-                    (rid, no, controller_id),
-                ).fetchone()
+                row = (
+                    None
+                    if no is None
+                    else db.execute(
+                        "SELECT reason FROM attempts WHERE rollout_id = ? AND attempt_no = ? AND controller_id = ? "
+                        "AND state = 'FAILED'",
+                        (rid, no, controller_id),
+                    ).fetchone()
+                )
                 lost.append((rid, aid, None if row is None else row[0]))
             return held, lost
 
@@ -157,9 +163,7 @@ class Attempts:
         detail: str | None,
     ) -> int:
         """RUNNING -> SUCCEEDED | FAILED for one attempt; returns its terminal cursor."""
-        no = self.require_running(
-            rollout_id, attempt_id, ", not RUNNING; only a running attempt can be finished"
-        )
+        no = self.require_running(rollout_id, attempt_id, ", not RUNNING; only a running attempt can be finished")
         now = self._db.clock()
         with self._db.tx() as db:
             return _finish_locked(db, rollout_id, no, state, reason, exit_code, agent_seconds, detail, now)
@@ -180,12 +184,12 @@ class Attempts:
         if state != "FAILED":
             raise Conflict(f"rollout {rollout_id!r} is {state}; only a FAILED rollout can be retried")
         if reason == FailureReason.CANCELLED_BY_API and not force:
-            raise Conflict(f"rollout {rollout_id!r} was cancelled through the cancel API ({detail}); its work was "
-                           "withdrawn and is not retried: retry with force to run it again")
-        if latest >= max_attempts:
             raise Conflict(
-                f"rollout {rollout_id!r} already used {latest} of max_attempts={max_attempts} attempts"
+                f"rollout {rollout_id!r} was cancelled through the cancel API ({detail}); its work was "
+                "withdrawn and is not retried: retry with force to run it again"
             )
+        if latest >= max_attempts:
+            raise Conflict(f"rollout {rollout_id!r} already used {latest} of max_attempts={max_attempts} attempts")
         now = self._db.clock()
         with self._db.tx() as db:
             db.execute(
@@ -308,8 +312,12 @@ def _runs_of(db: sqlite3.Connection, rollout_ids: Sequence[str]) -> list[str]:
     for start in range(0, len(rollout_ids), _CHUNK):
         chunk = list(rollout_ids[start : start + _CHUNK])
         marks = ",".join("?" * len(chunk))
-        runs.update(run for (run,) in db.execute(
-            f"SELECT DISTINCT json_extract(spec, ?) FROM rollouts WHERE rollout_id IN ({marks})",
-            [f'$.labels."{RUN_LABEL}"', *chunk],
-        ) if isinstance(run, str))
+        runs.update(
+            run
+            for (run,) in db.execute(
+                f"SELECT DISTINCT json_extract(spec, ?) FROM rollouts WHERE rollout_id IN ({marks})",
+                [f'$.labels."{RUN_LABEL}"', *chunk],
+            )
+            if isinstance(run, str)
+        )
     return sorted(runs)

@@ -118,7 +118,8 @@ class Calls:
             return 0, 0
         count, size = self._db.execute(
             "SELECT COUNT(*), COALESCE(SUM(LENGTH(request) + COALESCE(LENGTH(response), 0)), 0) FROM calls "
-            "WHERE rollout_id = ? AND attempt_no = ?", (rollout_id, no),
+            "WHERE rollout_id = ? AND attempt_no = ?",
+            (rollout_id, no),
         ).fetchone()
         return int(count), int(size)
 

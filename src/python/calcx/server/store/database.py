@@ -14,7 +14,6 @@ from typing import Any
 from calcx.api.errors import LEASE_LIMIT, LEASE_LOST, RUN_LEASED
 from calcx.server.store.schema import ADDED_COLUMNS, SCHEMA
 
-
 #: How long a statement waits for another connection's write lock (ms).
 BUSY_TIMEOUT_MS = 5000
 #: ... and the health probe's write, which answers a load balancer rather than a caller's request.

@@ -26,6 +26,7 @@ def _json_object(raw: str | bytes | None) -> dict[str, Any] | None:
         return None
     return value if isinstance(value, dict) else None
 
+
 class StoreReader:
     """Read-only queries over one store file; use as a context manager or `close()` it."""
 
@@ -51,15 +52,18 @@ class StoreReader:
 
     def rollout_specs(self) -> Iterator[tuple[str, str, Any]]:
         """(spec JSON text, state, reward) of every rollout: the create body as stored."""
-        for spec, state, reward in self._conn.execute("SELECT spec, state, reward FROM rollouts"):
-            yield spec, state, reward
+        yield from self._conn.execute("SELECT spec, state, reward FROM rollouts")
 
     def first_trained_created(self) -> dict[int, float]:
         """Per step of the training ledger, the creation time of the earliest rollout it trained,
         over the records no resume rolled back."""
-        return {int(step): float(at) for step, at in self._conn.execute(
-            "SELECT t.step, MIN(r.created_at) FROM trained t JOIN rollouts r ON r.rollout_id = t.rollout_id "
-            "WHERE t.rolled_back_at IS NULL GROUP BY t.step")}
+        return {
+            int(step): float(at)
+            for step, at in self._conn.execute(
+                "SELECT t.step, MIN(r.created_at) FROM trained t JOIN rollouts r ON r.rollout_id = t.rollout_id "
+                "WHERE t.rolled_back_at IS NULL GROUP BY t.step"
+            )
+        }
 
     def attempt_states(self) -> Iterator[tuple[str, str]]:
         """(rollout_id, state) of every attempt."""
@@ -68,31 +72,52 @@ class StoreReader:
 
     def last_finished(self) -> dict[str, float]:
         """Each rollout's latest attempt finish time (rollouts none of whose attempts finished are absent)."""
-        return {str(rid): float(at) for rid, at in self._conn.execute(
-            "SELECT rollout_id, MAX(finished_at) FROM attempts WHERE finished_at IS NOT NULL GROUP BY rollout_id")}
+        return {
+            str(rid): float(at)
+            for rid, at in self._conn.execute(
+                "SELECT rollout_id, MAX(finished_at) FROM attempts WHERE finished_at IS NOT NULL GROUP BY rollout_id"
+            )
+        }
 
     def answered_call_times(self) -> Iterator[tuple[str, float, float]]:
         """(rollout_id, created_at, latency_s) of every call answered with HTTP 200; created_at is
         when the answer was recorded."""
         for created, latency, rid in self._conn.execute(
-                "SELECT created_at, latency_s, rollout_id FROM calls WHERE status_code = 200"):
+            "SELECT created_at, latency_s, rollout_id FROM calls WHERE status_code = 200"
+        ):
             yield str(rid), float(created), float(latency)
 
     def answered_calls(self) -> Iterator[RecordedCall]:
         """Every call answered with HTTP 200, as the API's `RecordedCall` (what the trainer reads
         from the server): a request that is not a JSON object reads as {}, such a response as None."""
         for row in self._conn.execute(
-                "SELECT call_id, rollout_id, attempt_no, seq, request, response, prompt_token_ids, response_token_ids, "
-                "response_logprobs, latency_s, policy_version, endpoint, status_code, created_at FROM calls "
-                "WHERE status_code = 200"):
+            "SELECT call_id, rollout_id, attempt_no, seq, request, response, prompt_token_ids, response_token_ids, "
+            "response_logprobs, latency_s, policy_version, endpoint, status_code, created_at FROM calls "
+            "WHERE status_code = 200"
+        ):
             yield RecordedCall(
-                call_id=row[0], rollout_id=str(row[1]), attempt_id=str(row[2]), seq=row[3],
-                request=_json_object(row[4]) or {}, response=_json_object(row[5]),
-                prompt_token_ids=unpack_numbers("i", row[6]), response_token_ids=unpack_numbers("i", row[7]),
-                response_logprobs=unpack_numbers("d", row[8]), latency_s=row[9], policy_version=row[10],
-                endpoint=row[11], status_code=row[12], created_at=row[13])
+                call_id=row[0],
+                rollout_id=str(row[1]),
+                attempt_id=str(row[2]),
+                seq=row[3],
+                request=_json_object(row[4]) or {},
+                response=_json_object(row[5]),
+                prompt_token_ids=unpack_numbers("i", row[6]),
+                response_token_ids=unpack_numbers("i", row[7]),
+                response_logprobs=unpack_numbers("d", row[8]),
+                latency_s=row[9],
+                policy_version=row[10],
+                endpoint=row[11],
+                status_code=row[12],
+                created_at=row[13],
+            )
 
     def call_outcomes(self, rollout_id: str) -> list[tuple[int, bytes | None, bool]]:
         """(status_code, response, whether any response token came) of each call of one rollout."""
-        return [(int(status), response, bool(size)) for status, response, size in self._conn.execute(
-            "SELECT status_code, response, LENGTH(response_token_ids) FROM calls WHERE rollout_id = ?", (rollout_id,))]
+        return [
+            (int(status), response, bool(size))
+            for status, response, size in self._conn.execute(
+                "SELECT status_code, response, LENGTH(response_token_ids) FROM calls WHERE rollout_id = ?",
+                (rollout_id,),
+            )
+        ]

@@ -21,17 +21,22 @@ class Retention:
         renewed before the cutoff go too."""
         cutoff = self._db.clock() - older_than_s
         with self._db.tx() as db:
-            db.execute("DELETE FROM run_leases WHERE renewed_at < ? AND (released_at IS NOT NULL OR expires_at <= ?)",
-                       (cutoff, self._db.monotonic()))
+            db.execute(
+                "DELETE FROM run_leases WHERE renewed_at < ? AND (released_at IS NOT NULL OR expires_at <= ?)",
+                (cutoff, self._db.monotonic()),
+            )
         total = 0
         while True:
             with self._db.tx() as db:
-                ids = [row[0] for row in db.execute(
-                    "SELECT r.rollout_id FROM rollouts r JOIN attempts a "
-                    "ON a.rollout_id = r.rollout_id AND a.attempt_no = r.latest_attempt "
-                    "WHERE a.finished_at < ? LIMIT ?",
-                    (cutoff, PRUNE_BATCH),
-                )]
+                ids = [
+                    row[0]
+                    for row in db.execute(
+                        "SELECT r.rollout_id FROM rollouts r JOIN attempts a "
+                        "ON a.rollout_id = r.rollout_id AND a.attempt_no = r.latest_attempt "
+                        "WHERE a.finished_at < ? LIMIT ?",
+                        (cutoff, PRUNE_BATCH),
+                    )
+                ]
                 if not ids:
                     return total
                 marks = ",".join("?" * len(ids))

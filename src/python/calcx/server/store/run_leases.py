@@ -42,8 +42,10 @@ class RunLeases:
             if row is None:
                 _insert(conn, run, owner, now, mono, lease_s, max_leases)
             elif row[1] == owner:
-                conn.execute("UPDATE run_leases SET renewed_at = ?, expires_at = ?, released_at = NULL "
-                             "WHERE run = ?", (now, mono + lease_s, run))
+                conn.execute(
+                    "UPDATE run_leases SET renewed_at = ?, expires_at = ?, released_at = NULL " "WHERE run = ?",
+                    (now, mono + lease_s, run),
+                )
             else:
                 live = _live(row, mono)
                 if live and not take_over:
@@ -51,11 +53,14 @@ class RunLeases:
                         f"run {run!r} is held by trainer {row[1]!r} (renewed at {_stamp(row[3])}); its lease lapses "
                         f"at {_stamp(db.wall_time(row[4]))} unless renewed. Another calcx train of this run is "
                         "running: use another run name, stop that one, or take the run over (--take-over), "
-                        "which fences that trainer off")
+                        "which fences that trainer off"
+                    )
                 took_over = live
-                conn.execute("UPDATE run_leases SET owner = ?, acquired_at = ?, renewed_at = ?, expires_at = ?, "
-                             "released_at = NULL, previous_owner = ? WHERE run = ?",
-                             (owner, now, now, mono + lease_s, row[1], run))
+                conn.execute(
+                    "UPDATE run_leases SET owner = ?, acquired_at = ?, renewed_at = ?, expires_at = ?, "
+                    "released_at = NULL, previous_owner = ? WHERE run = ?",
+                    (owner, now, now, mono + lease_s, row[1], run),
+                )
             lease = self._view(_row(conn, run), lease_s)
         lease["took_over"] = took_over
         return lease
@@ -72,8 +77,10 @@ class RunLeases:
             elif row[1] != owner:
                 raise self._lost(row, run, owner)
             else:
-                conn.execute("UPDATE run_leases SET renewed_at = ?, expires_at = ?, released_at = NULL "
-                             "WHERE run = ?", (now, mono + lease_s, run))
+                conn.execute(
+                    "UPDATE run_leases SET renewed_at = ?, expires_at = ?, released_at = NULL " "WHERE run = ?",
+                    (now, mono + lease_s, run),
+                )
             return self._view(_row(conn, run), lease_s)
 
     def release(self, run: str, owner: str, lease_s: float) -> dict[str, Any] | None:
@@ -86,8 +93,9 @@ class RunLeases:
                 return None
             if row[1] != owner:
                 raise self._lost(row, run, owner)
-            conn.execute("UPDATE run_leases SET released_at = ?, expires_at = ? WHERE run = ?",
-                         (db.clock(), db.monotonic(), run))
+            conn.execute(
+                "UPDATE run_leases SET released_at = ?, expires_at = ? WHERE run = ?", (db.clock(), db.monotonic(), run)
+            )
             return self._view(_row(conn, run), lease_s)
 
     def fence(self, conn: sqlite3.Connection, run: str, owner: str | None) -> None:
@@ -106,24 +114,36 @@ class RunLeases:
         db = self._db
         mono, cutoff = db.monotonic(), db.clock() - lease_s
         with db.tx() as conn:
-            renewed = conn.execute("UPDATE run_leases SET expires_at = ? WHERE released_at IS NULL AND renewed_at >= ?",
-                                   (mono + lease_s, cutoff)).rowcount
-            conn.execute("UPDATE run_leases SET expires_at = ? WHERE released_at IS NOT NULL OR renewed_at < ?",
-                         (mono, cutoff))
+            renewed = conn.execute(
+                "UPDATE run_leases SET expires_at = ? WHERE released_at IS NULL AND renewed_at >= ?",
+                (mono + lease_s, cutoff),
+            ).rowcount
+            conn.execute(
+                "UPDATE run_leases SET expires_at = ? WHERE released_at IS NOT NULL OR renewed_at < ?", (mono, cutoff)
+            )
         return renewed
 
     def _lost(self, row: Sequence[Any], run: str, owner: str | None) -> LeaseLost:
-        state = ("live" if _live(row, self._db.monotonic()) else "ended") + \
-            f", renewed at {_stamp(row[3])}"
+        state = ("live" if _live(row, self._db.monotonic()) else "ended") + f", renewed at {_stamp(row[3])}"
         writer = f"trainer {owner!r}" if owner is not None else "a request naming no owner"
-        return LeaseLost(f"run {run!r} is held by trainer {row[1]!r} (lease {state}); {writer} does not hold it and "
-                         "may not write for it: it was taken over, or the run is running elsewhere")
+        return LeaseLost(
+            f"run {run!r} is held by trainer {row[1]!r} (lease {state}); {writer} does not hold it and "
+            "may not write for it: it was taken over, or the run is running elsewhere"
+        )
 
     def _view(self, row: Sequence[Any] | None, lease_s: float) -> dict[str, Any]:
         assert row is not None
-        return {"run": row[0], "owner": row[1], "acquired_at": row[2], "renewed_at": row[3],
-                "expires_at": self._db.wall_time(row[4]), "released_at": row[5], "previous_owner": row[6],
-                "lease_s": lease_s, "live": _live(row, self._db.monotonic())}
+        return {
+            "run": row[0],
+            "owner": row[1],
+            "acquired_at": row[2],
+            "renewed_at": row[3],
+            "expires_at": self._db.wall_time(row[4]),
+            "released_at": row[5],
+            "previous_owner": row[6],
+            "lease_s": lease_s,
+            "live": _live(row, self._db.monotonic()),
+        }
 
 
 def _row(conn: sqlite3.Connection, run: str) -> tuple[Any, ...] | None:
@@ -134,11 +154,15 @@ def _live(row: Sequence[Any], mono: float) -> bool:
     return row[5] is None and row[4] > mono
 
 
-def _insert(conn: sqlite3.Connection, run: str, owner: str, now: float, mono: float, lease_s: float, max_leases: int) -> None:
+def _insert(
+    conn: sqlite3.Connection, run: str, owner: str, now: float, mono: float, lease_s: float, max_leases: int
+) -> None:
     """A new lease row for `run`, held by `owner` from now, after making room past `max_leases`."""
     _make_room(conn, mono, max_leases)
-    conn.execute(f"INSERT INTO run_leases ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL, NULL)",
-                 (run, owner, now, now, mono + lease_s))
+    conn.execute(
+        f"INSERT INTO run_leases ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL, NULL)",
+        (run, owner, now, now, mono + lease_s),
+    )
 
 
 def _make_room(conn: sqlite3.Connection, mono: float, max_leases: int) -> None:
@@ -148,9 +172,14 @@ def _make_room(conn: sqlite3.Connection, mono: float, max_leases: int) -> None:
     excess = count - max_leases + 1
     if excess <= 0:
         return
-    conn.execute("DELETE FROM run_leases WHERE run IN (SELECT run FROM run_leases WHERE released_at IS NOT NULL "
-                 "OR expires_at <= ? ORDER BY renewed_at LIMIT ?)", (mono, excess))
+    conn.execute(
+        "DELETE FROM run_leases WHERE run IN (SELECT run FROM run_leases WHERE released_at IS NOT NULL "
+        "OR expires_at <= ? ORDER BY renewed_at LIMIT ?)",
+        (mono, excess),
+    )
     (count,) = conn.execute("SELECT COUNT(*) FROM run_leases").fetchone()
     if count >= max_leases:
-        raise LeaseLimit(f"the server holds {count} live run leases, its limit (--max-run-leases {max_leases}); "
-                         "a run's lease ends when its trainer stops or stops renewing it")
+        raise LeaseLimit(
+            f"the server holds {count} live run leases, its limit (--max-run-leases {max_leases}); "
+            "a run's lease ends when its trainer stops or stops renewing it"
+        )

@@ -31,28 +31,38 @@ class Trained:
         now = self._db.clock()
         with self._db.tx() as db:
             self._leases.fence(db, run, owner)
-            held = {rid for (rid,) in db.execute(
-                "SELECT rollout_id FROM trained WHERE run = ? AND step = ? AND rolled_back_at IS NULL", (run, step))}
+            held = {
+                rid
+                for (rid,) in db.execute(
+                    "SELECT rollout_id FROM trained WHERE run = ? AND step = ? AND rolled_back_at IS NULL", (run, step)
+                )
+            }
             if held:
                 if held == set(ids):
                     return len(held)
-                raise Conflict(f"step {step} of run {run!r} is already recorded with another batch of {len(held)} "
-                               "rollout(s); a resumed run rolls back the steps after its checkpoint first")
+                raise Conflict(
+                    f"step {step} of run {run!r} is already recorded with another batch of {len(held)} "
+                    "rollout(s); a resumed run rolls back the steps after its checkpoint first"
+                )
             rows: dict[str, tuple[str, int, str | None]] = {}
             for start in range(0, len(ids), _CHUNK):
                 chunk = ids[start : start + _CHUNK]
                 marks = ",".join("?" * len(chunk))
                 for rid, state, latest, label in db.execute(
                     f"SELECT rollout_id, state, latest_attempt, json_extract(spec, ?) FROM rollouts "  # noqa: S608
-                    f"WHERE rollout_id IN ({marks})", [f'$.labels."{RUN_LABEL}"', *chunk],
+                    f"WHERE rollout_id IN ({marks})",
+                    [f'$.labels."{RUN_LABEL}"', *chunk],
                 ):
                     rows[rid] = (state, latest, label)
                 for rid, earlier, earlier_run in db.execute(
                     f"SELECT rollout_id, step, run FROM trained WHERE rolled_back_at IS NULL "  # noqa: S608
-                    f"AND rollout_id IN ({marks})", chunk,
+                    f"AND rollout_id IN ({marks})",
+                    chunk,
                 ):
-                    raise Conflict(f"rollout {rid!r} was already trained in step {earlier} of run {earlier_run!r}; "
-                                   "a rollout is trained at most once")
+                    raise Conflict(
+                        f"rollout {rid!r} was already trained in step {earlier} of run {earlier_run!r}; "
+                        "a rollout is trained at most once"
+                    )
             for rid in ids:
                 if rid not in rows:
                     raise NotFound(f"no rollout {rid!r}")
@@ -73,10 +83,16 @@ class Trained:
         now = self._db.clock()
         with self._db.tx() as db:
             self._leases.fence(db, run, owner)
-            steps = [step for (step,) in db.execute(
-                "SELECT DISTINCT step FROM trained WHERE run = ? AND step > ? AND rolled_back_at IS NULL "
-                "ORDER BY step", (run, after_step))]
-            db.execute("UPDATE trained SET rolled_back_at = ? WHERE run = ? AND step > ? AND rolled_back_at IS NULL",
-                       (now, run, after_step))
+            steps = [
+                step
+                for (step,) in db.execute(
+                    "SELECT DISTINCT step FROM trained WHERE run = ? AND step > ? AND rolled_back_at IS NULL "
+                    "ORDER BY step",
+                    (run, after_step),
+                )
+            ]
+            db.execute(
+                "UPDATE trained SET rolled_back_at = ? WHERE run = ? AND step > ? AND rolled_back_at IS NULL",
+                (now, run, after_step),
+            )
         return steps
-

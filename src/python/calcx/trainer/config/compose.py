@@ -8,9 +8,10 @@ with `importlib.util.find_spec` so that composing (and `--print-config`) never i
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
@@ -94,8 +95,16 @@ def _has_key(cfg: DictConfig | ListConfig, dotted: str) -> bool:
     return True
 
 
-def _set(cfg: DictConfig, dotted: str, value: Any, *, must_exist: bool, origin: str,
-         config_name: str = VERL_CONFIG_NAME, new_key_hint: str | None = None) -> None:
+def _set(
+    cfg: DictConfig,
+    dotted: str,
+    value: Any,
+    *,
+    must_exist: bool,
+    origin: str,
+    config_name: str = VERL_CONFIG_NAME,
+    new_key_hint: str | None = None,
+) -> None:
     """Set `dotted`; with `must_exist`, a key verl's config lacks is an error that says how to add
     one where the value came from (`new_key_hint`; a command line's `+key=...` by default)."""
     if must_exist and not _has_key(cfg, dotted):
@@ -110,14 +119,20 @@ def _set(cfg: DictConfig, dotted: str, value: Any, *, must_exist: bool, origin: 
 def _load_sections(path: Path) -> dict[str, Any]:
     data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     if not isinstance(data, dict) or set(data) - {"overrides", "additions", *PROFILE_SECTIONS}:
-        raise ConfigError(f"{path}: expected a mapping with 'overrides' and 'additions' sections "
-                          f"(and, in calcx.yaml, {' and '.join(map(repr, PROFILE_SECTIONS))})")
+        raise ConfigError(
+            f"{path}: expected a mapping with 'overrides' and 'additions' sections "
+            f"(and, in calcx.yaml, {' and '.join(map(repr, PROFILE_SECTIONS))})"
+        )
     return {str(k): v for k, v in data.items()}
 
 
-def _apply_sections(cfg: DictConfig, data: dict[str, Any], origin: str,
-                    config_name: str = VERL_CONFIG_NAME,
-                    new_key_hint: str = "put it under the file's 'additions' to add a new key") -> None:
+def _apply_sections(
+    cfg: DictConfig,
+    data: dict[str, Any],
+    origin: str,
+    config_name: str = VERL_CONFIG_NAME,
+    new_key_hint: str = "put it under the file's 'additions' to add a new key",
+) -> None:
     for dotted, value in _leaves(data.get("overrides") or {}):
         _set(cfg, dotted, value, must_exist=True, origin=origin, config_name=config_name, new_key_hint=new_key_hint)
     for dotted, value in _leaves(data.get("additions") or {}):
@@ -146,8 +161,13 @@ def gpu_memory_gib() -> float:
     if exe is None:
         return 0.0
     try:
-        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            [exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
         sizes = [float(line) / 1024 for line in out.split() if line.strip()]
     except (OSError, subprocess.SubprocessError, ValueError):
         return 0.0
@@ -158,21 +178,25 @@ def gpu_memory_gib() -> float:
 GPU_PROFILE_KEYS = frozenset({"min_gib", "overrides", "warmup"})
 
 
-def choose_gpu_profile(profiles: dict[str, Any], requested: str, memory_gib: float,
-                       setting: str = "calcx.gpu_profile") -> str | None:
+def choose_gpu_profile(
+    profiles: dict[str, Any], requested: str, memory_gib: float, setting: str = "calcx.gpu_profile"
+) -> str | None:
     """The profile `requested` names, or for `auto` the one with the largest `min_gib` this GPU's
     memory reaches (None: calcx.yaml's own settings, for small GPUs and machines without one).
     `setting` is what the user wrote `requested` as, for the error."""
     for name, entry in profiles.items():
         if not isinstance(entry, dict) or "min_gib" not in entry or set(entry) - GPU_PROFILE_KEYS:
-            raise ConfigError(f"{CALCX_OVERRIDES.name} gpu_profiles.{name}: expected a mapping with 'min_gib' "
-                              f"and any of {', '.join(sorted(GPU_PROFILE_KEYS - {'min_gib'}))}")
+            raise ConfigError(
+                f"{CALCX_OVERRIDES.name} gpu_profiles.{name}: expected a mapping with 'min_gib' "
+                f"and any of {', '.join(sorted(GPU_PROFILE_KEYS - {'min_gib'}))}"
+            )
     if requested == "none":
         return None
     if requested != "auto":
         if requested not in profiles:
-            raise ConfigError(f"{setting}={requested!r}: no such profile; "
-                              f"use auto, none or one of: {', '.join(profiles)}")
+            raise ConfigError(
+                f"{setting}={requested!r}: no such profile; " f"use auto, none or one of: {', '.join(profiles)}"
+            )
         return requested
     fitting = [(float(p["min_gib"]), name) for name, p in profiles.items() if memory_gib >= float(p["min_gib"])]
     return max(fitting)[1] if fitting else None
@@ -271,8 +295,13 @@ def compose(request: ComposeRequest) -> DictConfig:
     calcx_sections = _load_sections(CALCX_OVERRIDES)
     _apply_sections(cfg, calcx_sections, str(CALCX_OVERRIDES))
     _set(cfg, "actor_rollout_ref.rollout.agent.default_agent_loop", CALCX_AGENT_LOOP, must_exist=True, origin="calcx")
-    _set(cfg, "actor_rollout_ref.rollout.agent.agent_loop_config_path", str(AGENT_LOOPS_FILE),
-         must_exist=True, origin="calcx")
+    _set(
+        cfg,
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path",
+        str(AGENT_LOOPS_FILE),
+        must_exist=True,
+        origin="calcx",
+    )
     if request.async_mode:
         _apply_file(cfg, ASYNC_OVERRIDES)
     for overlay in request.overlays:
@@ -282,8 +311,12 @@ def compose(request: ComposeRequest) -> DictConfig:
     memory = gpu_memory_gib() if request.gpu_memory_gib is None else request.gpu_memory_gib
     profile = choose_gpu_profile(profiles, _requested_gpu_profile(cfg, dotlist), memory)
     if profile is not None:
-        _apply_sections(cfg, {"overrides": profiles[profile].get("overrides") or {}},
-                        f"{CALCX_OVERRIDES} gpu_profiles.{profile}", new_key_hint=profile_new_key_hint(CALCX_OVERRIDES))
+        _apply_sections(
+            cfg,
+            {"overrides": profiles[profile].get("overrides") or {}},
+            f"{CALCX_OVERRIDES} gpu_profiles.{profile}",
+            new_key_hint=profile_new_key_hint(CALCX_OVERRIDES),
+        )
     _set(cfg, "calcx.gpu_profile_applied", profile or "none", must_exist=False, origin="calcx")
     _set(cfg, "calcx.gpu_memory_gib", round(memory, 1), must_exist=False, origin="calcx")
 
@@ -370,14 +403,18 @@ def resolve_model_path(model: str) -> str:
     if not looks_like_path:
         return model
     if not path.is_dir():
-        raise ConfigError(f"--model {model!r}: no such directory; give a local model directory "
-                          "(with config.json and the tokenizer files) or a Hugging Face hub id")
+        raise ConfigError(
+            f"--model {model!r}: no such directory; give a local model directory "
+            "(with config.json and the tokenizer files) or a Hugging Face hub id"
+        )
     missing = [name for name in ("config.json",) if not (path / name).is_file()]
     if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         missing.append("tokenizer.json or tokenizer_config.json")
     if missing:
-        raise ConfigError(f"--model {model!r}: the directory has no {' and no '.join(missing)}; "
-                          "it must be a Hugging Face model directory (`calcx model from-gguf` makes one from a GGUF file)")
+        raise ConfigError(
+            f"--model {model!r}: the directory has no {' and no '.join(missing)}; "
+            "it must be a Hugging Face model directory (`calcx model from-gguf` makes one from a GGUF file)"
+        )
     return str(path.resolve())
 
 
@@ -399,8 +436,13 @@ def apply_chat_template(cfg: DictConfig, spec: str) -> None:
     if "{%" not in text and "{{" not in text:
         raise ConfigError(f"--chat-template {spec!r}: {path} does not look like a Jinja template")
     _set(cfg, "calcx.chat_template", str(path), must_exist=False, origin="--chat-template")
-    _set(cfg, "actor_rollout_ref.rollout.engine_kwargs.vllm.chat_template", str(path), must_exist=False,
-         origin="--chat-template")
+    _set(
+        cfg,
+        "actor_rollout_ref.rollout.engine_kwargs.vllm.chat_template",
+        str(path),
+        must_exist=False,
+        origin="--chat-template",
+    )
     _set(cfg, "actor_rollout_ref.model.custom_chat_template", text, must_exist=True, origin="--chat-template")
 
 

@@ -27,15 +27,16 @@ from calcx.trainer.rollouts.rollout_samples import CallSample, RolloutSamples
 
 
 def _continues(sample: CallSample, after: CallSample) -> bool:
-    return (not (sample.prompt_truncated or after.prompt_truncated or after.response_truncated)
-            and continues(sample.prompt_ids, after.prompt_ids, after.response_ids))
+    return not (sample.prompt_truncated or after.prompt_truncated or after.response_truncated) and continues(
+        sample.prompt_ids, after.prompt_ids, after.response_ids
+    )
 
 
 def _join(first: CallSample, then: CallSample, max_response_length: int) -> CallSample | None:
     """`first` (possibly already joined) followed by `then`, or None when they stay apart."""
     if not _continues(then, first):
         return None
-    between = then.prompt_ids[len(first.prompt_ids) + len(first.response_ids):]
+    between = then.prompt_ids[len(first.prompt_ids) + len(first.response_ids) :]
     response_ids = first.response_ids + between + then.response_ids
     if len(response_ids) > max_response_length:
         return None

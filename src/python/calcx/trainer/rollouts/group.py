@@ -11,8 +11,9 @@ raises `RolloutIncomplete`.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from calcx.api.client import AsyncCalcxClient, CalcxAPIError
 from calcx.api.models import Rollout
@@ -79,15 +80,24 @@ class GroupSpec:
         """Every member's `RolloutCreate`; the group is `group_id` (verl's uid), not a label."""
         labels = self.origin.labels(self.run)
         return [
-            rollout_create_body(rollout_id=rid, group_id=self.uid, row=self.row, policy_version=self.step,
-                                env_map=self.env_map, deadline_s=self.deadline_s,
-                                max_attempts=self.max_attempts, labels=labels, sampling=self.sampling)
+            rollout_create_body(
+                rollout_id=rid,
+                group_id=self.uid,
+                row=self.row,
+                policy_version=self.step,
+                env_map=self.env_map,
+                deadline_s=self.deadline_s,
+                max_attempts=self.max_attempts,
+                labels=labels,
+                sampling=self.sampling,
+            )
             for rid in self.rollout_ids()
         ]
 
 
-async def settle_rollout(client: AsyncCalcxClient, rollout_id: str, *, wait_timeout_s: float,
-                         deadline: float) -> Rollout:
+async def settle_rollout(
+    client: AsyncCalcxClient, rollout_id: str, *, wait_timeout_s: float, deadline: float
+) -> Rollout:
     """Wait until the rollout is SUCCEEDED or FAILED with no attempt left; retry FAILED ones."""
     while True:
         remaining = deadline - time.monotonic()
@@ -119,9 +129,13 @@ async def settle_group(client: AsyncCalcxClient, spec: GroupSpec) -> Rollout:
             attempts = rollout.attempts
             reason = attempts[-1].reason if attempts else None
             raise RolloutIncomplete(
-                own_id, "group_incomplete",
-                f"member {rid} ended {rollout.state} after {len(attempts)} attempt(s), last reason {reason}"
-                if rollout.state != "SUCCEEDED" else f"member {rid} SUCCEEDED without a reward",
+                own_id,
+                "group_incomplete",
+                (
+                    f"member {rid} ended {rollout.state} after {len(attempts)} attempt(s), last reason {reason}"
+                    if rollout.state != "SUCCEEDED"
+                    else f"member {rid} SUCCEEDED without a reward"
+                ),
             )
         settled[rid] = rollout
     return settled[own_id]

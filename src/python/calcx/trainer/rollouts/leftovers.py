@@ -22,12 +22,15 @@ log = logging.getLogger("calcx.trainer.rollouts.leftovers")
 async def cancel_leftovers(client: AsyncCalcxClient, run: str, owner: str | None = None) -> list[AttemptRef]:
     """Cancel the QUEUED and RUNNING attempts labelled with `run`; returns them. `owner`: this
     start's lease of the run (the server refuses the cancel while another trainer holds it)."""
-    cancelled = await client.cancel(run=run, owner=owner,
-                                    detail=f"a new calcx train of run {run!r} started; this attempt "
-                                           "was left by an earlier one")
+    cancelled = await client.cancel(
+        run=run,
+        owner=owner,
+        detail=f"a new calcx train of run {run!r} started; this attempt " "was left by an earlier one",
+    )
     if cancelled:
-        log.warning("calcx train: cancelled %d attempt(s) an earlier run %r left queued or running",
-                    len(cancelled), run)
+        log.warning(
+            "calcx train: cancelled %d attempt(s) an earlier run %r left queued or running", len(cancelled), run
+        )
     return cancelled
 
 

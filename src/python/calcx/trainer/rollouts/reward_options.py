@@ -20,13 +20,14 @@ agent's reward like any other (no bonus for it), and counted in `calcx/train/too
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from calcx.agent.answer import ANSWER_RE
 from calcx.api.models import RecordedCall
-from calcx.trainer.rollouts.tool_use import TOOL_CALL_TAG, ToolUse, message_of, text_of
 from calcx.trainer.rollouts.rollout_samples import RolloutSamples
+from calcx.trainer.rollouts.tool_use import TOOL_CALL_TAG, ToolUse, message_of, text_of
 
 # an answer counts as right above this reward (the agent posts 1.0 or 0.0)
 CORRECT_ABOVE = 0.5
@@ -42,18 +43,25 @@ class RewardOptions:
     mask_void_turns: bool = False
 
     @classmethod
-    def from_config(cls, section: Mapping[str, Any] | None) -> "RewardOptions":
+    def from_config(cls, section: Mapping[str, Any] | None) -> RewardOptions:
         """From the composed `calcx.reward` section (None or missing keys: today's recipe)."""
         section = section or {}
         unknown = sorted(set(section) - {"tool_bonus", "mask_void_turns"})
         if unknown:
-            raise RewardOptionError(f"calcx.reward has no option {', '.join(unknown)}; "
-                                    "known: tool_bonus, mask_void_turns")
+            raise RewardOptionError(
+                f"calcx.reward has no option {', '.join(unknown)}; " "known: tool_bonus, mask_void_turns"
+            )
         bonus = section.get("tool_bonus", 0.0)
-        if isinstance(bonus, bool) or not isinstance(bonus, (int, float)) or not math.isfinite(bonus) \
-                or not 0.0 <= bonus < 1.0:
-            raise RewardOptionError(f"calcx.reward.tool_bonus must be a number in [0, 1) (0 = off), not {bonus!r}: "
-                                    "below 1, a right answer without the tool still beats a wrong one with it")
+        if (
+            isinstance(bonus, bool)
+            or not isinstance(bonus, int | float)
+            or not math.isfinite(bonus)
+            or not 0.0 <= bonus < 1.0
+        ):
+            raise RewardOptionError(
+                f"calcx.reward.tool_bonus must be a number in [0, 1) (0 = off), not {bonus!r}: "
+                "below 1, a right answer without the tool still beats a wrong one with it"
+            )
         mask = section.get("mask_void_turns", False)
         if not isinstance(mask, bool):
             raise RewardOptionError(f"calcx.reward.mask_void_turns must be true or false, not {mask!r}")
@@ -80,8 +88,9 @@ def is_void_turn(response: Mapping[str, Any] | None) -> bool:
     return not message.get("tool_calls") and TOOL_CALL_TAG not in text and ANSWER_RE.search(text) is None
 
 
-def apply_reward_options(samples: RolloutSamples, calls: Sequence[RecordedCall], use: ToolUse,
-                         options: RewardOptions) -> RolloutSamples:
+def apply_reward_options(
+    samples: RolloutSamples, calls: Sequence[RecordedCall], use: ToolUse, options: RewardOptions
+) -> RolloutSamples:
     """The rollout's samples with the options applied (the input is not changed). `calls` are the
     recorded calls the samples were made from (matched by call id)."""
     if not options.active:
@@ -92,9 +101,12 @@ def apply_reward_options(samples: RolloutSamples, calls: Sequence[RecordedCall],
     all_void = bool(void) and all(void)
     if all_void:
         void = [False] * len(void)  # nothing would be left to train: the rollout is a wrong answer
-    out = [replace(sample, reward=reward, response_mask=[0] * len(sample.response_mask) if masked
-                   else sample.response_mask)
-           for sample, masked in zip(samples.samples, void)]
+    out = [
+        replace(
+            sample, reward=reward, response_mask=[0] * len(sample.response_mask) if masked else sample.response_mask
+        )
+        for sample, masked in zip(samples.samples, void)
+    ]
     counters = dict(samples.counters)
     counters["void_turns_masked"] = sum(void)
     counters["void_rollouts_kept"] = int(all_void)

@@ -4,7 +4,8 @@ from the eval-only driver."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 def rollout_id_for(partition: str, step: int, uid: str, session_id: int) -> str:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from calcx.api.models import RecordedCall
 from calcx.trainer.run_dir.names import TOOL_USE_FILE
@@ -121,9 +122,12 @@ def equal_reward_share(rewards: Mapping[str, Sequence[float]]) -> float | None:
     return sum(max(values) - min(values) <= EQUAL_REWARD_TOLERANCE for values in groups) / len(groups)
 
 
-def tool_use_metrics(uses: Iterable[ToolUse], partition: str,
-                     shapes: Iterable[RolloutShape] = (),
-                     group_rewards: Mapping[str, Sequence[float]] | None = None) -> dict[str, float]:
+def tool_use_metrics(
+    uses: Iterable[ToolUse],
+    partition: str,
+    shapes: Iterable[RolloutShape] = (),
+    group_rewards: Mapping[str, Sequence[float]] | None = None,
+) -> dict[str, float]:
     """`calcx/{partition}/...`: share of rollouts with >= 1 successful calculator call, tool calls
     per rollout, parse failures (count, and share of all tool-call attempts); with `shapes`, model
     calls and trained sequences per rollout; with `group_rewards`, the share of groups whose rewards
@@ -151,17 +155,33 @@ def tool_use_metrics(uses: Iterable[ToolUse], partition: str,
     return metrics
 
 
-def record_tool_use(report_dir: str | os.PathLike[str], *, partition: str, step: int, rollout_id: str,
-                    use: ToolUse, shape: RolloutShape | None = None, group: str | None = None,
-                    reward: float | None = None) -> None:
+def record_tool_use(
+    report_dir: str | os.PathLike[str],
+    *,
+    partition: str,
+    step: int,
+    rollout_id: str,
+    use: ToolUse,
+    shape: RolloutShape | None = None,
+    group: str | None = None,
+    reward: float | None = None,
+) -> None:
     """Append the rollout's tool use (and shape, GRPO group and trained reward, when given) to
     `{report_dir}/tool_use.jsonl` (one short line, appended in one write, so the agent loop workers
     can share the file)."""
     path = Path(report_dir) / TOOL_USE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     scored = {"group": group, "reward": reward} if group is not None and reward is not None else {}
-    line = json.dumps({"partition": partition, "step": step, "rollout_id": rollout_id, **asdict(use),
-                       **(asdict(shape) if shape is not None else {}), **scored})
+    line = json.dumps(
+        {
+            "partition": partition,
+            "step": step,
+            "rollout_id": rollout_id,
+            **asdict(use),
+            **(asdict(shape) if shape is not None else {}),
+            **scored,
+        }
+    )
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(line + "\n")
 
@@ -192,10 +212,16 @@ class ToolUseLedger:
             try:
                 record = json.loads(raw)
                 use = ToolUse(int(record["calls"]), int(record["successful"]), int(record["parse_failures"]))
-                shape = (RolloutShape(int(record["model_calls"]), int(record["sequences"]))
-                         if "sequences" in record else None)
-                scored = ((str(record["group"]), float(record["reward"]))
-                          if record.get("group") is not None and record.get("reward") is not None else None)
+                shape = (
+                    RolloutShape(int(record["model_calls"]), int(record["sequences"]))
+                    if "sequences" in record
+                    else None
+                )
+                scored = (
+                    (str(record["group"]), float(record["reward"]))
+                    if record.get("group") is not None and record.get("reward") is not None
+                    else None
+                )
                 partition, rollout_id = str(record["partition"]), str(record["rollout_id"])
                 pending = self._pending[partition]
             except (ValueError, KeyError, TypeError):

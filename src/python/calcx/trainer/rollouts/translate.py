@@ -12,7 +12,7 @@ reward of 0.
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 from calcx.api.models import RecordedCall, Rollout
 from calcx.contract.labels import scored_reward
@@ -97,8 +97,14 @@ def _latest_attempt_calls(calls: Sequence[RecordedCall], attempt_id: str) -> tup
     return [call for index, call in enumerate(ordered) if index not in resent], skipped
 
 
-def _call_sample(call: RecordedCall, rollout_id: str, reward: float, max_prompt_length: int,
-                 max_response_length: int, counters: dict[str, int]) -> CallSample | None:
+def _call_sample(
+    call: RecordedCall,
+    rollout_id: str,
+    reward: float,
+    max_prompt_length: int,
+    max_response_length: int,
+    counters: dict[str, int],
+) -> CallSample | None:
     """One call's sample, cut to the lengths (counted in `counters`); None for a call that is
     skipped (not answered 200, no token generated); `RolloutIncomplete` for a broken record."""
     if call.status_code != 200:
@@ -110,8 +116,11 @@ def _call_sample(call: RecordedCall, rollout_id: str, reward: float, max_prompt_
     if not prompt_ids:
         raise RolloutIncomplete(rollout_id, "bad_call_record", f"call {call_id} has no prompt token ids")
     if len(logprobs) != len(response_ids):
-        raise RolloutIncomplete(rollout_id, "bad_call_record",
-                                f"call {call_id}: {len(logprobs)} log-probs for {len(response_ids)} response tokens")
+        raise RolloutIncomplete(
+            rollout_id,
+            "bad_call_record",
+            f"call {call_id}: {len(logprobs)} log-probs for {len(response_ids)} response tokens",
+        )
     prompt_truncated = len(prompt_ids) > max_prompt_length
     response_truncated = len(response_ids) > max_response_length
     if prompt_truncated:

@@ -10,8 +10,9 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
 DEFAULT_TRAIN = "data/calcx/train.parquet"
@@ -38,55 +39,104 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     add_data_arguments(parser)
-    parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help=f"policy model: a local Hugging Face model directory or a hub id (default {DEFAULT_MODEL})")
-    parser.add_argument("--agl-base-url", default=None,
-                        help="a running calcx server the rollouts go to (default: calcx train starts a server "
-                             "and a local-runner controller itself, with a key made for the run)")
-    parser.add_argument("--agl-key-file", default=None, metavar="FILE",
-                        help="file holding that server's key (default: $CALCX_KEY); never printed")
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"policy model: a local Hugging Face model directory or a hub id (default {DEFAULT_MODEL})",
+    )
+    parser.add_argument(
+        "--agl-base-url",
+        default=None,
+        help="a running calcx server the rollouts go to (default: calcx train starts a server "
+        "and a local-runner controller itself, with a key made for the run)",
+    )
+    parser.add_argument(
+        "--agl-key-file",
+        default=None,
+        metavar="FILE",
+        help="file holding that server's key (default: $CALCX_KEY); never printed",
+    )
     parser.add_argument("--agl-key", default=None, help=argparse.SUPPRESS)  # refused: a key on a command line
     parser.add_argument("--run-name", default=None, help="experiment name: checkpoint and report directory name")
-    parser.add_argument("--take-over", action="store_true",
-                        help="take the run from another calcx train holding its lease on the server (a second "
-                             "start of a live run is refused without it); that trainer's ledger records and "
-                             "cancels are refused from then on, and it stops")
-    parser.add_argument("--async", dest="async_mode", action="store_true",
-                        help="asynchronous rollouts: a second train batch in flight, staleness bounded "
-                             "to 2 policy versions (verl V1 colocate_async)")
-    parser.add_argument("--runner", choices=("local", "k8s"), default=None,
-                        help="how the controller runs each agent (recorded in the config; default local)")
-    parser.add_argument("--chat-template", default=None, metavar="PATH|hermes",
-                        help="Jinja chat template for vLLM and verl's tokenizer (default: the model's own); "
-                             "'hermes' is the packaged Hermes tool template, for models whose template ignores tools")
-    parser.add_argument("--eval-only", action="store_true",
-                        help="run only validation (the --val-file rows) through the same rollout path, then "
-                             "write eval.md; with --model-endpoint no GPU, verl or Ray is used")
-    parser.add_argument("--model-endpoint", default=None, metavar="URL",
-                        help="with --eval-only: an OpenAI-compatible base URL (e.g. the stub LLM or a running "
-                             "vLLM, http://HOST:PORT/v1) that plays the policy instead of verl's vLLM")
+    parser.add_argument(
+        "--take-over",
+        action="store_true",
+        help="take the run from another calcx train holding its lease on the server (a second "
+        "start of a live run is refused without it); that trainer's ledger records and "
+        "cancels are refused from then on, and it stops",
+    )
+    parser.add_argument(
+        "--async",
+        dest="async_mode",
+        action="store_true",
+        help="asynchronous rollouts: a second train batch in flight, staleness bounded "
+        "to 2 policy versions (verl V1 colocate_async)",
+    )
+    parser.add_argument(
+        "--runner",
+        choices=("local", "k8s"),
+        default=None,
+        help="how the controller runs each agent (recorded in the config; default local)",
+    )
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="PATH|hermes",
+        help="Jinja chat template for vLLM and verl's tokenizer (default: the model's own); "
+        "'hermes' is the packaged Hermes tool template, for models whose template ignores tools",
+    )
+    parser.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="run only validation (the --val-file rows) through the same rollout path, then "
+        "write eval.md; with --model-endpoint no GPU, verl or Ray is used",
+    )
+    parser.add_argument(
+        "--model-endpoint",
+        default=None,
+        metavar="URL",
+        help="with --eval-only: an OpenAI-compatible base URL (e.g. the stub LLM or a running "
+        "vLLM, http://HOST:PORT/v1) that plays the policy instead of verl's vLLM",
+    )
     add_profile_argument(parser)
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the composed config (secrets masked) and exit; needs no GPU")
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the composed config (secrets masked) and exit; needs no GPU"
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, applied last")
     return parser
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """--train-file and --val-file, the same flags for calcx train and calcx anchor train."""
-    parser.add_argument("--train-file", nargs="+", type=Path, default=[DEFAULT_TRAIN], metavar="F",
-                        help=f"Calc-X training rows, parquet or jsonl, one file or several (default {DEFAULT_TRAIN}, "
-                             "generated with 'calcx data generate' when absent)")
-    parser.add_argument("--val-file", nargs="+", type=Path, default=[DEFAULT_VAL], metavar="F",
-                        help="validation rows, one file or several: accuracy is reported by each row's source, "
-                             f"e.g. gsm8k and gsm8k-hard (default {DEFAULT_VAL})")
+    parser.add_argument(
+        "--train-file",
+        nargs="+",
+        type=Path,
+        default=[DEFAULT_TRAIN],
+        metavar="F",
+        help=f"Calc-X training rows, parquet or jsonl, one file or several (default {DEFAULT_TRAIN}, "
+        "generated with 'calcx data generate' when absent)",
+    )
+    parser.add_argument(
+        "--val-file",
+        nargs="+",
+        type=Path,
+        default=[DEFAULT_VAL],
+        metavar="F",
+        help="validation rows, one file or several: accuracy is reported by each row's source, "
+        f"e.g. gsm8k and gsm8k-hard (default {DEFAULT_VAL})",
+    )
 
 
 def add_profile_argument(parser: argparse.ArgumentParser) -> None:
     """--profile, the same flag for calcx train and calcx anchor train."""
-    parser.add_argument("--profile", default=None, metavar="NAME",
-                        help="a documented run's settings: an entry of calcx.yaml's run_profiles (e.g. gsm8k-h200), "
-                             "applied over calcx.yaml and the GPU profile, under the flags and overrides")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="NAME",
+        help="a documented run's settings: an entry of calcx.yaml's run_profiles (e.g. gsm8k-h200), "
+        "applied over calcx.yaml and the GPU profile, under the flags and overrides",
+    )
 
 
 def config_files(paths: Sequence[Path]) -> str | list[str]:
@@ -98,18 +148,20 @@ def config_files(paths: Sequence[Path]) -> str | list[str]:
 def compose_from_args(args: argparse.Namespace):
     from calcx.trainer.config.compose import ComposeRequest, compose
 
-    return compose(ComposeRequest(
-        model=args.model,
-        train_files=config_files(args.train_file),
-        val_files=config_files(args.val_file),
-        server_url=args.agl_base_url,
-        run_name=args.run_name,
-        runner=args.runner,
-        async_mode=args.async_mode,
-        chat_template=args.chat_template,
-        run_profile=args.profile,
-        dotlist=list(args.overrides),
-    ))
+    return compose(
+        ComposeRequest(
+            model=args.model,
+            train_files=config_files(args.train_file),
+            val_files=config_files(args.val_file),
+            server_url=args.agl_base_url,
+            run_name=args.run_name,
+            runner=args.runner,
+            async_mode=args.async_mode,
+            chat_template=args.chat_template,
+            run_profile=args.profile,
+            dotlist=list(args.overrides),
+        )
+    )
 
 
 def cuda_problem() -> str | None:
@@ -148,8 +200,10 @@ def _train(args: argparse.Namespace) -> int:
     from calcx.trainer.config.compose import ConfigError
 
     if args.model_endpoint is not None and not args.eval_only:
-        print("calcx train: --model-endpoint is only for --eval-only (training needs verl's own vLLM replicas)",
-              file=sys.stderr)
+        print(
+            "calcx train: --model-endpoint is only for --eval-only (training needs verl's own vLLM replicas)",
+            file=sys.stderr,
+        )
         return 2
     if not ready_to_train(NO_GPU_MESSAGE, needs_gpu=args.model_endpoint is None):
         return 3
@@ -164,16 +218,27 @@ def _train(args: argparse.Namespace) -> int:
             data_mod.ensure_generated(path)
         cfg = compose_from_args(args)
         key = read_server_key(os.environ, args.agl_key_file, "--agl-key-file")  # kept out of cfg: verl prints it
-        return run_training(cfg, train_src=train_src if not args.eval_only else val_src, val_src=val_src,
-                            eval_only=args.eval_only, model_endpoint=args.model_endpoint, key=key,
-                            take_over=args.take_over)
+        return run_training(
+            cfg,
+            train_src=train_src if not args.eval_only else val_src,
+            val_src=val_src,
+            eval_only=args.eval_only,
+            model_endpoint=args.model_endpoint,
+            key=key,
+            take_over=args.take_over,
+        )
 
-    return run_interruptible("calcx train", train, (ConfigError, FileNotFoundError, ValueError, LaunchError, ServicesError),
-                             interrupted="interrupted; every process it started was ended")
+    return run_interruptible(
+        "calcx train",
+        train,
+        (ConfigError, FileNotFoundError, ValueError, LaunchError, ServicesError),
+        interrupted="interrupted; every process it started was ended",
+    )
 
 
-def run_interruptible(prog: str, run: Callable[[], int], errors: tuple[type[Exception], ...], *,
-                      interrupted: str = "interrupted") -> int:
+def run_interruptible(
+    prog: str, run: Callable[[], int], errors: tuple[type[Exception], ...], *, interrupted: str = "interrupted"
+) -> int:
     """`run()` with SIGTERM unwinding like Ctrl-C, so that its cleanup runs: one of `errors` is
     status 2 and its message after `prog: `, an interrupt status 130 and `prog: interrupted`."""
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
@@ -189,14 +254,20 @@ def run_interruptible(prog: str, run: Callable[[], int], errors: tuple[type[Exce
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_command(prog: str, args: argparse.Namespace, compose: Callable[[argparse.Namespace], Any],
-                train: Callable[[argparse.Namespace], int]) -> int:
+def run_command(
+    prog: str,
+    args: argparse.Namespace,
+    compose: Callable[[argparse.Namespace], Any],
+    train: Callable[[argparse.Namespace], int],
+) -> int:
     """What `calcx train` and `calcx anchor train` share: overrides checked, `--print-config`
     answered without a GPU, else `train(args)`."""
     bad = [item for item in args.overrides if "=" not in item]
     if bad:
-        print(f"{prog}: {bad[0]!r} is not an override of the form KEY=VALUE "
-              "(flags go before the overrides)", file=sys.stderr)
+        print(
+            f"{prog}: {bad[0]!r} is not an override of the form KEY=VALUE " "(flags go before the overrides)",
+            file=sys.stderr,
+        )
         return 2
     if args.print_config:
         from calcx.trainer.config.compose import ConfigError, redacted_yaml

@@ -8,8 +8,9 @@ itself travels as JSON in `calcx_row`, so the AgentLoop can hand it to the calcx
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 DEFAULT_DATA_DIR = Path("data/calcx")
 DEFAULT_TRAIN = DEFAULT_DATA_DIR / "train.parquet"
@@ -47,11 +48,14 @@ def verl_record(row: dict[str, Any], index: int, *, prompt: list[dict[str, str]]
 def verl_records(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     records = []
     for index, row in enumerate(rows):
-        records.append({
-            **verl_record(row, index, prompt=[{"role": "user", "content": str(row["question"])}],
-                          agent_name=AGENT_NAME),
-            "calcx_row": json.dumps(row, ensure_ascii=False, sort_keys=True),
-        })
+        records.append(
+            {
+                **verl_record(
+                    row, index, prompt=[{"role": "user", "content": str(row["question"])}], agent_name=AGENT_NAME
+                ),
+                "calcx_row": json.dumps(row, ensure_ascii=False, sort_keys=True),
+            }
+        )
     return records
 
 
@@ -61,7 +65,7 @@ def read_sources(srcs: Sources) -> list[dict[str, Any]]:
     row by its id)."""
     from calcx.data.io import read_rows
 
-    paths = [srcs] if isinstance(srcs, (str, Path)) else list(srcs)
+    paths = [srcs] if isinstance(srcs, str | Path) else list(srcs)
     rows: list[dict[str, Any]] = []
     seen: dict[str, str] = {}
     for path in paths:
@@ -77,8 +81,9 @@ def read_sources(srcs: Sources) -> list[dict[str, Any]]:
     return rows
 
 
-def to_verl_parquet(srcs: Sources, dst: str | Path,
-                    records: Callable[[Sequence[dict[str, Any]]], list[dict[str, Any]]] = verl_records) -> Path:
+def to_verl_parquet(
+    srcs: Sources, dst: str | Path, records: Callable[[Sequence[dict[str, Any]]], list[dict[str, Any]]] = verl_records
+) -> Path:
     """Read (and validate) one or more Calc-X parquet/jsonl files and write `records(rows)` to `dst`
     (verl's layout for calcx's agent loop unless another is given)."""
     import pyarrow as pa

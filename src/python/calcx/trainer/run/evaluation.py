@@ -12,15 +12,16 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from calcx.api.client import AsyncCalcxClient
 from calcx.api.models import Rollout
 from calcx.contract.labels import scored_reward
 from calcx.trainer.rollouts.group import RolloutOrigin
-from calcx.trainer.rollouts.session import run_session_from_config
 from calcx.trainer.rollouts.rollout_samples import RolloutIncomplete
+from calcx.trainer.rollouts.session import run_session_from_config
 
 
 @dataclass
@@ -58,8 +59,12 @@ def eval_collection(rollouts: Sequence[Rollout], *, step: int | None = None) -> 
     for rollout in by_step.get(chosen, []):
         row = rollout.row
         reward = scored_reward(rollout.state, rollout.reward)
-        base = {"rollout_id": rollout.rollout_id, "source": str(row.get("source") or "unknown"),
-                "row_id": row.get("id"), "state": rollout.state}
+        base = {
+            "rollout_id": rollout.rollout_id,
+            "source": str(row.get("source") or "unknown"),
+            "row_id": row.get("id"),
+            "state": rollout.state,
+        }
         if reward is not None:
             out.records.append({**base, "reward": reward})
         else:
@@ -82,13 +87,19 @@ def collect_eval(server_url: str, key: str, *, step: int | None = None) -> EvalC
 
 def val_session_kwargs(row: Mapping[str, Any], *, uid: str, session_id: int, step: int) -> dict[str, Any]:
     """What verl hands `CalcxAgentLoop.run` for one validation session (the columns `data.py` writes)."""
-    return {"uid": uid, "session_id": session_id, "global_steps": step, "validate": True,
-            "calcx_row": json.dumps(dict(row), ensure_ascii=False, sort_keys=True),
-            "data_source": str(row.get("source") or "calcx")}
+    return {
+        "uid": uid,
+        "session_id": session_id,
+        "global_steps": step,
+        "validate": True,
+        "calcx_row": json.dumps(dict(row), ensure_ascii=False, sort_keys=True),
+        "data_source": str(row.get("source") or "calcx"),
+    }
 
 
-async def run_validation(config: Any, rows: Sequence[Mapping[str, Any]], *, step: int = 0,
-                         groups_in_flight: int = 32) -> dict[str, int]:
+async def run_validation(
+    config: Any, rows: Sequence[Mapping[str, Any]], *, step: int = 0, groups_in_flight: int = 32
+) -> dict[str, int]:
     """Every row as one validation group of `rollout.val_kwargs.n` sessions, through `run_session`
     (the AgentLoop's own path). Returns counts: sessions, succeeded, incomplete."""
     n = int(config.actor_rollout_ref.rollout.val_kwargs.n)
@@ -98,9 +109,13 @@ async def run_validation(config: Any, rows: Sequence[Mapping[str, Any]], *, step
     async def one_group(row: Mapping[str, Any]) -> None:
         uid = str(uuid.uuid4())
         async with gate:
-            results = await asyncio.gather(*[
-                run_session_from_config(config, {}, val_session_kwargs(row, uid=uid, session_id=i, step=step))
-                for i in range(n)], return_exceptions=True)
+            results = await asyncio.gather(
+                *[
+                    run_session_from_config(config, {}, val_session_kwargs(row, uid=uid, session_id=i, step=step))
+                    for i in range(n)
+                ],
+                return_exceptions=True,
+            )
         for result in results:
             counts["sessions"] += 1
             if isinstance(result, RolloutIncomplete):

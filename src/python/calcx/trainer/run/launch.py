@@ -14,20 +14,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
 from calcx.trainer.run.data import Sources
 from calcx.trainer.run.progress import ProgressWatch, total_training_steps
 from calcx.trainer.run.report import count_incomplete, write_report
-from calcx.trainer.run.resume import ResumeStart, start_resume, settle_previous_run
+from calcx.trainer.run.resume import ResumeStart, settle_previous_run, start_resume
 from calcx.trainer.run.run_settings import RunSettings, prepare_run
-from calcx.trainer.run_dir.server_key import key_dir, remove_key_file, write_key_file
 from calcx.trainer.run.services import LocalServices, ServicesConfig
 from calcx.trainer.run_dir.names import INCOMPLETE_GROUPS_FILE, SERVICES_DIR
+from calcx.trainer.run_dir.server_key import key_dir, remove_key_file, write_key_file
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +80,17 @@ def preflight(server_url: str, key: str) -> None:
     try:
         asyncio.run(probe())
     except CalcxAPIError as exc:
-        hint = ("check --agl-key-file / $CALCX_KEY (the key the server was started with)" if exc.status in (401, 403)
-                else "check --agl-base-url, or leave it out to let calcx train start a server")
+        hint = (
+            "check --agl-key-file / $CALCX_KEY (the key the server was started with)"
+            if exc.status in (401, 403)
+            else "check --agl-base-url, or leave it out to let calcx train start a server"
+        )
         raise LaunchError(f"calcx server at {server_url} is not usable: {exc}; {hint}") from exc
 
 
-def _settle_run(run: str, server_url: str, key: str, resume: Callable[[], ResumeStart] | None,
-                owner: str) -> ResumeStart | None:
+def _settle_run(
+    run: str, server_url: str, key: str, resume: Callable[[], ResumeStart] | None, owner: str
+) -> ResumeStart | None:
     """Once this start holds its run's lease: plan the resume (checkpoint, report rows), then cancel
     what an earlier run of the same name left (a killed trainer's QUEUED and RUNNING rollouts), so
     that it neither runs first nor is trained; with a resume plan, also roll back the training
@@ -111,8 +115,9 @@ def stop_taken_over(message: str) -> None:
 
 
 @contextlib.contextmanager
-def held_run(run: str, wait_s: float, server_url: str, key: str, owner: str, take_over: bool,
-             on_lost: Callable[[str], None]) -> Iterator[None]:
+def held_run(
+    run: str, wait_s: float, server_url: str, key: str, owner: str, take_over: bool, on_lost: Callable[[str], None]
+) -> Iterator[None]:
     """The run's lease (calcx.trainer.run.run_lease) for the block, renewed while it runs and released
     after; nothing without a run name (nothing of the run is touched then)."""
     from calcx.api.client import CalcxClient
@@ -161,9 +166,16 @@ def server_args(cfg: DictConfig, given: Sequence[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
-                     resume: Callable[[], ResumeStart] | None = None, *, owner: str = "", take_over: bool = False,
-                     on_lost: Callable[[str], None] = stop_taken_over) -> Iterator[RolloutServer]:
+def rollout_services(
+    cfg: DictConfig,
+    report_dir: Path,
+    key: str = "",
+    resume: Callable[[], ResumeStart] | None = None,
+    *,
+    owner: str = "",
+    take_over: bool = False,
+    on_lost: Callable[[str], None] = stop_taken_over,
+) -> Iterator[RolloutServer]:
     """Start the server and controller unless `calcx.server_url` is set (then `key` is its key);
     take the run's lease (`owner`, `take_over`) before anything of the run is touched, then
     `resume` (the resume plan) and the previous run's leftovers; say where they are. The config is
@@ -196,8 +208,9 @@ def rollout_services(cfg: DictConfig, report_dir: Path, key: str = "",
         # the lease before the controller: a second start of a live run claims none of its work
         with held_run(run, wait_s, services.server_url, services.key, owner, take_over, on_lost):
             services.start_controller()
-            log.info("calcx train: server %s and controller started (logs in %s)", services.server_url,
-                     services.workdir)
+            log.info(
+                "calcx train: server %s and controller started (logs in %s)", services.server_url, services.workdir
+            )
             plan = _settle_run(run, services.server_url, services.key, resume, owner)
             yield RolloutServer(key_file=key_file, url=services.server_url, plan=plan, owner=owner)
     finally:
@@ -227,8 +240,9 @@ def run_eval_driver(cfg: DictConfig, val_src: Sources) -> dict[str, int]:
     from calcx.trainer.run.evaluation import run_validation
 
     rows = read_sources(val_src)
-    return asyncio.run(run_validation(cfg, rows, step=0,
-                                      groups_in_flight=int(cfg.calcx.get("controller_concurrency") or 32)))
+    return asyncio.run(
+        run_validation(cfg, rows, step=0, groups_in_flight=int(cfg.calcx.get("controller_concurrency") or 32))
+    )
 
 
 def finish_report(settings: RunSettings, title: str) -> Path:
@@ -238,18 +252,31 @@ def finish_report(settings: RunSettings, title: str) -> Path:
     collection = collect_eval(settings.server_url, settings.server_key())
     report_dir = settings.report_dir
     return write_report(
-        report_dir, metrics_path=settings.metrics_path, eval_records=collection.records,
+        report_dir,
+        metrics_path=settings.metrics_path,
+        eval_records=collection.records,
         incomplete_groups=count_incomplete(report_dir / INCOMPLETE_GROUPS_FILE),
-        allow_no_reward=True, eval_note=collection.note(), title=title,
+        allow_no_reward=True,
+        eval_note=collection.note(),
+        title=title,
     )
 
 
-def run_training(cfg: DictConfig, *, train_src: Sources, val_src: Sources, eval_only: bool = False,
-                 model_endpoint: str | None = None, key: str = "", take_over: bool = False) -> int:
+def run_training(
+    cfg: DictConfig,
+    *,
+    train_src: Sources,
+    val_src: Sources,
+    eval_only: bool = False,
+    model_endpoint: str | None = None,
+    key: str = "",
+    take_over: bool = False,
+) -> int:
     """Train (or, with `eval_only`, only validate) and write the report; 0 when both succeeded.
     `take_over`: take the run from another trainer holding its lease (which is then fenced off)."""
-    settings = prepare_run(cfg, train_src=train_src, val_src=val_src,
-                           validate_only=eval_only and model_endpoint is None)
+    settings = prepare_run(
+        cfg, train_src=train_src, val_src=val_src, validate_only=eval_only and model_endpoint is None
+    )
     report_dir, metrics_path = settings.report_dir, settings.metrics_path
     # a training run continues from its newest whole checkpoint (docs/resume.md), chosen once the
     # run's lease is held: a second start of a live run must not move its files

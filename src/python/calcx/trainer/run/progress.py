@@ -21,11 +21,11 @@ import os
 import threading
 import time
 from collections import deque
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
-from calcx.trainer.run_dir.names import CURVE_FILE
 from calcx.trainer.run.report import (
     REWARD_KEYS,
     ReportError,
@@ -35,6 +35,7 @@ from calcx.trainer.run.report import (
     validation_by_source,
     validation_series,
 )
+from calcx.trainer.run_dir.names import CURVE_FILE
 
 PROGRESS_PREFIX = "calcx train:"
 STEP_TIME_KEY = "timing_s/step"
@@ -47,12 +48,12 @@ VERL_STARTING, VALIDATED, FIRST_STEP = "verl starting", "validation before train
 
 def phase_line(event: str, now: float | None = None) -> str:
     """`calcx train: 2026-12-03 14:18:04 UTC first step logged`."""
-    stamp = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)
+    stamp = datetime.fromtimestamp(time.time() if now is None else now, UTC)
     return f"{PROGRESS_PREFIX} {stamp:%Y-%m-%d %H:%M:%S} UTC {event}"
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _duration(seconds: float) -> str:
@@ -65,10 +66,17 @@ def _duration(seconds: float) -> str:
 
 # verl's timed phases inside a step (its `timing_s/step`), as the console line and the step table name
 # them; validation (`timing_s/testing`) runs outside the step's time
-STEP_PHASES = (("timing_s/gen", "generation"), ("timing_s/old_log_prob", "old log-prob"),
-               ("timing_s/ref", "ref log-prob"), ("timing_s/values", "values"), ("timing_s/adv", "advantage"),
-               ("timing_s/update_critic", "critic update"), ("timing_s/update_actor", "update"),
-               ("timing_s/update_weights", "weight sync"), ("timing_s/save_checkpoint", "checkpoint"))
+STEP_PHASES = (
+    ("timing_s/gen", "generation"),
+    ("timing_s/old_log_prob", "old log-prob"),
+    ("timing_s/ref", "ref log-prob"),
+    ("timing_s/values", "values"),
+    ("timing_s/adv", "advantage"),
+    ("timing_s/update_critic", "critic update"),
+    ("timing_s/update_actor", "update"),
+    ("timing_s/update_weights", "weight sync"),
+    ("timing_s/save_checkpoint", "checkpoint"),
+)
 
 
 def dominant_phase(metrics: Mapping[str, Any]) -> tuple[str, float] | None:
@@ -89,8 +97,7 @@ def _step_time(step: int, metrics: Mapping[str, Any]) -> str:
     return f"step {step}: {total:.1f} s ({phase[0]} {phase[1]:.1f} s)"
 
 
-def progress_line(step: int, metrics: Mapping[str, Any], *, total_steps: int | None,
-                  step_seconds: list[float]) -> str:
+def progress_line(step: int, metrics: Mapping[str, Any], *, total_steps: int | None, step_seconds: list[float]) -> str:
     """The console line of one metrics line (`metrics` flat, as verl logged it)."""
     parts = [f"step {step}/{total_steps}" if total_steps else f"step {step}"]
     reward = next((v for k in REWARD_KEYS if (v := _number(metrics.get(k))) is not None), None)
@@ -147,8 +154,14 @@ def draw_curves(metrics: list[dict[str, Any]], out_png: Path) -> Path | None:
 class ProgressWatch:
     """Follows a verl metrics file; `poll()` handles what was appended since the last call."""
 
-    def __init__(self, metrics_path: str | os.PathLike[str], report_dir: str | os.PathLike[str], *,
-                 total_steps: int | None, emit: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        metrics_path: str | os.PathLike[str],
+        report_dir: str | os.PathLike[str],
+        *,
+        total_steps: int | None,
+        emit: Callable[[str], None] = print,
+    ) -> None:
         self.metrics_path = Path(metrics_path)
         self.out_png = Path(report_dir) / CURVE_FILE
         self.total_steps = total_steps
@@ -206,7 +219,7 @@ class ProgressWatch:
         return lines
 
     @contextlib.contextmanager
-    def running(self, interval_s: float = 2.0) -> Iterator["ProgressWatch"]:
+    def running(self, interval_s: float = 2.0) -> Iterator[ProgressWatch]:
         """Poll in a daemon thread while the block runs; a last poll when it ends."""
         self._say_once(VERL_STARTING)
         stop = threading.Event()

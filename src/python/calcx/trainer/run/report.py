@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from calcx.contract.labels import finite_reward
 from calcx.trainer.run_dir.names import CURVE_FILE, EVAL_FILE, REPORT_FILE
@@ -36,9 +37,11 @@ class ReportError(ValueError):
 
 def metric_series(metrics: Sequence[Mapping[str, Any]], key: str) -> list[tuple[int, float]]:
     """(step, value) of every finite number logged under `key`, by step."""
-    return sorted((int(m["step"]), float(m[key])) for m in metrics
-                  if isinstance(m.get(key), (int, float)) and not isinstance(m.get(key), bool)
-                  and math.isfinite(float(m[key])))
+    return sorted(
+        (int(m["step"]), float(m[key]))
+        for m in metrics
+        if isinstance(m.get(key), int | float) and not isinstance(m.get(key), bool) and math.isfinite(float(m[key]))
+    )
 
 
 def _plot_tool_use(ax, metrics: Sequence[Mapping[str, Any]]) -> bool:  # type: ignore[no-untyped-def]
@@ -66,6 +69,7 @@ def _save_reward_axes(fig, ax, title: str, out: Path, *, tool_use: bool = False)
     plt.close(fig)
     return out
 
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Flattened metric lines, each with an int `step`. Bad lines are an error naming the line."""
     rows = []
@@ -88,16 +92,24 @@ def reward_series(metrics: Sequence[Mapping[str, Any]], key: str | None = None) 
     """(key used, steps, values) for the reward curve; the key is the first of REWARD_KEYS present."""
     keys = [key] if key else list(REWARD_KEYS)
     for candidate in keys:
-        points = [(int(m["step"]), float(m[candidate])) for m in metrics
-                  if isinstance(m.get(candidate), (int, float)) and math.isfinite(float(m[candidate]))]
+        points = [
+            (int(m["step"]), float(m[candidate]))
+            for m in metrics
+            if isinstance(m.get(candidate), int | float) and math.isfinite(float(m[candidate]))
+        ]
         if points:
             points.sort()
             return candidate, [p[0] for p in points], [p[1] for p in points]
     raise ReportError(f"no metrics line has any of {keys}; cannot draw a reward curve")
 
 
-def plot_reward_curve(metrics: Sequence[Mapping[str, Any]], out_png: str | Path, *, key: str | None = None,
-                      title: str = "Calc-X training reward") -> Path:
+def plot_reward_curve(
+    metrics: Sequence[Mapping[str, Any]],
+    out_png: str | Path,
+    *,
+    key: str | None = None,
+    title: str = "Calc-X training reward",
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -148,8 +160,9 @@ def eval_rows(records: Iterable[Mapping[str, Any]], *, threshold: float = 0.5) -
     for number, record in enumerate(records, start=1):
         reward = finite_reward(record.get("reward"))
         if reward is None:
-            raise ReportError(f"eval record {number} ({record.get('source')!r}) has no finite reward: "
-                              f"{record.get('reward')!r}")
+            raise ReportError(
+                f"eval record {number} ({record.get('source')!r}) has no finite reward: " f"{record.get('reward')!r}"
+            )
         cell = by_source[str(record.get("source") or "unknown")]
         cell[0] += 1
         cell[1] += int(reward > threshold)
@@ -186,8 +199,13 @@ def plot_placeholder(out_png: str | Path, note: str, *, title: str = "Calc-X tra
     return out
 
 
-def write_eval_markdown(out_dir: str | Path, records: Sequence[Mapping[str, Any]], *, title: str = "Calc-X evaluation",
-                        note: str | None = None) -> Path:
+def write_eval_markdown(
+    out_dir: str | Path,
+    records: Sequence[Mapping[str, Any]],
+    *,
+    title: str = "Calc-X evaluation",
+    note: str | None = None,
+) -> Path:
     """`eval.md`: accuracy by source (plus a note, e.g. which step and how many rollouts failed)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -197,10 +215,16 @@ def write_eval_markdown(out_dir: str | Path, records: Sequence[Mapping[str, Any]
     return path
 
 
-def write_report(out_dir: str | Path, *, metrics_path: str | Path | None,
-                 eval_records: Iterable[Mapping[str, Any]] | None, title: str = "Calc-X run report",
-                 incomplete_groups: int | None = None, allow_no_reward: bool = False,
-                 eval_note: str | None = None) -> Path:
+def write_report(
+    out_dir: str | Path,
+    *,
+    metrics_path: str | Path | None,
+    eval_records: Iterable[Mapping[str, Any]] | None,
+    title: str = "Calc-X run report",
+    incomplete_groups: int | None = None,
+    allow_no_reward: bool = False,
+    eval_note: str | None = None,
+) -> Path:
     """Write `reward_curve.png` (when metrics exist), `eval.md` (when eval records are given) and
     `report.md`; return the report's path.
 
@@ -224,14 +248,23 @@ def write_report(out_dir: str | Path, *, metrics_path: str | Path | None,
                 raise
     if steps:
         plot_reward_curve(metrics or [], out / CURVE_FILE)
-        parts += [f"Reward ({used}) over {len(steps)} step(s): first {values[0]:.3f}, last {values[-1]:.3f}, "
-                  f"best {max(values):.3f}.", "", "![reward curve](reward_curve.png)", ""]
+        parts += [
+            f"Reward ({used}) over {len(steps)} step(s): first {values[0]:.3f}, last {values[-1]:.3f}, "
+            f"best {max(values):.3f}.",
+            "",
+            "![reward curve](reward_curve.png)",
+            "",
+        ]
     elif allow_no_reward:
         val = validation_series(metrics or [])
         if val:
             plot_validation_curve(val, out / CURVE_FILE, metrics=metrics or [])
-            parts += [f"No training step recorded a reward; validation reward over {len(val)} point(s).", "",
-                      "![reward curve](reward_curve.png)", ""]
+            parts += [
+                f"No training step recorded a reward; validation reward over {len(val)} point(s).",
+                "",
+                "![reward curve](reward_curve.png)",
+                "",
+            ]
         else:
             plot_placeholder(out / CURVE_FILE, "no training step recorded a reward")
             parts += ["No training step recorded a reward (see the run's logs).", ""]
@@ -255,19 +288,27 @@ def tool_use_lines(metrics: Sequence[Mapping[str, Any]]) -> list[str]:
     for key, label in TOOL_USE_SERIES:
         points = metric_series(metrics, key)
         if points:
-            parts.append(f"{label} (share of rollouts with a successful calculator call): first {points[0][1]:.1%} "
-                         f"(step {points[0][0]}), last {points[-1][1]:.1%} (step {points[-1][0]})")
+            parts.append(
+                f"{label} (share of rollouts with a successful calculator call): first {points[0][1]:.1%} "
+                f"(step {points[0][0]}), last {points[-1][1]:.1%} (step {points[-1][0]})"
+            )
     failures = metric_series(metrics, "calcx/val/tool_parse_failures")
     if failures:
-        parts.append(f"tool-call parse failures at the last validation (step {failures[-1][0]}): "
-                     f"{failures[-1][1]:.0f}")
+        parts.append(
+            f"tool-call parse failures at the last validation (step {failures[-1][0]}): " f"{failures[-1][1]:.0f}"
+        )
     return ["; ".join(parts) + ".", ""] if parts else []
 
 
 def _validation_value(key: str, value: Any) -> bool:
     """Whether a metrics entry is a validation accuracy verl logged (`val-core/<source>/.../mean@1`)."""
-    return (key.startswith(VAL_KEY_PREFIX) and key.endswith("/mean@1") and isinstance(value, (int, float))
-            and not isinstance(value, bool) and math.isfinite(float(value)))
+    return (
+        key.startswith(VAL_KEY_PREFIX)
+        and key.endswith("/mean@1")
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    )
 
 
 def validation_by_source(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -275,7 +316,7 @@ def validation_by_source(metrics: Mapping[str, Any]) -> dict[str, float]:
     found: dict[str, float] = {}
     for k, v in metrics.items():
         if _validation_value(k, v):
-            found.setdefault(k[len(VAL_KEY_PREFIX):].split("/", 1)[0], float(v))
+            found.setdefault(k[len(VAL_KEY_PREFIX) :].split("/", 1)[0], float(v))
     return dict(sorted(found.items()))
 
 
@@ -289,9 +330,12 @@ def validation_series(metrics: Sequence[Mapping[str, Any]]) -> list[tuple[int, f
     return sorted((step, sum(vs) / len(vs)) for step, vs in by_step.items())
 
 
-def plot_validation_curve(points: Sequence[tuple[int, float]], out_png: str | Path,
-                          title: str = "Calc-X validation reward",
-                          metrics: Sequence[Mapping[str, Any]] | None = None) -> Path:
+def plot_validation_curve(
+    points: Sequence[tuple[int, float]],
+    out_png: str | Path,
+    title: str = "Calc-X validation reward",
+    metrics: Sequence[Mapping[str, Any]] | None = None,
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")

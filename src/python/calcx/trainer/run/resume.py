@@ -20,9 +20,10 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -46,20 +47,28 @@ class ResumeSettings:
     resume_from_path: str | None = None
 
     @classmethod
-    def from_cfg(cls, cfg: DictConfig) -> "ResumeSettings":
+    def from_cfg(cls, cfg: DictConfig) -> ResumeSettings:
         if OmegaConf.select(cfg, "actor_rollout_ref.actor.checkpoint.async_save", default=False):
-            raise ValueError("actor_rollout_ref.actor.checkpoint.async_save=true: calcx resumes only from checkpoints "
-                             "whose save finished, which an asynchronous save does not tell; leave it false")
+            raise ValueError(
+                "actor_rollout_ref.actor.checkpoint.async_save=true: calcx resumes only from checkpoints "
+                "whose save finished, which an asynchronous save does not tell; leave it false"
+            )
         for key in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep"):
             if OmegaConf.select(cfg, f"trainer.{key}", default=None) is not None:
-                raise ValueError(f"trainer.{key} is set: verl removes the older checkpoint before the newer one is "
-                                 "whole and forgets the checkpoints of a restarted run; use calcx.keep_checkpoints")
+                raise ValueError(
+                    f"trainer.{key} is set: verl removes the older checkpoint before the newer one is "
+                    "whole and forgets the checkpoints of a restarted run; use calcx.keep_checkpoints"
+                )
         if OmegaConf.select(cfg, "trainer.remove_previous_ckpt_in_save", default=False):
             raise ValueError("trainer.remove_previous_ckpt_in_save=true: use calcx.keep_checkpoints=1 instead")
         check_keep(OmegaConf.select(cfg, "calcx.keep_checkpoints", default=None))
         given = OmegaConf.select(cfg, "trainer.resume_from_path", default=None)
-        return cls(run=str(cfg.calcx.get("run") or ""), root=checkpoint_root(cfg), mode=str(cfg.trainer.resume_mode),
-                   resume_from_path=None if given is None else str(given))
+        return cls(
+            run=str(cfg.calcx.get("run") or ""),
+            root=checkpoint_root(cfg),
+            mode=str(cfg.trainer.resume_mode),
+            resume_from_path=None if given is None else str(given),
+        )
 
 
 #: one saved step directory: its step, its path, whether its save finished
@@ -107,9 +116,14 @@ def plan_resume(settings: ResumeSettings, saved: Sequence[SavedStep]) -> ResumeP
     if checkpoint is not None:
         verl["trainer.val_before_train"] = False  # the checkpoint's policy was validated at its own step
     after = checkpoint.step if checkpoint is not None else 0
-    return ResumePlan(run=settings.run, root=settings.root, checkpoint=checkpoint,
-                      remove=tuple(path for step, path, complete in saved if step > after and not complete),
-                      keep_rows_through=after if checkpoint is not None else -1, verl=verl)
+    return ResumePlan(
+        run=settings.run,
+        root=settings.root,
+        checkpoint=checkpoint,
+        remove=tuple(path for step, path, complete in saved if step > after and not complete),
+        keep_rows_through=after if checkpoint is not None else -1,
+        verl=verl,
+    )
 
 
 @dataclass
@@ -135,25 +149,35 @@ class ResumeStart:
         return self.plan.step
 
     def summary(self) -> str:
-        start = (f"resuming run {self.run!r} after step {self.step} from checkpoint {self.checkpoint.path}"
-                 if self.checkpoint is not None else
-                 f"starting run {self.run!r} at step 1 (no complete checkpoint under {self.plan.root})")
-        parts = [start, f"{self.cancelled} rollout attempt(s) the previous run left queued or running cancelled, "
-                        "0 adopted (re-run steps draw new groups)"]
+        start = (
+            f"resuming run {self.run!r} after step {self.step} from checkpoint {self.checkpoint.path}"
+            if self.checkpoint is not None
+            else f"starting run {self.run!r} at step 1 (no complete checkpoint under {self.plan.root})"
+        )
+        parts = [
+            start,
+            f"{self.cancelled} rollout attempt(s) the previous run left queued or running cancelled, "
+            "0 adopted (re-run steps draw new groups)",
+        ]
         if self.rolled_back:
             parts.append(f"training records of step(s) {_ranges(self.rolled_back)} rolled back")
         if self.removed:
             parts.append("half-written checkpoint(s) removed: " + ", ".join(p.name for p in self.removed))
         moved = {name: n for name, n in self.superseded.items() if n}
         if moved:
-            parts.append("report rows after the checkpoint moved to superseded/: "
-                         + ", ".join(f"{name} {n}" for name, n in moved.items()))
+            parts.append(
+                "report rows after the checkpoint moved to superseded/: "
+                + ", ".join(f"{name} {n}" for name, n in moved.items())
+            )
         return "; ".join(parts)
 
 
 def _ranges(steps: list[int]) -> str:
-    return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 and steps[-1] - steps[0] == len(steps) - 1 else \
-        ", ".join(map(str, steps))
+    return (
+        f"{steps[0]}-{steps[-1]}"
+        if len(steps) > 1 and steps[-1] - steps[0] == len(steps) - 1
+        else ", ".join(map(str, steps))
+    )
 
 
 def checkpoint_root(cfg: DictConfig) -> Path:
@@ -184,8 +208,11 @@ def start_resume(cfg: DictConfig, report_dir: Path) -> ResumeStart:
 
 def record_start(report_dir: Path, plan: ResumeStart) -> None:
     """Append this start to the run's starts file."""
-    line = {"first_step": plan.step + 1, "checkpoint": str(plan.checkpoint.path) if plan.checkpoint else None,
-            "at": time.time()}
+    line = {
+        "first_step": plan.step + 1,
+        "checkpoint": str(plan.checkpoint.path) if plan.checkpoint else None,
+        "at": time.time(),
+    }
     report_dir.mkdir(parents=True, exist_ok=True)
     with open(report_dir / STARTS_FILE, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(line) + "\n")

@@ -40,8 +40,15 @@ def new_owner() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def take_run_lease(client: CalcxClient, run: str, owner: str, *, take_over: bool = False,
-                   wait_s: float = DEFAULT_WAIT_S, sleep: Callable[[float], None] = time.sleep) -> RunLease:
+def take_run_lease(
+    client: CalcxClient,
+    run: str,
+    owner: str,
+    *,
+    take_over: bool = False,
+    wait_s: float = DEFAULT_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> RunLease:
     """The run's lease for `owner`, or RunLeaseRefused after waiting up to `wait_s` for a held one
     to lapse."""
     deadline = time.monotonic() + wait_s
@@ -56,14 +63,20 @@ def take_run_lease(client: CalcxClient, run: str, owner: str, *, take_over: bool
             if left <= 0:
                 raise RunLeaseRefused(f"{exc.message} (waited {wait_s:.0f} s)") from None
             if not said:
-                print(f"calcx train: {exc.message}; waiting up to {wait_s:.0f} s for that lease to lapse "
-                      "(a stopped trainer's does)", flush=True)
+                print(
+                    f"calcx train: {exc.message}; waiting up to {wait_s:.0f} s for that lease to lapse "
+                    "(a stopped trainer's does)",
+                    flush=True,
+                )
                 said = True
             sleep(min(POLL_S, left))
             continue
         if lease.took_over:
-            log.warning("calcx train: took run %r over from trainer %r, whose writes for it are refused from now on",
-                        run, lease.previous_owner)
+            log.warning(
+                "calcx train: took run %r over from trainer %r, whose writes for it are refused from now on",
+                run,
+                lease.previous_owner,
+            )
         return lease
 
 
@@ -106,5 +119,6 @@ class LeaseKeeper:
             try:
                 self.client.release_lease(self.lease.run, self.lease.owner)
             except CalcxAPIError as exc:
-                log.warning("calcx train: releasing run %r's lease failed (%s); it lapses by itself",
-                            self.lease.run, exc)
+                log.warning(
+                    "calcx train: releasing run %r's lease failed (%s); it lapses by itself", self.lease.run, exc
+                )

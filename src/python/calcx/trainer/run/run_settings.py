@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from calcx.trainer.config.compose import OWNER_KEY, resolve_model_path
 from calcx.trainer.run.data import Sources, to_verl_parquet, verl_records
 from calcx.trainer.run.services import CALCX_SRC
-from calcx.trainer.run_dir.server_key import server_key
 from calcx.trainer.run_dir.names import METRICS_FILE, VERL_TRAIN_FILE, VERL_VAL_FILE
+from calcx.trainer.run_dir.server_key import server_key
 
 WORKER_ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
 FILE_LOGGER_ENV = "VERL_FILE_LOGGER_PATH"  # where verl's `file` logger writes (its FileLogger)
@@ -43,14 +44,18 @@ class RunSettings:
     server_url: str = ""  # the configured server (`calcx.server_url`), or the one this run started
     key_file: Path | None = None
 
-    def with_server(self, key_file: Path, url: str | None = None, owner: str = "") -> "RunSettings":
+    def with_server(self, key_file: Path, url: str | None = None, owner: str = "") -> RunSettings:
         """The owner-only file that holds the calcx server's key, the URL of a server this run
         started (None: the configured server), and the owner id of the run's lease (the ledger's
         writers in Ray's workers name it)."""
         server = {"calcx.server_url": url} if url is not None else {}
         lease = {OWNER_KEY: owner} if owner else {}
-        return dataclasses.replace(self, values={**self.values, **server, **lease, "calcx.key_file": str(key_file)},
-                                   server_url=url if url is not None else self.server_url, key_file=key_file)
+        return dataclasses.replace(
+            self,
+            values={**self.values, **server, **lease, "calcx.key_file": str(key_file)},
+            server_url=url if url is not None else self.server_url,
+            key_file=key_file,
+        )
 
     def server_key(self) -> str:
         """The calcx server's key, read from the key file."""
@@ -85,8 +90,14 @@ def worker_env(cfg: DictConfig, env: Mapping[str, str]) -> dict[str, Any]:
     return values
 
 
-def prepare_run(cfg: DictConfig, *, train_src: Sources, val_src: Sources, records: Records = verl_records,
-                validate_only: bool = False) -> RunSettings:
+def prepare_run(
+    cfg: DictConfig,
+    *,
+    train_src: Sources,
+    val_src: Sources,
+    records: Records = verl_records,
+    validate_only: bool = False,
+) -> RunSettings:
     """Check the model, write the verl-layout data files (`records` of the Calc-X rows) and point
     verl's file logger at the metrics file; return what the run sets, not yet applied.
     `validate_only`: verl validates and does not train (`--eval-only` without a model endpoint)."""
@@ -110,5 +121,10 @@ def prepare_run(cfg: DictConfig, *, train_src: Sources, val_src: Sources, record
     }
     if validate_only:
         values.update({"trainer.val_before_train": True, "trainer.val_only": True})
-    return RunSettings(report_dir=report_dir, metrics_path=metrics_path, values=values, model_path=model_path,
-                       server_url=str(cfg.calcx.get("server_url") or ""))
+    return RunSettings(
+        report_dir=report_dir,
+        metrics_path=metrics_path,
+        values=values,
+        model_path=model_path,
+        server_url=str(cfg.calcx.get("server_url") or ""),
+    )

@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from calcx.contract.env import (
     AGENT_PROMPT_DEFAULT,
@@ -114,7 +115,7 @@ class ServicesConfig:
     start_timeout_s: float = 180.0
 
     @classmethod
-    def from_calcx_section(cls, calcx: Any, workdir: Path) -> "ServicesConfig":
+    def from_calcx_section(cls, calcx: Any, workdir: Path) -> ServicesConfig:
         """Read `calcx.services_python`, `services_pythonpath`, `agent_python`, `agent_pythonpath`,
         `controller_concurrency`, `prefork`, `agent_sandbox`, `agent_logs`, `agent_tool_rounds`,
         `agent_prompt`, `server_args` and `controller_args` (null = default)."""
@@ -136,8 +137,9 @@ class ServicesConfig:
             prefork=bool(get("prefork", True)),
             sandbox=None if get("agent_sandbox") is None else str(get("agent_sandbox")),
             agent_logs=bool(get("agent_logs", False)),
-            tool_rounds=parse_tool_rounds(TOOL_ROUNDS_DEFAULT if rounds is None else rounds,
-                                          what="calcx.agent_tool_rounds"),
+            tool_rounds=parse_tool_rounds(
+                TOOL_ROUNDS_DEFAULT if rounds is None else rounds, what="calcx.agent_tool_rounds"
+            ),
             prompt=parse_agent_prompt(AGENT_PROMPT_DEFAULT if prompt is None else prompt, what="calcx.agent_prompt"),
             server_args=[str(a) for a in (get("server_args") or [])],
             controller_args=[str(a) for a in (get("controller_args") or [])],
@@ -154,12 +156,17 @@ class ServicesConfig:
         import json
 
         prefix = ["env", "PYTHONPATH=" + os.pathsep.join(self.agent_pythonpath), self.agent_python, "-m"]
-        return ["--agent-cmd", json.dumps(prefix + ["calcx.agent"]),
-                "--worker-cmd", json.dumps(prefix + [WORKER_MODULE])]
+        return [
+            "--agent-cmd",
+            json.dumps(prefix + ["calcx.agent"]),
+            "--worker-cmd",
+            json.dumps(prefix + [WORKER_MODULE]),
+        ]
 
 
-def services_env(pythonpath: Sequence[str], extra: dict[str, str],
-                 base: Mapping[str, str] | None = None) -> dict[str, str]:
+def services_env(
+    pythonpath: Sequence[str], extra: dict[str, str], base: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The started server's and controller's environment: the allowlisted part of ours
     (calcx.contract.env.service_base_env; no tracker or hub credentials), their import path, `extra`."""
     env = service_base_env(os.environ if base is None else base)
@@ -184,40 +191,68 @@ class LocalServices:
     def key(self) -> str:
         return self.config.key
 
-    def start(self) -> "LocalServices":
+    def start(self) -> LocalServices:
         self.start_server()
         return self.start_controller()
 
     def _env(self) -> dict[str, str]:
         return services_env(self.config.services_pythonpath, {CALCX_KEY: self.config.key})
 
-    def start_server(self) -> "LocalServices":
+    def start_server(self) -> LocalServices:
         """The server alone: `calcx train` takes its run's lease before a controller claims anything."""
         c = self.config
         self.workdir.mkdir(parents=True, exist_ok=True)
-        server_cmd = [c.services_python, "-m", "calcx.server", "--host", "127.0.0.1", "--port", "0",
-                      "--db", str(self.db_path), "--log-level", "warning", *c.server_args]
+        server_cmd = [
+            c.services_python,
+            "-m",
+            "calcx.server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--db",
+            str(self.db_path),
+            "--log-level",
+            "warning",
+            *c.server_args,
+        ]
         # both die with calcx train, even a SIGKILLed one: a second start finds no old controller
         # still claiming from the run's database (docs/resume.md)
-        server = self.server = ManagedProcess("calcx server", server_cmd, self.workdir / "server.log", self._env(),
-                                              die_with_parent=True)
+        server = self.server = ManagedProcess(
+            "calcx server", server_cmd, self.workdir / "server.log", self._env(), die_with_parent=True
+        )
         self._starting(lambda: server.start(SERVER_READY, c.start_timeout_s))
         assert server.match is not None
         self.server_url = server.match.group(1).rstrip("/")
         return self
 
-    def start_controller(self) -> "LocalServices":
+    def start_controller(self) -> LocalServices:
         c = self.config
-        controller_cmd = [c.services_python, "-m", "calcx.controller", "--runner", "local",
-                          "--server", self.server_url, "--concurrency", str(c.concurrency),
-                          "--controller-id", "calcx-train",
-                          *(["--log-dir", str(self.workdir / "agents")] if c.agent_logs else []),
-                          *c.agent_commands(),
-                          *([] if c.prefork else ["--no-prefork"]),
-                          *([] if c.sandbox is None else ["--sandbox", c.sandbox]), *c.controller_args]
+        controller_cmd = [
+            c.services_python,
+            "-m",
+            "calcx.controller",
+            "--runner",
+            "local",
+            "--server",
+            self.server_url,
+            "--concurrency",
+            str(c.concurrency),
+            "--controller-id",
+            "calcx-train",
+            *(["--log-dir", str(self.workdir / "agents")] if c.agent_logs else []),
+            *c.agent_commands(),
+            *([] if c.prefork else ["--no-prefork"]),
+            *([] if c.sandbox is None else ["--sandbox", c.sandbox]),
+            *c.controller_args,
+        ]
         controller = self.controller = ManagedProcess(
-            "calcx controller", controller_cmd, self.workdir / "controller.log", {**self._env(), **c.agent_settings()},
-            die_with_parent=True)
+            "calcx controller",
+            controller_cmd,
+            self.workdir / "controller.log",
+            {**self._env(), **c.agent_settings()},
+            die_with_parent=True,
+        )
         self._starting(lambda: controller.start(CONTROLLER_READY, c.start_timeout_s))
         return self
 
@@ -240,7 +275,7 @@ class LocalServices:
         """The controller first (it ends its agents), then the server; nothing started here outlives it."""
         stop_all([(self.controller, 20.0), (self.server, 10.0)])
 
-    def __enter__(self) -> "LocalServices":
+    def __enter__(self) -> LocalServices:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

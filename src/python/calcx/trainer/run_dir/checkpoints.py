@@ -22,9 +22,10 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from calcx.trainer.run_dir.names import CHECKPOINT_MARKER
 
@@ -83,8 +84,7 @@ def write_marker(path: Path, step: int, seconds: float) -> dict[str, Any]:
     """Mark `path` (the step's directory, saved) complete; what the marker says: the step, the
     save's seconds, its files and bytes (the checkpoint's cost, docs/resume.md)."""
     files, size = directory_size(path)
-    marker = {"step": step, "save_seconds": round(seconds, 3), "files": files, "bytes": size,
-              "written_at": time.time()}
+    marker = {"step": step, "save_seconds": round(seconds, 3), "files": files, "bytes": size, "written_at": time.time()}
     tmp = path / f".{CHECKPOINT_MARKER}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(marker, fh)
@@ -136,12 +136,18 @@ def mark_after_save(trainer: Any, root: Callable[[], Path], keep: int | None = N
         step = int(trainer.global_steps)
         marker = write_marker(root() / f"global_step_{step}", step, time.monotonic() - started)
         # printed, like the step lines: verl's Ray workers show a library's log records only at its level
-        print(f"calcx train: checkpoint of step {step} complete ({marker['save_seconds']:.1f} s, "
-              f"{marker['files']} files, {marker['bytes']} bytes)", flush=True)
+        print(
+            f"calcx train: checkpoint of step {step} complete ({marker['save_seconds']:.1f} s, "
+            f"{marker['files']} files, {marker['bytes']} bytes)",
+            flush=True,
+        )
         removed = prune_older(root(), keep)
         if removed:
-            print(f"calcx train: older checkpoint(s) removed (calcx.keep_checkpoints={keep}): "
-                  + ", ".join(p.name for p in removed), flush=True)
+            print(
+                f"calcx train: older checkpoint(s) removed (calcx.keep_checkpoints={keep}): "
+                + ", ".join(p.name for p in removed),
+                flush=True,
+            )
         return result
 
     trainer._save_checkpoint = save_then_mark

@@ -16,7 +16,8 @@ arguments it gives its own dataset class; rows come back unpadded (`pad_mode: no
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -44,12 +45,10 @@ def as_rendered(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt,
-                                         tokenize=False)
+    return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt, tokenize=False)
 
 
-def model_turn_segments(tokenizer: Any, messages: Sequence[dict[str, Any]],
-                        tools: Any) -> list[tuple[str, bool]]:
+def model_turn_segments(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any) -> list[tuple[str, bool]]:
     """The trace's text cut into (text, trained) pieces: each assistant message's own tokens
     (content, tool calls, end-of-turn token) are trained; the rest is context. Raises DataError
     when the template does not render each call's prompt as a prefix of the conversation."""
@@ -60,15 +59,17 @@ def model_turn_segments(tokenizer: Any, messages: Sequence[dict[str, Any]],
         if message.get("role") != "assistant":
             continue
         prompt = _render(tokenizer, rendered[:index], tools, True)
-        full = _render(tokenizer, rendered[:index + 1], tools, False)
+        full = _render(tokenizer, rendered[: index + 1], tools, False)
         if not prompt.startswith(done) or not full.startswith(prompt):
-            raise DataError(f"turn {index}: the chat template does not render this conversation's prompts as "
-                            "prefixes of one another; the trace cannot be trained as the agent's calls")
-        response = full[len(prompt):]
+            raise DataError(
+                f"turn {index}: the chat template does not render this conversation's prompts as "
+                "prefixes of one another; the trace cannot be trained as the agent's calls"
+            )
+        response = full[len(prompt) :]
         # the model's tokens end with its end-of-turn token; the line break a template writes
         # after it belongs to the next call's prompt
         cut = len(response.rstrip())
-        segments.append((prompt[len(done):], False))
+        segments.append((prompt[len(done) :], False))
         segments.append((response[:cut], True))
         done = prompt + response[:cut]
     if not segments:
@@ -90,11 +91,11 @@ def tokenize_trace(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: An
 
 def _rows(value: Any) -> Any:
     """Parquet hands nested lists back as numpy arrays: plain lists, recursively."""
-    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+    if hasattr(value, "tolist") and not isinstance(value, str | bytes):
         value = value.tolist()
     if isinstance(value, dict):
         return {key: _rows(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list | tuple):
         return [_rows(item) for item in value]
     return value
 
@@ -102,8 +103,9 @@ def _rows(value: Any) -> Any:
 class AgentTraceDataset(torch.utils.data.Dataset):
     """`calcx data traces` rows for verl's SFT trainer, unpadded: input_ids, position_ids, loss_mask."""
 
-    def __init__(self, parquet_files: Any, tokenizer: Any, config: Any, processor: Any = None,
-                 max_samples: int = -1) -> None:
+    def __init__(
+        self, parquet_files: Any, tokenizer: Any, config: Any, processor: Any = None, max_samples: int = -1
+    ) -> None:
         import pyarrow.parquet as pq
 
         files = [parquet_files] if isinstance(parquet_files, str) else list(parquet_files)
@@ -128,6 +130,8 @@ class AgentTraceDataset(torch.utils.data.Dataset):
         ids, mask = tokenize_trace(self.tokenizer, messages, tools)
         if len(ids) > self.max_length:
             raise DataError(f"trace {row.get('id', index)}: {len(ids)} tokens > data.max_length {self.max_length}")
-        return {"input_ids": torch.tensor(ids, dtype=torch.long),
-                "position_ids": torch.arange(len(ids), dtype=torch.long),
-                "loss_mask": torch.tensor(mask, dtype=torch.long)}
+        return {
+            "input_ids": torch.tensor(ids, dtype=torch.long),
+            "position_ids": torch.arange(len(ids), dtype=torch.long),
+            "loss_mask": torch.tensor(mask, dtype=torch.long),
+        }

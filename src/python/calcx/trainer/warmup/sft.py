@@ -20,13 +20,12 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from calcx.trainer.run_dir.names import WARMUP_CONFIG_NAME, WARMUP_METRICS_FILE
 from calcx.trainer.config.compose import (
     CALCX_OVERRIDES,
     PACKAGE_CONFIG_DIR,
@@ -42,6 +41,7 @@ from calcx.trainer.config.compose import (
     verl_config_dir,
     warmup_gpu_overrides,
 )
+from calcx.trainer.run_dir.names import WARMUP_CONFIG_NAME, WARMUP_METRICS_FILE
 
 WARMUP_OVERRIDES = PACKAGE_CONFIG_DIR / "warmup.yaml"
 SFT_CONFIG_NAME = "sft_trainer_engine"
@@ -79,19 +79,34 @@ def compose_warmup(request: WarmupRequest) -> DictConfig:
     _apply_file(cfg, WARMUP_OVERRIDES, config_name=SFT_CONFIG_NAME)
     memory = gpu_memory_gib() if request.gpu_memory_gib is None else request.gpu_memory_gib
     profile, settings = warmup_gpu_overrides(request.gpu_profile, memory)
-    _apply_sections(cfg, {"overrides": settings}, f"{CALCX_OVERRIDES.name} gpu_profiles.{profile}.warmup",
-                    config_name=SFT_CONFIG_NAME, new_key_hint=profile_new_key_hint(WARMUP_OVERRIDES))
+    _apply_sections(
+        cfg,
+        {"overrides": settings},
+        f"{CALCX_OVERRIDES.name} gpu_profiles.{profile}.warmup",
+        config_name=SFT_CONFIG_NAME,
+        new_key_hint=profile_new_key_hint(WARMUP_OVERRIDES),
+    )
     _set(cfg, GPU_PROFILE_KEY, profile or "none", must_exist=False, origin="calcx", config_name=SFT_CONFIG_NAME)
-    flags = {"model.path": request.model, "data.train_files": request.traces, "data.val_files": request.val_traces,
-             "trainer.experiment_name": request.run_name}
+    flags = {
+        "model.path": request.model,
+        "data.train_files": request.traces,
+        "data.val_files": request.val_traces,
+        "trainer.experiment_name": request.run_name,
+    }
     for dotted, value in flags.items():
         if value is not None:
             _set(cfg, dotted, value, must_exist=True, origin="command line flag", config_name=SFT_CONFIG_NAME)
     if request.chat_template:
         # the template's text on the tokenizer renders the traces (verl's HFModelConfig applies it)
         text = chat_template_path(request.chat_template).read_text(encoding="utf-8")
-        _set(cfg, "model.custom_chat_template", text, must_exist=True, origin="--chat-template",
-             config_name=SFT_CONFIG_NAME)
+        _set(
+            cfg,
+            "model.custom_chat_template",
+            text,
+            must_exist=True,
+            origin="--chat-template",
+            config_name=SFT_CONFIG_NAME,
+        )
     for item in request.dotlist:
         key, value, add = parse_dotlist_item(item)
         _set(cfg, key, value, must_exist=not add, origin=f"override {item!r}", config_name=SFT_CONFIG_NAME)
@@ -116,8 +131,12 @@ def prepare_run(cfg: DictConfig) -> tuple[Path, dict[str, str]]:
     OmegaConf.update(cfg, "model.path", resolve_model_path(str(cfg.model.path)), merge=False)
     out = run_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    OmegaConf.update(cfg, "trainer.default_local_dir",
-                     str(Path(str(cfg.trainer.default_local_dir)).expanduser().resolve()), merge=False)
+    OmegaConf.update(
+        cfg,
+        "trainer.default_local_dir",
+        str(Path(str(cfg.trainer.default_local_dir)).expanduser().resolve()),
+        merge=False,
+    )
     composed = out / f"{WARMUP_CONFIG_NAME}.yaml"
     OmegaConf.save(cfg, composed, resolve=True)
     return composed, {"VERL_FILE_LOGGER_PATH": str(out / WARMUP_METRICS_FILE)}
@@ -125,9 +144,22 @@ def prepare_run(cfg: DictConfig) -> tuple[Path, dict[str, str]]:
 
 def warmup_command(composed: Path, nproc_per_node: int, python: str = sys.executable) -> list[str]:
     """verl's SFT trainer under torchrun, one process per GPU, reading the composed config."""
-    return [python, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-            "--nproc_per_node", str(nproc_per_node), "-m", SFT_MODULE,
-            "--config-path", str(composed.parent), "--config-name", composed.stem]
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        str(nproc_per_node),
+        "-m",
+        SFT_MODULE,
+        "--config-path",
+        str(composed.parent),
+        "--config-name",
+        composed.stem,
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,11 +168,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--traces", help="train traces (`calcx data traces` output, .parquet)")
     parser.add_argument("--val-traces", help="validation traces (optional)")
     parser.add_argument("--run-name", help="trainer.experiment_name: runs/NAME holds the config, metrics, checkpoints")
-    parser.add_argument("--chat-template", help="a Jinja chat template for the tokenizer, or 'hermes' (default: the "
-                                                "model's own; use the one `calcx train` runs with)")
-    parser.add_argument("--gpu-profile", metavar="NAME",
-                        help="the calcx.yaml GPU profile whose `warmup` settings apply: auto (by the GPU's memory), "
-                             "none, or a profile's name (default: calcx.yaml's calcx.gpu_profile, as for calcx train)")
+    parser.add_argument(
+        "--chat-template",
+        help="a Jinja chat template for the tokenizer, or 'hermes' (default: the "
+        "model's own; use the one `calcx train` runs with)",
+    )
+    parser.add_argument(
+        "--gpu-profile",
+        metavar="NAME",
+        help="the calcx.yaml GPU profile whose `warmup` settings apply: auto (by the GPU's memory), "
+        "none, or a profile's name (default: calcx.yaml's calcx.gpu_profile, as for calcx train)",
+    )
     parser.add_argument("--print-config", action="store_true", help="print the composed config and exit; no GPU needed")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotlist overrides, applied last")
     return parser
@@ -148,9 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    request = WarmupRequest(model=args.model, traces=args.traces, val_traces=args.val_traces, run_name=args.run_name,
-                            chat_template=args.chat_template, dotlist=list(args.overrides),
-                            gpu_profile=args.gpu_profile)
+    request = WarmupRequest(
+        model=args.model,
+        traces=args.traces,
+        val_traces=args.val_traces,
+        run_name=args.run_name,
+        chat_template=args.chat_template,
+        dotlist=list(args.overrides),
+        gpu_profile=args.gpu_profile,
+    )
     try:
         cfg = compose_warmup(request)
     except ConfigError as exc:
@@ -163,8 +207,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     problem = cuda_problem()
     if problem is not None:
-        print(f"calcx warmup: no CUDA GPU was found on this machine ({problem}); verl's SFT trainer needs one. "
-              "--print-config shows the composed config without it.", file=sys.stderr)
+        print(
+            f"calcx warmup: no CUDA GPU was found on this machine ({problem}); verl's SFT trainer needs one. "
+            "--print-config shows the composed config without it.",
+            file=sys.stderr,
+        )
         return 3
     try:
         composed, env = prepare_run(cfg)

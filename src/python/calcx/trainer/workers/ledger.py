@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from calcx.api.client import CalcxAPIError, CalcxClient
 
@@ -33,8 +34,14 @@ def batch_rollout_ids(extra_fields: Iterable[Any]) -> list[str]:
     return list(ids)
 
 
-def record_step(client: CalcxClient, run: str, step: int, rollout_ids: list[str],
-                sleep: Callable[[float], None] = time.sleep, owner: str | None = None) -> int:
+def record_step(
+    client: CalcxClient,
+    run: str,
+    step: int,
+    rollout_ids: list[str],
+    sleep: Callable[[float], None] = time.sleep,
+    owner: str | None = None,
+) -> int:
     """Record the step's rollouts as trainer `owner` (its lease of the run); an unreachable server
     or a 5xx is tried again (the request is idempotent), a refusal (409: trained before, or the run
     taken over by another trainer) is raised."""
@@ -45,12 +52,13 @@ def record_step(client: CalcxClient, run: str, step: int, rollout_ids: list[str]
             if 0 < exc.status < 500 or attempt == TRIES:  # status 0: the server was not reached
                 raise
             log.warning("calcx: recording step %d's %d rollouts failed (%s); trying again", step, len(rollout_ids), exc)
-            sleep(min(2.0 ** attempt, 30.0))
+            sleep(min(2.0**attempt, 30.0))
     raise AssertionError("unreachable")
 
 
-def record_after_step(trainer: Any, batch_ids: Callable[[Any], list[str]],
-                      record: Callable[[int, list[str]], int]) -> None:
+def record_after_step(
+    trainer: Any, batch_ids: Callable[[Any], list[str]], record: Callable[[int, list[str]], int]
+) -> None:
     """Make verl's `trainer.step(...)` record the rollouts of the batch it trained, as step
     `trainer.global_steps`, before it returns (and before the step's checkpoint is saved)."""
     step_fn: Callable[..., Any] = trainer.step

@@ -13,8 +13,8 @@ import ray
 from verl.trainer.ppo.v1 import AgentLoopManagerTQ
 from verl.utils.ray_utils import auto_await
 
-from calcx.trainer.workers.replicas import register_replicas, register_replicas_async
 from calcx.trainer.run_dir.server_key import server_key
+from calcx.trainer.workers.replicas import register_replicas, register_replicas_async
 
 
 def replica_addresses(llm_client) -> list[str]:
@@ -33,7 +33,9 @@ class CalcxAgentLoopManager(AgentLoopManagerTQ):
         instance = cls(*args, **kwargs)
         calcx = instance.config.calcx
         instance.calcx_registration = (
-            str(calcx.server_url), server_key(calcx), str(instance.config.actor_rollout_ref.model.path),
+            str(calcx.server_url),
+            server_key(calcx),
+            str(instance.config.actor_rollout_ref.model.path),
             replica_addresses(instance.llm_client),
         )
         server_url, key, model, addresses = instance.calcx_registration

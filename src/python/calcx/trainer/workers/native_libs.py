@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import MutableMapping
 from pathlib import Path
-from typing import MutableMapping
 
 # package -> the library tvm_ffi looks for in it
 TVM_FFI_LIBRARIES = {"xgrammar": "libxgrammar_bindings.so"}

@@ -16,8 +16,9 @@ verl imports this module in every process that builds the model, through
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -72,8 +73,14 @@ def _repeat_kv(key: torch.Tensor, value: torch.Tensor, heads: int) -> tuple[torc
     return key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
 
 
-def varlen_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu: torch.Tensor,
-                            max_len: int, scale: float | None = None) -> torch.Tensor:
+def varlen_causal_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu: torch.Tensor,
+    max_len: int,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Causal attention within each row of packed (T, heads, head_dim) tensors; (T, heads, head_dim).
 
     Key and value may have fewer heads than the query (grouped-query attention).
@@ -98,8 +105,9 @@ def varlen_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch
                 else:
                     key, value = _repeat_kv(key, value, query.shape[1])
             cu = cu.to(query.device)
-            return varlen_attn(query.contiguous(), key.contiguous(), value.contiguous(), cu, cu, max_len, max_len,
-                               **kwargs)
+            return varlen_attn(
+                query.contiguous(), key.contiguous(), value.contiguous(), cu, cu, max_len, max_len, **kwargs
+            )
     key, value = _repeat_kv(key, value, query.shape[1])
     out = torch.empty_like(query)
     bounds = cu.tolist()
@@ -112,23 +120,38 @@ def varlen_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     return out
 
 
-def calcx_varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                           attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                           **kwargs: Any) -> tuple[torch.Tensor, None]:
+def calcx_varlen_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-interface signature: (batch, heads, T, head_dim) in,
     (batch, T, heads, head_dim) out. Packed training rows take the varlen path; anything else
     (a padding mask, several rows, a key-value cache, dropout) goes to transformers' SDPA."""
     position_ids = kwargs.get("position_ids")
-    packed = (attention_mask is None and position_ids is not None and query.shape[0] == 1
-              and query.shape[2] == key.shape[2] and position_ids.numel() == query.shape[2] and not dropout)
+    packed = (
+        attention_mask is None
+        and position_ids is not None
+        and query.shape[0] == 1
+        and query.shape[2] == key.shape[2]
+        and position_ids.numel() == query.shape[2]
+        and not dropout
+    )
     if not packed:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     cu, max_len = row_segments(position_ids)
-    out = varlen_causal_attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
-                                  cu, max_len, scale=scaling)
+    out = varlen_causal_attention(
+        query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), cu, max_len, scale=scaling
+    )
     return out.unsqueeze(0), None
 
 

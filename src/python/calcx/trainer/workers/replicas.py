@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from calcx.api.client import AsyncCalcxClient, CalcxClient
 
@@ -26,8 +26,9 @@ def openai_endpoints(addresses: Iterable[str]) -> list[str]:
     return endpoints
 
 
-async def register_replicas_async(server_url: str, key: str, model: str, addresses: Iterable[str],
-                                  policy_version: int = 0) -> dict:
+async def register_replicas_async(
+    server_url: str, key: str, model: str, addresses: Iterable[str], policy_version: int = 0
+) -> dict:
     client = AsyncCalcxClient(server_url, key)
     try:
         registry = await client.put_models(model, openai_endpoints(addresses), policy_version)
@@ -36,8 +37,7 @@ async def register_replicas_async(server_url: str, key: str, model: str, address
         await client.aclose()
 
 
-def register_replicas(server_url: str, key: str, model: str, addresses: Iterable[str],
-                      policy_version: int = 0) -> dict:
+def register_replicas(server_url: str, key: str, model: str, addresses: Iterable[str], policy_version: int = 0) -> dict:
     """Blocking form (no event loop needed, so it runs on any thread): the trainer's driver before
     rollouts start and after each weight sync."""
     with CalcxClient(server_url, key) as client:

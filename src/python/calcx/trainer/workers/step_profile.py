@@ -25,9 +25,18 @@ from pathlib import Path
 from typing import Any
 
 # Qwen2.5-1.5B-Instruct's architecture (the reference model); --model reads another one
-QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-                  rms_norm_eps=1e-6, tie_word_embeddings=False)
+QWEN25_15B = dict(
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1e6,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
 # verl's figure for an H100/H200's dense bf16 peak (verl.utils.flops_counter), so that the MFU here
 # reads like verl's `perf/mfu/actor`
 PEAK_FLOPS = 989e12
@@ -114,17 +123,20 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("calcx profile-step: no CUDA GPU was found on this machine", file=sys.stderr)
         return 3
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
+
     import calcx.trainer.workers.packed_attention  # noqa: F401  (registers calcx_varlen)
-    from transformers import AutoConfig, Qwen2Config
-    from transformers import AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(args.model) if args.model else Qwen2Config(**QWEN25_15B)
     lengths = row_lengths(args.rows, args.mean_tokens, args.seed)
     chosen = SETTINGS if not args.only else [SETTINGS[int(i) - 1] for i in args.only.split(",")]
     device = torch.device("cuda")
     props = torch.cuda.get_device_properties(device)
-    print(f"profile-step: {props.name}, {props.total_memory / 2**30:.0f} GiB, torch {torch.__version__}; "
-          f"{len(lengths)} rows, {sum(lengths)} tokens", flush=True)
+    print(
+        f"profile-step: {props.name}, {props.total_memory / 2**30:.0f} GiB, torch {torch.__version__}; "
+        f"{len(lengths)} rows, {sum(lengths)} tokens",
+        flush=True,
+    )
 
     t0 = time.perf_counter()
     config._attn_implementation = "sdpa"
@@ -143,10 +155,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "profile.md").write_text(table, encoding="utf-8")
-        (args.out / "profile.json").write_text(json.dumps(
-            {"gpu": props.name, "torch": torch.__version__, "rows": len(lengths), "tokens": sum(lengths),
-             "params": n_params, "agreement": agreement, "results": [asdict(r) for r in results]}, indent=1),
-            encoding="utf-8")
+        (args.out / "profile.json").write_text(
+            json.dumps(
+                {
+                    "gpu": props.name,
+                    "torch": torch.__version__,
+                    "rows": len(lengths),
+                    "tokens": sum(lengths),
+                    "params": n_params,
+                    "agreement": agreement,
+                    "results": [asdict(r) for r in results],
+                },
+                indent=1,
+            ),
+            encoding="utf-8",
+        )
     return 0
 
 
@@ -155,13 +178,14 @@ def _rows_input(lengths: list[int], ids: Any, offset: int) -> tuple[Any, Any, An
     import torch
 
     total = sum(lengths)
-    chunk = ids[offset:offset + total].cuda()
+    chunk = ids[offset : offset + total].cuda()
     positions = torch.cat([torch.arange(n) for n in lengths]).cuda()
     return chunk.unsqueeze(0), positions.unsqueeze(0), torch.roll(chunk, -1)
 
 
-def _logprobs(model: Any, setting: Setting, input_ids: Any, position_ids: Any, labels: Any,
-              entropy: bool) -> tuple[Any, Any]:
+def _logprobs(
+    model: Any, setting: Setting, input_ids: Any, position_ids: Any, labels: Any, entropy: bool
+) -> tuple[Any, Any]:
     """Per-token log-probs (and entropy) as verl computes them for packed rows."""
     if setting.fused_logprobs:
         from verl.utils.experimental.torch_functional import FusedLinearForPPO
@@ -249,8 +273,11 @@ def run_setting(model: Any, config: Any, setting: Setting, lengths: list[int], i
     finally:
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
-    print(f"  {setting.name}: update {_fmt(result.update_s)} s, log-prob {_fmt(result.logprob_s)} s, "
-          f"peak {_fmt(result.peak_update_gib)} GiB" + (f", {result.error}" if result.error else ""), flush=True)
+    print(
+        f"  {setting.name}: update {_fmt(result.update_s)} s, log-prob {_fmt(result.logprob_s)} s, "
+        f"peak {_fmt(result.peak_update_gib)} GiB" + (f", {result.error}" if result.error else ""),
+        flush=True,
+    )
     return result
 
 
@@ -273,8 +300,10 @@ def top_kernels(fn: Any, limit: int = 10) -> list[dict[str, Any]]:
             rows.append((float(us), str(event.key), int(event.count)))
     total = sum(us for us, _, _ in rows) or 1.0
     rows.sort(reverse=True)
-    return [{"kernel": key[:90], "ms": round(us / 1000, 2), "share": round(us / total, 3), "calls": count}
-            for us, key, count in rows[:limit]]
+    return [
+        {"kernel": key[:90], "ms": round(us / 1000, 2), "share": round(us / total, 3), "calls": count}
+        for us, key, count in rows[:limit]
+    ]
 
 
 def logprob_agreement(model: Any, lengths: list[int], ids: Any) -> dict[str, Any]:
@@ -304,26 +333,37 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 
 def render(results: list[Result], gpu: str, lengths: list[int], agreement: dict[str, Any]) -> str:
-    lines = [f"# One Calc-X step's GPU work on {gpu}", "",
-             f"{len(lengths)} packed rows, {sum(lengths)} tokens; bf16 weights, no FSDP or optimizer; "
-             "MFU against 989 TFLOP/s (verl's H100/H200 figure).", "",
-             "| setting | update s | micro-batches | update MFU | peak GiB (beyond weights) | log-prob s | "
-             "log-prob micro-batches | log-prob peak GiB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# One Calc-X step's GPU work on {gpu}",
+        "",
+        f"{len(lengths)} packed rows, {sum(lengths)} tokens; bf16 weights, no FSDP or optimizer; "
+        "MFU against 989 TFLOP/s (verl's H100/H200 figure).",
+        "",
+        "| setting | update s | micro-batches | update MFU | peak GiB (beyond weights) | log-prob s | "
+        "log-prob micro-batches | log-prob peak GiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         if r.error:
             lines.append(f"| {r.setting} | {r.error} | | | | | | |")
             continue
-        lines.append(f"| {r.setting} | {_fmt(r.update_s)} | {r.update_microbatches} | "
-                     f"{_fmt(100 * (r.update_mfu or 0), 1)}% | {_fmt(r.peak_update_gib, 1)} | {_fmt(r.logprob_s)} | "
-                     f"{r.logprob_microbatches} | {_fmt(r.peak_logprob_gib, 1)} |")
+        lines.append(
+            f"| {r.setting} | {_fmt(r.update_s)} | {r.update_microbatches} | "
+            f"{_fmt(100 * (r.update_mfu or 0), 1)}% | {_fmt(r.peak_update_gib, 1)} | {_fmt(r.logprob_s)} | "
+            f"{r.logprob_microbatches} | {_fmt(r.peak_logprob_gib, 1)} |"
+        )
     lines += ["", f"Log-probs of one micro-batch, SDPA block mask against calcx_varlen: {json.dumps(agreement)}", ""]
     for r in results:
         if r.top_kernels:
-            lines += [f"## Top kernels of one update micro-batch: {r.setting}", "",
-                      "| kernel | ms | share | calls |", "|---|---:|---:|---:|"]
-            lines += [f"| `{k['kernel']}` | {k['ms']} | {100 * k['share']:.1f}% | {k['calls']} |"
-                      for k in r.top_kernels]
+            lines += [
+                f"## Top kernels of one update micro-batch: {r.setting}",
+                "",
+                "| kernel | ms | share | calls |",
+                "|---|---:|---:|---:|",
+            ]
+            lines += [
+                f"| `{k['kernel']}` | {k['ms']} | {100 * k['share']:.1f}% | {k['calls']} |" for k in r.top_kernels
+            ]
             lines.append("")
     return "\n".join(lines)
 

@@ -21,26 +21,27 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import ray
 from omegaconf import OmegaConf
 from verl.trainer.main_ppo import TaskRunnerV1
 
 from calcx.api.client import CalcxClient
+from calcx.trainer.config.compose import OWNER_KEY
+from calcx.trainer.rollouts.tool_use import ToolUseLedger, add_tool_use_metrics
 from calcx.trainer.run_dir.checkpoints import mark_after_save
+from calcx.trainer.run_dir.names import TOOL_USE_FILE
+from calcx.trainer.run_dir.server_key import server_key
 from calcx.trainer.workers.ledger import batch_rollout_ids, record_after_step, record_step
 from calcx.trainer.workers.metrics_file import install_appending_file_logger
-from calcx.trainer.config.compose import OWNER_KEY
-from calcx.trainer.run_dir.server_key import server_key
-from calcx.trainer.rollouts.tool_use import ToolUseLedger, add_tool_use_metrics
-from calcx.trainer.run_dir.names import TOOL_USE_FILE
 
 logger = logging.getLogger(__name__)
 
 # verl declares its runner as a Ray actor class; this is the plain class underneath it.
-_VerlTaskRunner: type = getattr(TaskRunnerV1, "__ray_metadata__").modified_class.__ray_actor_class__
+_VerlTaskRunner: type = TaskRunnerV1.__ray_metadata__.modified_class.__ray_actor_class__
 
 
 def publish_after_weight_sync(checkpoint_manager: Any, publish: Callable[[int], None]) -> None:
@@ -87,8 +88,9 @@ def record_trained_steps(trainer: Any, config: Any) -> None:
         return
     owner = str(OmegaConf.select(config, OWNER_KEY, default="") or "") or None  # the run's lease (launch)
     client = CalcxClient(str(config.calcx.server_url), server_key(config.calcx), timeout=60.0)
-    record_after_step(trainer, transfer_queue_rollout_ids,
-                      lambda step, ids: record_step(client, run, step, ids, owner=owner))
+    record_after_step(
+        trainer, transfer_queue_rollout_ids, lambda step, ids: record_step(client, run, step, ids, owner=owner)
+    )
 
 
 class CalcxTaskRunnerBase(_VerlTaskRunner):  # type: ignore[misc,valid-type]
