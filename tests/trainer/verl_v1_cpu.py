@@ -115,7 +115,7 @@ class MemoryKV:
     def module(self) -> types.ModuleType:
         mod = types.ModuleType("transfer_queue")
         mod.__doc__ = "In-memory stand-in for TransferQueue's KV interface (tests only)."
-        mod.KVBatchMeta = KVBatchMeta
+        setattr(mod, "KVBatchMeta", KVBatchMeta)  # noqa: B010 - a module attribute the stub adds
         for name in ("init", "kv_put", "kv_batch_put", "async_kv_put", "async_kv_batch_put", "kv_list", "kv_clear"):
             setattr(mod, name, getattr(self, name))
         return mod

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from calcx.api.models import RecordedCall, Rollout
+from calcx.api.models import Attempt, RecordedCall, Rollout
 from calcx.trainer.config.compose import ComposeRequest, ConfigError, compose
 from calcx.trainer.rollouts.reward_options import (
     RewardOptionError,
@@ -55,7 +55,7 @@ def _rollout(reward: float) -> Rollout:
         reward=reward,
         row={},
         created_at=1.0,
-        attempts=[{"attempt_id": "a1", "state": "SUCCEEDED", "created_at": 1.0}],
+        attempts=[Attempt(attempt_id="a1", state="SUCCEEDED", created_at=1.0)],
     )
 
 

@@ -41,7 +41,9 @@ from calcx.trainer.workers.metrics_file import install_appending_file_logger
 logger = logging.getLogger(__name__)
 
 # verl declares its runner as a Ray actor class; this is the plain class underneath it.
-_VerlTaskRunner: type = TaskRunnerV1.__ray_metadata__.modified_class.__ray_actor_class__
+_VerlTaskRunner: type = getattr(  # noqa: B009 - set by @ray.remote at run time, unknown to the type checker
+    TaskRunnerV1, "__ray_metadata__"
+).modified_class.__ray_actor_class__
 
 
 def publish_after_weight_sync(checkpoint_manager: Any, publish: Callable[[int], None]) -> None:
