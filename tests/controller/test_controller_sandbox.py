@@ -39,7 +39,7 @@ def namespaces() -> None:
     try:
         NamespaceSandbox.plan(default_agent_command(), dict(os.environ), default_agent=True).check()
     except SandboxUnavailable as exc:
-        pytest.skip(f"namespaces are not available on this machine: {exc}")
+        pytest.skip(reason=f"namespaces are not available on this machine: {exc}")
 
 
 @pytest.fixture()

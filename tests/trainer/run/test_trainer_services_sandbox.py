@@ -51,7 +51,7 @@ def test_agent_sandbox_is_the_started_controllers_sandbox(tmp_path: Path) -> Non
         timeout=60,
     )
     if probe.returncode != 0:
-        pytest.skip(f"namespaces are not available on this machine: {probe.stderr.strip()[-300:]}")
+        pytest.skip(reason=f"namespaces are not available on this machine: {probe.stderr.strip()[-300:]}")
     config = ServicesConfig.from_calcx_section(_section(agent_sandbox="namespace", prefork=True), tmp_path / "on")
     with LocalServices(config) as services:
         args = _controller_args(services)
