@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sys
@@ -81,8 +82,12 @@ def test_missing_variable_is_named(missing):
         (
             {"CALCX_AGENT_PROMPT": "Plain"},
             "CALCX_AGENT_PROMPT must name one of the agent's system messages "
-            r"\(plain, calculator-first\), got 'Plain'",
+            r"\(plain, calculator-first, calculator-steps\), got 'Plain'",
         ),
+        ({"RESULT_REL_TOL": "exact"}, "RESULT_REL_TOL must be a relative tolerance from 0 .* got 'exact'"),
+        ({"RESULT_REL_TOL": "-0.1"}, "RESULT_REL_TOL must be a relative tolerance"),
+        ({"RESULT_REL_TOL": "1"}, "RESULT_REL_TOL must be a relative tolerance"),
+        ({"RESULT_REL_TOL": "nan"}, "RESULT_REL_TOL must be a relative tolerance"),
     ],
 )
 def test_bad_settings_are_named(extra, fragment):
@@ -99,22 +104,29 @@ def test_config_defaults_and_bounds():
     assert AgentConfig.from_env({**GOOD_ENV, "CALCX_AGENT_TOOL_ROUNDS": " 16 "}).tool_rounds == 16
     assert config.prompt == "plain"
     assert AgentConfig.from_env({**GOOD_ENV, "CALCX_AGENT_PROMPT": " calculator-first "}).prompt == "calculator-first"
+    assert config.rel_tol == 1e-2  # Calc-X's tolerance unless the row sets its own
+    assert AgentConfig.from_env({**GOOD_ENV, "RESULT_REL_TOL": "1e-09"}).rel_tol == 1e-9
+    assert AgentConfig.from_env({**GOOD_ENV, "RESULT_REL_TOL": "0"}).rel_tol == 0.0
 
 
-def test_each_system_message_ends_with_the_answer_format_and_the_calculator_first_one_shows_a_parsable_call():
-    """Every system message asks for the format extract_answer reads; the calculator-first one
-    shows a call the hermes parser reads (one JSON object, single braces, inside the tags) with
-    the calculator's real tool name and argument."""
+@pytest.mark.parametrize("prompt", ["calculator-first", "calculator-steps"])
+def test_each_system_message_ends_with_the_answer_format_and_a_calculator_one_shows_a_parsable_call(prompt):
+    """Every system message asks for the format extract_answer reads; a calculator one shows a
+    call the hermes parser reads (one JSON object, single braces, inside the tags) with the
+    calculator's real tool name and argument, and an expression the calculator evaluates."""
     from calcx.agent.answer import SYSTEM_MESSAGES, prompt_messages
+    from calcx.agent.calculator_inprocess import call as calculate
     from calcx.agent.workbench import CALCULATOR_TOOLS
 
     for text in SYSTEM_MESSAGES.values():
         assert text.endswith("### ANSWER: <answer> ###")
-    shown = re.search(r"<tool_call>\n(.*)\n</tool_call>", SYSTEM_MESSAGES["calculator-first"])
+    shown = re.search(r"<tool_call>\n(.*)\n</tool_call>", SYSTEM_MESSAGES[prompt])
     assert shown is not None
     call = json.loads(shown.group(1))
     tool = CALCULATOR_TOOLS[0]
     assert call["name"] == tool["name"] and set(call["arguments"]) == set(tool["parameters"]["required"])
+    text, is_error = asyncio.run(calculate(call["name"], call["arguments"]))
+    assert not is_error and float(text) > 0, text
     system, user = prompt_messages("What is 2 + 2?", "calculator-first")
     assert system == {"role": "system", "content": SYSTEM_MESSAGES["calculator-first"]}
     assert user == prompt_messages("What is 2 + 2?")[1]  # the task is the same whichever the system message
@@ -126,9 +138,11 @@ def test_calculator_command_default_and_override():
     assert calculator_command({"CALCX_CALCULATOR_CMD": json.dumps(override)}) == override
 
 
-def test_calculator_environment_drops_secrets():
-    env = calculator_environment({"AGL_KEY": "secret", "QUESTION": "q", "PATH": "/bin"})
-    assert "AGL_KEY" not in env and "QUESTION" not in env and env["PATH"] == "/bin"
+def test_calculator_environment_drops_secrets_and_the_rows_data():
+    env = calculator_environment(
+        {"AGL_KEY": "secret", "QUESTION": "q", "RESULT": "4", "RESULT_REL_TOL": "0", "PATH": "/bin"}
+    )
+    assert env.keys().isdisjoint({"AGL_KEY", "QUESTION", "RESULT", "RESULT_REL_TOL"}) and env["PATH"] == "/bin"
     assert env["PYTHONPATH"]
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from calcx.agent.answer import extract_answer
 from calcx.agent.numeric import NumericError, evaluate
-from calcx.agent.reward import reward, scalar_are_results_same
+from calcx.agent.reward import parse_rel_tol, reward, scalar_are_results_same
 
 
 @pytest.mark.parametrize(
@@ -152,3 +152,24 @@ def test_around_reads_one_number_when_the_sides_agree(pred, true, same):
 )
 def test_equation_answer_is_its_last_part(pred, true, same):
     assert scalar_are_results_same(pred, true) is same
+
+
+def test_a_rows_own_tolerance_decides_how_close_an_answer_must_come():
+    """Calc-X's 1e-2 by default (a head estimate 0.5% off counts); a row asking for the exact
+    answer (the hard split's 1e-9) takes only the answer itself, floats' rounding aside."""
+    assert reward("63,648", "63648") == reward("63648.0", "63648", 1e-9) == 1.0
+    assert reward("63968", "63648") == 1.0  # 0.5% off
+    assert reward("63968", "63648", 1e-9) == 0.0
+    assert reward(repr(0.1 * 3 * 10**5), "30000", 1e-9) == 1.0  # 30000.000000000004
+    assert reward("63649", "63648", 0.0) == 0.0 and reward("63648", "63648", 0.0) == 1.0
+
+
+@pytest.mark.parametrize("value", ["1e-9", 1e-9, " 0.01 ", 0, "0"])
+def test_parse_rel_tol_reads_a_tolerance(value):
+    assert parse_rel_tol(value) == float(str(value))
+
+
+@pytest.mark.parametrize("value", ["exact", "", "-0.01", "1", "1.5", "nan", "inf", True, None])
+def test_parse_rel_tol_refuses_what_is_not_one_and_names_the_setting(value):
+    with pytest.raises(ValueError, match="RESULT_REL_TOL must be a relative tolerance from 0 \\(exact\\) up to 1"):
+        parse_rel_tol(value, what="RESULT_REL_TOL")

@@ -53,6 +53,9 @@ def _scenarios(stub_url: str, event_url: str) -> dict[str, tuple[dict[str, str],
         "scripted": env("scripted", WORD_PROBLEM, SCRIPTED[WORD_PROBLEM][1]),
         "fraction": env("fraction", FRACTION_PROBLEM, SCRIPTED[FRACTION_PROBLEM][1]),
         "in_text": env("in_text", "What is 12 * (3 + 4)?", "84"),
+        # the stub answers 96, 0.5% short of the row's result: within Calc-X's 1e-2, not exact
+        "close": env("close", "What is 12 * (3 + 5)?", "96.5"),
+        "close_exact": env("close_exact", "What is 12 * (3 + 5)?", "96.5", RESULT_REL_TOL="1e-09"),
         "wrong": env("wrong", "[stub:wrong] What is 6 * 7?", "42"),
         "noformat": env("noformat", "[stub:noformat] What is 6 * 7?", "42"),
         "badjson": env("badjson", "[stub:badjson] What is 6 * 7?", "42"),
@@ -160,6 +163,13 @@ def test_fraction_result_within_tolerance_scores_one(runs, event_log):
 
 def test_arithmetic_found_in_question_scores_one(runs, event_log):
     assert_finished(runs["in_text"], event_log, 1.0)
+
+
+def test_the_rows_tolerance_decides_the_reward(runs, event_log):
+    """RESULT_REL_TOL (the hard split's rows ask for the exact answer) is the reward's tolerance;
+    without it, Calc-X's 1e-2."""
+    assert_finished(runs["close"], event_log, 1.0)
+    assert_finished(runs["close_exact"], event_log, 0.0)
 
 
 def test_agent_in_forked_worker_scores_one(runs, event_log):

@@ -16,7 +16,7 @@ from calculator_client import calculator_answers
 
 import calcx.data.__main__  # noqa: F401  (calcx.cli loads it by name; importing it here makes Pants ship it)
 from calcx.cli import main
-from calcx.data.hard import HARD_SOURCE, factors, harden, question_numbers
+from calcx.data.hard import HARD_REL_TOL, HARD_SOURCE, factors, harden, question_numbers
 from calcx.data.io import read_rows
 from calcx.data.traces import ANNOTATION_RE, TraceError, same_result
 
@@ -91,6 +91,7 @@ def test_numbers_scaled_by_one_factor_and_the_answer_recomputed() -> None:
         "result": str(72 * f),
         "question": f"Ana sold {48 * f} clips in April and half as many in May. How many clips did she sell?",
         "chain": f"<<{48 * f}/2={24 * f}>>\n<<{48 * f}+{24 * f}={72 * f}>>",
+        "rel_tol": HARD_REL_TOL,  # the calculator's answer is exact: so is the score
     }
     # a decimal written `.5` stays the constant it is; `13` is scaled with the rest
     coat = _harden(GOOD[1])
@@ -151,6 +152,7 @@ def test_harden_command_every_kept_answer_is_the_mcp_calculators(tmp_path: Path,
         last = ANNOTATION_RE.findall(row["chain"])[-1].rpartition("=")[0]
         assert same_result(row["result"], asyncio.run(calculator_answers([last]))[0])
         assert int(row["result"]) > 10_000  # made hard
+        assert row["rel_tol"] == HARD_REL_TOL  # and scored exactly, through the file
 
     assert main(["data", "harden", str(src), "--out", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err

@@ -113,6 +113,16 @@ def test_claim_answers_with_token_env_and_fifo_order(client: CalcxClient, server
     assert [r.rollout_id for r in client.list_rollouts(controller_id="ctl-a")] == ["o-0", "o-1"]
 
 
+def test_a_rows_own_tolerance_reaches_its_agent_and_a_row_without_one_sets_none(client: CalcxClient) -> None:
+    """RESULT_REL_TOL is the one variable of the default env_map whose field a row may lack."""
+    client.create_rollouts(
+        [{**spec("exact", 7), "row": {**spec("exact", 7)["row"], "rel_tol": 1e-9}}, spec("calc-x", 8)]
+    )
+    envs = {c.rollout.rollout_id: c.env for c in client.claim("ctl-t", 2, timeout_s=1).claims}
+    assert envs["exact"]["RESULT_REL_TOL"] == "1e-09"
+    assert "RESULT_REL_TOL" not in envs["calc-x"] and envs["calc-x"]["RESULT"] == "9"
+
+
 def test_lease_expiry_fails_attempt_with_controller_lost(tmp_path: Path, server_key: str) -> None:
     # a 2 s lease renewed every 0.25 s: eight heartbeats of margin, so a loaded machine cannot
     # lose "kept" by being slow; "lost" is never renewed and must expire

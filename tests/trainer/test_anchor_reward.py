@@ -61,3 +61,21 @@ def test_final_message_keeps_single_turns_whole() -> None:
     response = first_turn("", "1/0", "Error executing tool calculate: division by zero") + "### ANSWER: 3 ###"
     assert final_message(response, 4) == "### ANSWER: 3 ###"
     assert compute_score("x", response, "3", {"num_turns": 4}) == 1.0
+
+
+def test_a_rows_own_tolerance_reaches_the_anchors_score() -> None:
+    """A row that asks for the exact answer (the hard split's `rel_tol`, carried in extra_info by
+    verl_record) is scored as the agent scores it: 0.5% off fails, the exact answer passes."""
+    from calcx.data.hard import HARD_REL_TOL
+    from calcx.trainer.run.data import verl_record
+
+    row = {"id": "h1", "question": "q", "chain": "", "result": "63648", "source": "gsm8k-hard", "rel_tol": HARD_REL_TOL}
+    extra = verl_record(row, 0, prompt=[], agent_name="a")["extra_info"]
+    assert extra == {"index": 0, "id": "h1", "rel_tol": HARD_REL_TOL}
+    assert compute_score("gsm8k-hard", "### ANSWER: 63968 ###", "63648", {**extra, "num_turns": 2}) == 0.0
+    assert compute_score("gsm8k-hard", "### ANSWER: 63648 ###", "63648", {**extra, "num_turns": 2}) == 1.0
+    # a GSM8K row sets none: Calc-X's 1e-2. One parquet of both kinds reads back null for it
+    del row["rel_tol"]
+    assert "rel_tol" not in verl_record(row, 0, prompt=[], agent_name="a")["extra_info"]
+    for extra in ({"index": 0, "num_turns": 2}, {"index": 0, "rel_tol": None, "num_turns": 2}):
+        assert compute_score("gsm8k", "### ANSWER: 63968 ###", "63648", extra) == 1.0

@@ -161,7 +161,7 @@ def test_agent_prompt_defaults_to_plain_and_is_checked_at_composition() -> None:
     with pytest.raises(
         ConfigError,
         match="calcx.agent_prompt must name one of the agent's system messages "
-        r"\(plain, calculator-first\), got 'loud'",
+        r"\(plain, calculator-first, calculator-steps\), got 'loud'",
     ):
         compose(ComposeRequest(dotlist=["calcx.agent_prompt=loud"]))
 
@@ -345,6 +345,15 @@ def _without_profile_name(cfg) -> dict:
                 "calcx.agent_tool_rounds": 8,
                 "calcx.reward.mask_void_turns": True,
                 "calcx.agent_prompt": "calculator-first",
+            },
+        ),
+        (
+            "gsm8k-h200-calculator-steps",
+            {
+                "calcx.reward.tool_bonus": 0.5,
+                "calcx.agent_tool_rounds": 8,
+                "calcx.reward.mask_void_turns": True,
+                "calcx.agent_prompt": "calculator-steps",
             },
         ),
     ],

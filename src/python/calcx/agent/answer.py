@@ -32,6 +32,15 @@ SYSTEM_MESSAGES = {
         '<tool_call>\n{"name": "calculate", "arguments": {"expression": "3 * 40 + 5 * 40"}}\n</tool_call>\n'
         "Always finish with the final answer as ### ANSWER: <answer> ###"
     ),
+    "calculator-steps": (
+        "You are a careful math assistant with a calculator tool. Solve the problem step by step: say in words "
+        "what each step finds, then get its number from the calculator, never from your head, and use that "
+        "number in the next steps. Give the calculator plain arithmetic: numbers, + - * / ** and parentheses, "
+        "with no units, commas, words, variables or LaTeX. Several independent steps may be computed in one "
+        "round of calls. A call is written as\n"
+        '<tool_call>\n{"name": "calculate", "arguments": {"expression": "48 / 2"}}\n</tool_call>\n'
+        "When the last step is done, finish with the final answer as ### ANSWER: <answer> ###"
+    ),
 }
 if tuple(SYSTEM_MESSAGES) != AGENT_PROMPTS:  # the contract names them; a text for each, no more
     raise ImportError(

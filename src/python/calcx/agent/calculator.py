@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from calcx.contract.env import AGL_PREFIX, CALCX_CALCULATOR_CMD, QUESTION, RESULT, agent_base_env
+from calcx.contract.env import AGL_PREFIX, CALCX_CALCULATOR_CMD, DEFAULT_ENV_MAP, agent_base_env
 
 
 def calculator_command(env: Mapping[str, str] | None = None) -> list[str]:
@@ -43,8 +43,8 @@ def calculator_environment(base: Mapping[str, str] | None = None) -> dict[str, s
     """Environment for the calculator process: ours without the agent's secrets, plus our
     import path so that ``-m calcx.agent.calculator`` resolves wherever the agent runs."""
     env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith(AGL_PREFIX)}
-    env.pop(QUESTION, None)
-    env.pop(RESULT, None)
+    for name in DEFAULT_ENV_MAP:  # the row's data (the question, its answer) is the agent's alone
+        env.pop(name, None)
     paths = [p for p in sys.path if p and os.path.exists(p)]
     existing = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = os.pathsep.join(paths + ([existing] if existing else []))

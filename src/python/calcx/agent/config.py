@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from calcx.agent.calculator import calculator_command
 from calcx.agent.failures import BadEnvironment
+from calcx.agent.reward import CALC_X_REL_TOL, parse_rel_tol
 from calcx.contract.env import (
     AGENT_PROMPT_DEFAULT,
     AGL_EVENT_URL,
@@ -20,6 +21,7 @@ from calcx.contract.env import (
     QUESTION,
     REQUIRED_VARIABLES,
     RESULT,
+    RESULT_REL_TOL,
     TOOL_ROUNDS_DEFAULT,
     parse_agent_prompt,
     parse_tool_rounds,
@@ -43,6 +45,7 @@ class AgentConfig:
     calculator_command: tuple[str, ...] = ()
     tool_rounds: int = TOOL_ROUNDS_DEFAULT
     prompt: str = AGENT_PROMPT_DEFAULT
+    rel_tol: float = CALC_X_REL_TOL
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AgentConfig:
@@ -63,6 +66,8 @@ class AgentConfig:
             tool_rounds = parse_tool_rounds(raw_rounds) if raw_rounds else TOOL_ROUNDS_DEFAULT
             raw_prompt = (env.get(CALCX_AGENT_PROMPT) or "").strip()
             prompt = parse_agent_prompt(raw_prompt) if raw_prompt else AGENT_PROMPT_DEFAULT
+            raw_tol = (env.get(RESULT_REL_TOL) or "").strip()
+            rel_tol = parse_rel_tol(raw_tol, what=RESULT_REL_TOL) if raw_tol else CALC_X_REL_TOL
         except ValueError as exc:
             raise BadEnvironment(str(exc)) from None
         return cls(
@@ -79,6 +84,7 @@ class AgentConfig:
             calculator_command=command,
             tool_rounds=tool_rounds,
             prompt=prompt,
+            rel_tol=rel_tol,
         )
 
 

@@ -45,7 +45,7 @@ async def _rollout(config: AgentConfig, deadline: float) -> Outcome:
             async def report(message: str) -> Outcome:
                 # before the calculator's teardown (solve): the reward does not wait for it
                 answer = extract_answer(message)
-                value = reward(answer, config.result)
+                value = reward(answer, config.result, config.rel_tol)
                 await post_reward(config.event_url, config.key, value)
                 posted.append(Outcome(answer=answer, reward=value, message=message))
                 return posted[0]

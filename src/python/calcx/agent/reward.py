@@ -1,6 +1,7 @@
 """Calc-X reward: does the model's answer match the dataset's result?
 
-Semantics (Calc-X ``scalar_are_results_same``, relative tolerance 1e-2):
+Semantics (Calc-X ``scalar_are_results_same``, relative tolerance 1e-2 unless the row sets its own,
+as the hard-arithmetic split does: RESULT_REL_TOL):
 exact match after stripping; multiple-choice letters normalised (``C``, ``(c)``,
 ``C)``); otherwise both sides read as numbers and compared with ``math.isclose``.
 Numbers may be fractions (``2/3``), have thousands separators (``1,000``,
@@ -18,6 +19,8 @@ import re
 
 from calcx.agent.numeric import MAX_EXPRESSION_CHARS, try_evaluate
 
+#: Calc-X's relative tolerance: an answer within 1% of the result counts.
+CALC_X_REL_TOL = 1e-2
 # Longer answers are not numbers or letters; they are compared only for exact equality.
 MAX_COMPARED_CHARS = 4 * MAX_EXPRESSION_CHARS
 
@@ -69,7 +72,7 @@ def _any_close(left: list[float], right: list[float], rel_tol: float) -> bool:
     return any(math.isclose(a, b, rel_tol=rel_tol) for a in left for b in right)
 
 
-def number_candidates(text: str, rel_tol: float = 1e-2) -> list[float]:
+def number_candidates(text: str, rel_tol: float = CALC_X_REL_TOL) -> list[float]:
     """The values ``text`` could sensibly mean as a number (possibly none).
 
     ``A = around B`` (Calc-X's way of writing a rounded fraction) means A only when B agrees
@@ -90,7 +93,7 @@ def number_candidates(text: str, rel_tol: float = 1e-2) -> list[float]:
     return _part_values(text)
 
 
-def scalar_are_results_same(pred: str, true: str, rel_tol: float = 1e-2) -> bool:
+def scalar_are_results_same(pred: str, true: str, rel_tol: float = CALC_X_REL_TOL) -> bool:
     """True when the predicted answer ``pred`` matches the ground truth ``true``."""
     pred = "" if pred is None else str(pred)
     true = "" if true is None else str(true)
@@ -109,6 +112,19 @@ def scalar_are_results_same(pred: str, true: str, rel_tol: float = 1e-2) -> bool
     return any(math.isclose(p, t, rel_tol=rel_tol) for p in pred_values for t in true_values)
 
 
-def reward(pred: str, true: str) -> float:
-    """1.0 when the answer matches the result, else 0.0."""
-    return 1.0 if scalar_are_results_same(pred, true) else 0.0
+def parse_rel_tol(value: object, *, what: str = "rel_tol") -> float:
+    """A relative tolerance (a number, or its text) in [0, 1); ValueError naming ``what`` otherwise.
+    The agent reads RESULT_REL_TOL with it, the anchor's reward a row's field."""
+    text = str(value).strip()[:100]
+    try:
+        tolerance = float(text) if not isinstance(value, bool) else math.nan
+    except ValueError:
+        tolerance = math.nan
+    if not 0.0 <= tolerance < 1.0:
+        raise ValueError(f"{what} must be a relative tolerance from 0 (exact) up to 1, got {text!r}")
+    return tolerance
+
+
+def reward(pred: str, true: str, rel_tol: float = CALC_X_REL_TOL) -> float:
+    """1.0 when the answer matches the result within ``rel_tol``, else 0.0."""
+    return 1.0 if scalar_are_results_same(pred, true, rel_tol) else 0.0

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from calcx.agent.answer import extract_answer
-from calcx.agent.reward import reward
+from calcx.agent.reward import CALC_X_REL_TOL, parse_rel_tol, reward
+from calcx.contract.env import REL_TOL_FIELD
 
 # how the Hermes/ChatML templates (the Qwen models' own, calcx's `hermes`) close a tool's answer
 TOOL_RESPONSE_END = "</tool_response>"
@@ -40,7 +41,11 @@ def final_message(solution_str: str, num_turns: int | None = None) -> str:
 def compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: Mapping[str, Any] | None = None, **_: Any
 ) -> float:
-    """verl's custom reward hook: 1.0 when the final answer matches the row's result, else 0.0."""
-    turns = (extra_info or {}).get("num_turns")
+    """verl's custom reward hook: 1.0 when the final answer matches the row's result (within the
+    row's own tolerance, when it sets one), else 0.0."""
+    extra = extra_info or {}
+    turns = extra.get("num_turns")
     message = final_message(solution_str, int(turns) if turns is not None else None)
-    return float(reward(extract_answer(message), str(ground_truth)))
+    tolerance = extra.get(REL_TOL_FIELD)
+    rel_tol = CALC_X_REL_TOL if tolerance is None else parse_rel_tol(tolerance, what=REL_TOL_FIELD)
+    return float(reward(extract_answer(message), str(ground_truth), rel_tol))

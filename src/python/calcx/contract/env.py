@@ -12,8 +12,16 @@ from typing import Any
 # -- from the dataset row, through the rollout's env_map --------------------------------------
 QUESTION = "QUESTION"
 RESULT = "RESULT"
+#: How close an answer must come to RESULT, relative (the agent's default: Calc-X's 1e-2); the
+#: hard-arithmetic split asks for the exact answer (calcx.data.hard).
+RESULT_REL_TOL = "RESULT_REL_TOL"
+#: The row field that carries a row's own tolerance.
+REL_TOL_FIELD = "rel_tol"
 #: Which row field each variable takes when a rollout names no env_map.
-DEFAULT_ENV_MAP: dict[str, str] = {QUESTION: "question", RESULT: "result"}
+DEFAULT_ENV_MAP: dict[str, str] = {QUESTION: "question", RESULT: "result", RESULT_REL_TOL: REL_TOL_FIELD}
+#: Variables whose row field a row may lack: the variable is then left unset and the agent uses
+#: its default. Every other variable of an env_map needs its field.
+OPTIONAL_ROW_VARIABLES: frozenset[str] = frozenset({RESULT_REL_TOL})
 
 
 def env_value(value: Any) -> str:
@@ -24,6 +32,20 @@ def env_value(value: Any) -> str:
     if isinstance(value, int | float | bool) or value is None:
         return str(value)
     return json.dumps(value, ensure_ascii=False)
+
+
+def missing_row_field(row: Mapping[str, Any], env_map: Mapping[str, str]) -> tuple[str, str] | None:
+    """The first (variable, field) of ``env_map`` whose field ``row`` lacks and needs, else None."""
+    for var, column in env_map.items():
+        if column not in row and var not in OPTIONAL_ROW_VARIABLES:
+            return var, column
+    return None
+
+
+def row_env(row: Mapping[str, Any], env_map: Mapping[str, str]) -> dict[str, str]:
+    """The variables ``row`` gives its agent through ``env_map`` (an optional one whose field the
+    row lacks is left out)."""
+    return {var: env_value(row.get(column)) for var, column in env_map.items() if column in row}
 
 
 # -- from the server, per attempt ---------------------------------------------------------------
@@ -67,8 +89,9 @@ def parse_tool_rounds(value: object, *, what: str = CALCX_AGENT_TOOL_ROUNDS) -> 
 
 #: The agent's system messages, by name (their texts: calcx.agent.answer.SYSTEM_MESSAGES): `plain`
 #: says a calculator is there; `calculator-first` tells the model to leave every computation to it
-#: and shows a call written the way the hermes parser reads it.
-AGENT_PROMPTS = ("plain", "calculator-first")
+#: and shows a call written the way the hermes parser reads it; `calculator-steps` asks for the
+#: reasoning in words, step by step, each step's number from the calculator, in plain expressions.
+AGENT_PROMPTS = ("plain", "calculator-first", "calculator-steps")
 AGENT_PROMPT_DEFAULT = "plain"
 
 

@@ -12,7 +12,9 @@ drop its calculator. Here each problem keeps its story and its steps, but its nu
    is an enlarged question number, or an earlier annotation's result, takes its new value;
 3. each rewritten expression is evaluated by the MCP calculator (its own server code, in-process:
    `calcx.agent.calculator_inprocess`), and the annotation whose result was GSM8K's answer gives
-   the new one.
+   the new one;
+4. the row asks for that answer exactly (its `rel_tol` field, HARD_REL_TOL, which the agent's
+   reward reads as RESULT_REL_TOL), where GSM8K's rows keep Calc-X's 1e-2.
 
 A problem whose numbers cannot all be rewritten consistently is skipped and named, by reason:
 its annotations do not reproduce its answer (`result_mismatch`, `answer_not_annotated`), a step
@@ -36,10 +38,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calcx.agent.calculator_inprocess import call
+from calcx.contract.env import REL_TOL_FIELD
 from calcx.data.traces import Skipped, TraceError, annotation_pairs, check_bounded, same_result
 
 HARD_SOURCE = "gsm8k-hard"
 HARD_ID_SUFFIX = "-hard"
+#: A hard problem's answer is exact (the MCP calculator's), so it is scored as exact, floats'
+#: rounding aside: under Calc-X's 1e-2 a head estimate within 1% of a six-digit product would count
+HARD_REL_TOL = 1e-9
 # numbers a question uses as units or plain fractions: kept as they are, so that `half`, `a dozen`
 # or `60 minutes` keep meaning what they say (and a constant in an expression is one of these)
 KEPT = frozenset({2, 3, 4, 7, 10, 12, 24, 30, 52, 60, 100, 365, 1000})
@@ -302,6 +308,7 @@ async def harden(row: dict[str, Any], seed: int = 0) -> HardProblem:
             "chain": chain,
             "result": shown,
             "source": HARD_SOURCE,
+            REL_TOL_FIELD: HARD_REL_TOL,
         }
         return HardProblem(hard, factor, calls)
     assert failure is not None

@@ -33,7 +33,8 @@ from calcx.contract.env import (
     CALCX_ATTEMPT_ID,
     CALCX_ROLLOUT_ID,
     DEFAULT_ENV_MAP,
-    env_value,
+    missing_row_field,
+    row_env,
 )
 from calcx.contract.failures import FailureReason
 from calcx.server.errors import APIError
@@ -50,14 +51,15 @@ _KNOWN_EVENT_TYPES = frozenset({"reward", "log", "tool_call", "answer", "error",
 def _check_env_map(rollouts: CreateRolloutsRequest) -> None:
     for spec in rollouts.rollouts:
         env_map = spec.env_map if spec.env_map is not None else DEFAULT_ENV_MAP
-        for var, column in env_map.items():
-            if column not in spec.row:
-                raise APIError(
-                    422,
-                    "invalid_body",
-                    f"rollout {spec.rollout_id!r}: env_map maps {var} to row field {column!r}, which the row does "
-                    f"not have (row fields: {sorted(spec.row)[:20]}); add the field or pass an env_map",
-                )
+        missing = missing_row_field(spec.row, env_map)
+        if missing is not None:
+            var, column = missing
+            raise APIError(
+                422,
+                "invalid_body",
+                f"rollout {spec.rollout_id!r}: env_map maps {var} to row field {column!r}, which the row does "
+                f"not have (row fields: {sorted(spec.row)[:20]}); add the field or pass an env_map",
+            )
 
 
 def _refs(pairs: list[tuple[str, str]]) -> list[dict[str, str]]:
@@ -249,7 +251,7 @@ class RolloutService:
         token = attempt_token(settings.key, rid, attempt_id, nonce)
         row = rollout["row"]
         env_map = rollout.get("env_map") or DEFAULT_ENV_MAP
-        env = {var: env_value(row.get(column)) for var, column in env_map.items()}
+        env = row_env(row, env_map)
         prefix = f"{settings.public_url}/v1/rollouts/{rid}/attempts/{attempt_id}"
         env.update(
             {

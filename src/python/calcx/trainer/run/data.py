@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from calcx.contract.env import REL_TOL_FIELD
+
 DEFAULT_DATA_DIR = Path("data/calcx")
 DEFAULT_TRAIN = DEFAULT_DATA_DIR / "train.parquet"
 DEFAULT_VAL = DEFAULT_DATA_DIR / "test_mini.parquet"
@@ -35,13 +37,17 @@ def ensure_generated(path: Path) -> None:
 
 def verl_record(row: dict[str, Any], index: int, *, prompt: list[dict[str, str]], agent_name: str) -> dict[str, Any]:
     """The columns verl reads from one Calc-X row: `prompt`, the agent loop that runs it, the
-    `data_source` its validation metrics are grouped by, and the ground truth."""
+    `data_source` its validation metrics are grouped by, and the ground truth (with the row's own
+    tolerance, when it sets one, for the anchor's reward)."""
+    extra_info: dict[str, Any] = {"index": index, "id": str(row["id"])}
+    if REL_TOL_FIELD in row:
+        extra_info[REL_TOL_FIELD] = row[REL_TOL_FIELD]
     return {
         "prompt": prompt,
         "data_source": str(row.get("source") or "calcx"),
         "agent_name": agent_name,
         "reward_model": {"style": "rule", "ground_truth": str(row["result"])},
-        "extra_info": {"index": index, "id": str(row["id"])},
+        "extra_info": extra_info,
     }
 
 
