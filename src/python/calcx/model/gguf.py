@@ -16,7 +16,9 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -279,30 +281,34 @@ def _convert_direct(
     log: Callable[[str], None],
 ) -> Converted:
     """The weights written from the GGUF's own tensors; config and tokenizer read by transformers
-    (from the file's fields only), saved as the transformers route saves them."""
+    (from the file's fields only) and saved as the transformers route saves them.
+
+    transformers parses the file's fields once for the tokenizer and once for the config (~20 s of
+    one core for a 151k vocabulary), so both run in processes of their own beside the weights.
+    """
     reader = metadata.reader
     try:
         names = hf_names(metadata.architecture, [t.name for t in reader.tensors], metadata.layers)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        config = transformers.AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except MappingError as exc:
         raise ConvertError(
             f"{gguf}: the tensors do not fit {metadata.architecture}: {exc}; this file is not supported as is"
         ) from None
-    except (ValueError, KeyError, OSError, RuntimeError) as exc:
-        raise ConvertError(f"{gguf}: transformers {transformers.__version__} cannot read it: {exc}") from None
-    log(
-        f"read: {config.model_type} ({len(names)} tensors), {config.num_hidden_layers} layers, hidden "
-        f"{config.hidden_size}, vocab {config.vocab_size} ({time.monotonic() - started:.1f} s)"
-    )
+    log(f"read: {metadata.architecture}, {len(names)} tensors, {metadata.layers} layers ({time.monotonic() - started:.1f} s)")
 
     started = time.monotonic()
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     partial.chmod(0o755)  # mkdtemp's 0700 would hide the model from a server running as another user
     try:
-        parameters, _ = write_weights(reader, gguf, names, dtype, partial / SAFETENSORS_FILE)
-        log(f"weights: {len(names)} tensors, {parameters:,} parameters as {dtype} ({time.monotonic() - started:.1f} s)")
+        with ProcessPoolExecutor(2, mp_context=get_context("fork")) as side:
+            tokenizer_job = side.submit(_read_tokenizer, gguf)
+            config_job = side.submit(_read_config, gguf)
+            parameters, _ = write_weights(reader, gguf, names, dtype, partial / SAFETENSORS_FILE)
+            log(f"weights: {parameters:,} parameters as {dtype} ({time.monotonic() - started:.1f} s)")
+            try:
+                tokenizer, config = tokenizer_job.result(), config_job.result()
+            except (ValueError, KeyError, OSError, RuntimeError) as exc:
+                raise ConvertError(f"{gguf}: transformers {transformers.__version__} cannot read it: {exc}") from None
         started = time.monotonic()
         _save_config(config, transformers, dtype, partial)
         tokenizer.chat_template = template
@@ -316,7 +322,19 @@ def _convert_direct(
         raise
     written = _size(out)
     log(f"save: {out} ({written / 1e6:.1f} MB) ({time.monotonic() - started:.1f} s)")
-    return Converted(out, config.model_type, parameters, written)
+    return Converted(out, metadata.architecture, parameters, written)
+
+
+def _read_tokenizer(gguf: Path) -> Any:
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+def _read_config(gguf: Path) -> Any:
+    import transformers
+
+    return transformers.AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
 
 SAFETENSORS_FILE = "model.safetensors"  # save_pretrained's name for an unsharded model
