@@ -170,8 +170,9 @@ def convert_piece(source: str, target: str, dtype: str, piece: Piece) -> int:
     """Dequantize one row range with gguf's numpy code and write its bytes in place; bytes written."""
     from gguf import GGMLQuantizationType, dequantize
 
-    stored = np.memmap(source, dtype=np.dtype(piece.raw_dtype), mode="r", offset=piece.data_offset,
-                       shape=piece.raw_shape)
+    stored = np.memmap(
+        source, dtype=np.dtype(piece.raw_dtype), mode="r", offset=piece.data_offset, shape=piece.raw_shape
+    )
     values = dequantize(stored[piece.start : piece.stop], GGMLQuantizationType(piece.qtype))
     data = encode(values, dtype)
     fd = os.open(target, os.O_WRONLY)
@@ -188,8 +189,9 @@ def workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
-def write_weights(reader: Any, source: Path, names: dict[str, str], dtype: str, target: Path,
-                  jobs: int | None = None) -> tuple[int, int]:
+def write_weights(
+    reader: Any, source: Path, names: dict[str, str], dtype: str, target: Path, jobs: int | None = None
+) -> tuple[int, int]:
     """Write `target` (one safetensors file) from the GGUF's tensors; (parameters, bytes)."""
     entries, pieces, head = plan(reader, names, dtype)
     total = len(head) + sum(e.size for e in entries)

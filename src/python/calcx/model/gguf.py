@@ -293,7 +293,9 @@ def _convert_direct(
         raise ConvertError(
             f"{gguf}: the tensors do not fit {metadata.architecture}: {exc}; this file is not supported as is"
         ) from None
-    log(f"read: {metadata.architecture}, {len(names)} tensors, {metadata.layers} layers ({time.monotonic() - started:.1f} s)")
+    log(
+        f"read: {metadata.architecture}, {len(names)} tensors, {metadata.layers} layers ({time.monotonic() - started:.1f} s)"
+    )
 
     started = time.monotonic()
     out.parent.mkdir(parents=True, exist_ok=True)
