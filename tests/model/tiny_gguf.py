@@ -118,7 +118,8 @@ def write_kquant_qwen2(
             values[name] = data
         else:
             qtype = getattr(gguf.GGMLQuantizationType, kind)
-            blocks = kquant_blocks(gguf, qtype, *shape, rng)
+            rows, columns = shape
+            blocks = kquant_blocks(gguf, qtype, rows, columns, rng)
             writer.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=qtype)
             values[name] = gguf.quants.dequantize(blocks, qtype)
     writer.write_header_to_file()
