@@ -1,9 +1,12 @@
 """Turn a GGUF file into a Hugging Face model directory, for machines that cannot reach a hub.
 
-transformers reads a GGUF (dequantizing every tensor to float32) but cannot save the model it
-read, so the weights are copied into a fresh model of the same class, built from the read
-config without its quantization entry. The copy is strict: a missing or unexpected key is an
-error, never a silently random weight. The result is cast and saved as safetensors, with the
+Two routes write the same bytes. The default for qwen2 (calcx.model.direct) writes the weights
+straight from the GGUF's tensors in worker processes, while transformers reads the tokenizer and
+config from the file's fields beside them. `--via transformers` (any architecture transformers
+reads; the default for the others) dequantizes every tensor into a float32 model, which cannot be
+saved as read, so the weights are copied into a fresh model of the same class built from the read
+config without its quantization entry. Either way the mapping is strict: a missing or unexpected
+tensor is an error, never a silently random weight. The result is saved as safetensors, with the
 tokenizer and the GGUF's own chat template (vLLM's tool-call parsing depends on it). Output is
 written next to --out and renamed into place, so a failed conversion leaves nothing behind.
 """
