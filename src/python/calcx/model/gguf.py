@@ -19,7 +19,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -304,16 +303,15 @@ def _convert_direct(
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     partial.chmod(0o755)  # mkdtemp's 0700 would hide the model from a server running as another user
+    reads: tuple[SideRead, ...] = ()
     try:
-        with ProcessPoolExecutor(2, mp_context=get_context("fork")) as side:
-            tokenizer_job = side.submit(_read_tokenizer, gguf)
-            config_job = side.submit(_read_config, gguf)
-            parameters, _ = write_weights(reader, gguf, names, dtype, partial / SAFETENSORS_FILE)
-            log(f"weights: {parameters:,} parameters as {dtype} ({time.monotonic() - started:.1f} s)")
-            try:
-                tokenizer, config = tokenizer_job.result(), config_job.result()
-            except (ValueError, KeyError, OSError, RuntimeError) as exc:
-                raise ConvertError(f"{gguf}: transformers {transformers.__version__} cannot read it: {exc}") from None
+        reads = (SideRead(_read_tokenizer, gguf), SideRead(_read_config, gguf))
+        parameters, _ = write_weights(reader, gguf, names, dtype, partial / SAFETENSORS_FILE)
+        log(f"weights: {parameters:,} parameters as {dtype} ({time.monotonic() - started:.1f} s)")
+        try:
+            tokenizer, config = reads[0].get(), reads[1].get()
+        except (ValueError, KeyError, OSError, RuntimeError, EOFError) as exc:
+            raise ConvertError(f"{gguf}: transformers {transformers.__version__} cannot read it: {exc}") from None
         started = time.monotonic()
         _save_config(config, transformers, dtype, partial)
         tokenizer.chat_template = template
@@ -325,9 +323,47 @@ def _convert_direct(
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
+    finally:
+        for read in reads:
+            read.stop()
     written = _size(out)
     log(f"save: {out} ({written / 1e6:.1f} MB) ({time.monotonic() - started:.1f} s)")
     return Converted(out, metadata.architecture, parameters, written)
+
+
+class SideRead:
+    """One transformers read of the GGUF in a forked process of its own; its result, or its exception,
+    comes back through a pipe. A plain process: a pool's threads in this one would make the weight
+    workers' fork unsafe."""
+
+    def __init__(self, read: Callable[[Path], Any], gguf: Path):
+        context = get_context("fork")
+        self._receive, send = context.Pipe(duplex=False)
+        self._process = context.Process(target=_send_read, args=(send, read, gguf), daemon=True)
+        self._process.start()
+        send.close()
+
+    def get(self) -> Any:
+        """The read's result; its exception re-raised; EOFError where the process died without one."""
+        ok, value = self._receive.recv()
+        self._process.join()
+        if not ok:
+            raise value
+        return value
+
+    def stop(self) -> None:
+        if self._process.is_alive():
+            self._process.terminate()
+        self._process.join()
+        self._receive.close()
+
+
+def _send_read(send: Any, read: Callable[[Path], Any], gguf: Path) -> None:
+    try:
+        result = (True, read(gguf))
+    except Exception as exc:  # sent back whole, raised there
+        result = (False, exc)
+    send.send(result)
 
 
 def _read_tokenizer(gguf: Path) -> Any:
