@@ -294,6 +294,15 @@ def test_tensors_the_direct_route_does_not_know_are_refused(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.gguf"]
 
 
+def test_a_tokenizer_transformers_cannot_read_fails_the_direct_route_cleanly(tmp_path, capsys):
+    # read beside the weights, in a process of its own: its error must still come back as the answer
+    source = tmp_path / "bad.gguf"
+    write_kquant_qwen2(gguf, source, tokenizer=False)
+    err = run_error(capsys, "--gguf", str(source), "--out", str(tmp_path / "m"), "--via", "gguf")
+    assert "bad.gguf: transformers" in err and "cannot read it: tokens and scores need to be passed" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+
+
 def test_via_gguf_names_the_architectures_it_knows(tmp_path, capsys):
     source = tmp_path / "tiny-llama.gguf"
     write_gguf(source, "llama")  # llama's q/k are permuted in GGUF: only transformers' route undoes that

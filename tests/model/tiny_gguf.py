@@ -89,10 +89,11 @@ def kquant_layout() -> dict[str, tuple[str, tuple[int, ...]]]:
 
 
 def write_kquant_qwen2(
-    gguf, path: Path, *, skip: tuple[str, ...] = (), extra: tuple[str, ...] = ()
+    gguf, path: Path, *, skip: tuple[str, ...] = (), extra: tuple[str, ...] = (), tokenizer: bool = True
 ) -> dict[str, np.ndarray]:
-    """Write the tiny Q4_K_M-like qwen2 GGUF (less `skip`, plus F32 tensors named `extra`); returns each
-    tensor's values as gguf dequantizes them (float32)."""
+    """Write the tiny Q4_K_M-like qwen2 GGUF (less `skip`, plus F32 tensors named `extra`; without
+    `tokenizer`, a token list of a tokenizer model no one knows); returns each tensor's values as gguf
+    dequantizes them (float32)."""
     rng = np.random.default_rng(11)
     writer = gguf.GGUFWriter(str(path), "qwen2")
     writer.add_name("tiny qwen2 q4_k_m")
@@ -105,7 +106,11 @@ def write_kquant_qwen2(
     writer.add_rope_freq_base(1000000.0)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    add_tokenizer(gguf, writer, "qwen2")
+    if tokenizer:
+        add_tokenizer(gguf, writer, "qwen2")
+    else:
+        writer.add_tokenizer_model("no-such-model")
+        writer.add_token_list(tokens())
     writer.add_chat_template(CHAT_TEMPLATE)
     values = {}
     layout = kquant_layout() | {name: ("F32", (K_HIDDEN,)) for name in extra}
