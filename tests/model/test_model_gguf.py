@@ -19,36 +19,13 @@ gguf = pytest.importorskip("gguf", reason="the trainer resolve provides gguf")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tiny_gguf import CHAT_TEMPLATE, add_tokenizer, tokens, write_kquant_qwen2  # noqa: E402
+
 from calcx.model.__main__ import main  # noqa: E402  (what `calcx model` runs)
 
 HIDDEN, HEADS, KV_HEADS, LAYERS, FFN = 64, 4, 2, 2, 128
 HEAD_DIM = HIDDEN // HEADS
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "2"), ("=", "=")]
 TEXT = "Hello, the cat in 2 + 2 == 4!"
-
-
-def byte_level_alphabet() -> list[str]:
-    """GPT-2's byte-to-unicode table: the 256 single-character tokens of a byte-level BPE."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    codes, extra = printable[:], 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            codes.append(256 + extra)
-            extra += 1
-    table = dict(zip(printable, codes))
-    return [chr(table[b]) for b in range(256)]
-
-
-def tokens() -> list[str]:
-    return byte_level_alphabet() + ["".join(pair) for pair in MERGES] + SPECIALS
 
 
 def source_tensors(arch: str, vocab: int) -> dict[str, np.ndarray]:
@@ -123,13 +100,7 @@ def write_gguf(
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8_0 else gguf.LlamaFileType.ALL_F32)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "llama-bpe")
-    writer.add_token_list(vocab)
-    writer.add_token_types([gguf.TokenType.CONTROL if t in SPECIALS else gguf.TokenType.NORMAL for t in vocab])
-    writer.add_token_merges([f"{a} {b}" for a, b in MERGES])
-    writer.add_bos_token_id(vocab.index("<|endoftext|>"))
-    writer.add_eos_token_id(vocab.index("<|im_end|>"))
+    add_tokenizer(gguf, writer, arch)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
     tensors = source_tensors(arch, len(vocab))
@@ -264,13 +235,79 @@ def test_converts_where_no_record_names_the_gguf_module(tmp_path, monkeypatch):
 
 
 def test_progress_lines_name_each_phase_with_a_time(converted, tmp_path, capsys):
-    _, source, _, _ = converted
+    arch, source, _, _ = converted
     capsys.readouterr()
     assert main(["from-gguf", "--gguf", str(source), "--out", str(tmp_path / "m")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    for phase in ("verify sha256:", "read:", "rebuild:", "save:"):
+    middle = "weights:" if arch == "qwen2" else "rebuild:"  # auto: the direct route where it applies
+    for phase in ("verify sha256:", "read:", middle, "save:"):
         line = next((ln for ln in lines if ln.startswith(phase)), None)
         assert line is not None and line.endswith(" s)"), (phase, lines)
+
+
+MODEL_FILES = [
+    "chat_template.jinja",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_direct_route_writes_what_the_transformers_route_writes(tmp_path, dtype):
+    # Q4_K and Q6_K matrices, F32 norms and biases: the storage of Qwen2.5's Q4_K_M GGUF, byte for byte
+    source = tmp_path / "tiny-q4_k_m.gguf"
+    values = write_kquant_qwen2(gguf, source)
+    outs = {}
+    for via in ("gguf", "transformers"):
+        outs[via] = tmp_path / via
+        assert main(["from-gguf", "--gguf", str(source), "--out", str(outs[via]), "--dtype", dtype, "--via", via]) == 0
+    assert sorted(p.name for p in outs["gguf"].iterdir()) == MODEL_FILES
+    assert sorted(p.name for p in outs["transformers"].iterdir()) == MODEL_FILES
+    for name in MODEL_FILES:
+        assert (outs["gguf"] / name).read_bytes() == (outs["transformers"] / name).read_bytes(), name
+    saved = transformers.AutoModelForCausalLM.from_pretrained(outs["gguf"], dtype=getattr(torch, dtype)).state_dict()
+    target = getattr(torch, dtype)
+    assert torch.equal(
+        saved["model.layers.1.mlp.down_proj.weight"], torch.from_numpy(values["blk.1.ffn_down.weight"]).to(target)
+    )
+
+
+def test_a_tied_lm_head_is_not_written(tmp_path):
+    source = tmp_path / "tied.gguf"
+    values = write_kquant_qwen2(gguf, source, skip=("output.weight",))
+    out = tmp_path / "model"
+    assert main(["from-gguf", "--gguf", str(source), "--out", str(out), "--via", "gguf"]) == 0
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
+    assert model.config.tie_word_embeddings is True
+    embedding = torch.from_numpy(values["token_embd.weight"]).to(torch.bfloat16)
+    assert torch.equal(model.state_dict()["lm_head.weight"], embedding)
+
+
+def test_tensors_the_direct_route_does_not_know_are_refused(tmp_path, capsys):
+    source = tmp_path / "odd.gguf"
+    write_kquant_qwen2(gguf, source, extra=("rope_freqs.weight",))
+    err = run_error(capsys, "--gguf", str(source), "--out", str(tmp_path / "m"), "--via", "gguf")
+    assert "the tensors do not fit qwen2: missing [], unexpected ['rope_freqs.weight']" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.gguf"]
+
+
+def test_a_tokenizer_transformers_cannot_read_fails_the_direct_route_cleanly(tmp_path, capsys):
+    # read beside the weights, in a process of its own: its error must still come back as the answer
+    source = tmp_path / "bad.gguf"
+    write_kquant_qwen2(gguf, source, tokenizer=False)
+    err = run_error(capsys, "--gguf", str(source), "--out", str(tmp_path / "m"), "--via", "gguf")
+    assert "bad.gguf: transformers" in err and "cannot read it: tokens and scores need to be passed" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+
+
+def test_via_gguf_names_the_architectures_it_knows(tmp_path, capsys):
+    source = tmp_path / "tiny-llama.gguf"
+    write_gguf(source, "llama")  # llama's q/k are permuted in GGUF: only transformers' route undoes that
+    err = run_error(capsys, "--gguf", str(source), "--out", str(tmp_path / "m"), "--via", "gguf")
+    assert "--via gguf knows the tensors of qwen2, not llama; pass --via transformers" in err
 
 
 def run_error(capsys, *args: str) -> str:

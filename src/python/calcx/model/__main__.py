@@ -11,14 +11,14 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from calcx.model.gguf import DTYPES
+    from calcx.model.gguf import DTYPES, VIAS
 
     parser = argparse.ArgumentParser(prog="calcx model", description="Models without a hub.")
     sub = parser.add_subparsers(dest="command", required=True)
     conv = sub.add_parser(
         "from-gguf",
         help="convert a GGUF file into a Hugging Face model directory (safetensors)",
-        description="Dequantize a GGUF file with transformers and save it as a safetensors model directory "
+        description="Dequantize a GGUF file and save it as a safetensors model directory "
         "with its tokenizer and the GGUF's own chat template (architectures transformers reads "
         "from GGUF, e.g. qwen2, llama).",
     )
@@ -31,6 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template",
+    )
+    conv.add_argument(
+        "--via",
+        choices=VIAS,
+        default="auto",
+        help="gguf: weights straight from the file's tensors (fast; qwen2); transformers: through a "
+        "transformers model (any architecture it reads); auto (default): gguf where it applies",
     )
     conv.add_argument("--force", action="store_true", help="replace a non-empty --out")
     return parser
@@ -48,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             sha256=args.sha256,
             force=args.force,
             chat_template_file=args.chat_template,
+            via=args.via,
             log=lambda line: print(line, flush=True),
         )
     except ConvertError as exc:

@@ -1,9 +1,12 @@
 """Turn a GGUF file into a Hugging Face model directory, for machines that cannot reach a hub.
 
-transformers reads a GGUF (dequantizing every tensor to float32) but cannot save the model it
-read, so the weights are copied into a fresh model of the same class, built from the read
-config without its quantization entry. The copy is strict: a missing or unexpected key is an
-error, never a silently random weight. The result is cast and saved as safetensors, with the
+Two routes write the same bytes. The default for qwen2 (calcx.model.direct) writes the weights
+straight from the GGUF's tensors in worker processes, while transformers reads the tokenizer and
+config from the file's fields beside them. `--via transformers` (any architecture transformers
+reads; the default for the others) dequantizes every tensor into a float32 model, which cannot be
+saved as read, so the weights are copied into a fresh model of the same class built from the read
+config without its quantization entry. Either way the mapping is strict: a missing or unexpected
+tensor is an error, never a silently random weight. The result is saved as safetensors, with the
 tokenizer and the GGUF's own chat template (vLLM's tool-call parsing depends on it). Output is
 written next to --out and renamed into place, so a failed conversion leaves nothing behind.
 """
@@ -17,12 +20,16 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
+
+from calcx.model.direct import HF_NAMES, MappingError, hf_names, write_weights
 
 GGUF_MAGIC = b"GGUF"
 CHAT_TEMPLATE_FIELD = "tokenizer.chat_template"
 DTYPES = ("bfloat16", "float16", "float32")
+VIAS = ("auto", "gguf", "transformers")
 
 
 class ConvertError(Exception):
@@ -126,6 +133,9 @@ class Metadata:
 
     chat_template: str | None
     special_ids: dict[str, int]  # "bos_token"/"eos_token"/"pad_token" -> token id
+    architecture: str
+    layers: int
+    reader: Any  # the gguf.GGUFReader, for the direct path's tensors
 
 
 SPECIAL_ID_FIELDS = {
@@ -143,7 +153,11 @@ def read_metadata(gguf_module: Any, path: Path) -> Metadata:
     for role, name in SPECIAL_ID_FIELDS.items():
         if name in reader.fields:
             ids[role] = int(reader.fields[name].contents())
-    return Metadata(template if isinstance(template, str) and template.strip() else None, ids)
+    architecture = str(reader.fields["general.architecture"].contents())
+    block_count = reader.fields.get(f"{architecture}.block_count")
+    layers = int(block_count.contents()) if block_count is not None else 0
+    template = template if isinstance(template, str) and template.strip() else None
+    return Metadata(template, ids, architecture, layers, reader)
 
 
 def set_special_tokens(tokenizer: Any, special_ids: dict[str, int]) -> None:
@@ -170,12 +184,19 @@ def convert(
     sha256: str | None = None,
     force: bool = False,
     chat_template_file: str | Path | None = None,
+    via: str = "auto",
     log: Callable[[str], None] = print,
 ) -> Converted:
-    """Convert ``gguf`` into a model directory at ``out``; ConvertError for anything a user can fix."""
+    """Convert ``gguf`` into a model directory at ``out``; ConvertError for anything a user can fix.
+
+    ``via``: "gguf" writes the weights straight from the file (calcx.model.direct), "transformers"
+    through a transformers model; "auto" takes the first where the architecture allows it.
+    """
     gguf, out = Path(gguf), Path(out)
     if dtype not in DTYPES:
         raise ConvertError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if via not in VIAS:
+        raise ConvertError(f"--via {via!r} is not one of {', '.join(VIAS)}")
     expected = normalise_sha256(sha256) if sha256 is not None else None
     check_gguf(gguf)
     check_out(out, force)
@@ -212,6 +233,16 @@ def convert(
             f"{gguf}: has no {CHAT_TEMPLATE_FIELD}; pass --chat-template FILE (a Jinja chat "
             "template) to give the model one"
         )
+    architecture = metadata.architecture
+    if via == "auto":
+        via = "gguf" if architecture in HF_NAMES else "transformers"
+    if via == "gguf":
+        if architecture not in HF_NAMES:
+            raise ConvertError(
+                f"{gguf}: --via gguf knows the tensors of {', '.join(HF_NAMES)}, not {architecture}; "
+                "pass --via transformers"
+            )
+        return _convert_direct(gguf, out, dtype, template, metadata, transformers, started, log)
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         loaded = transformers.AutoModelForCausalLM.from_pretrained(
@@ -239,6 +270,128 @@ def convert(
     written = _size(out)
     log(f"save: {out} ({written / 1e6:.1f} MB) ({time.monotonic() - started:.1f} s)")
     return Converted(out, config.model_type, parameters, written)
+
+
+def _convert_direct(
+    gguf: Path,
+    out: Path,
+    dtype: str,
+    template: str,
+    metadata: Metadata,
+    transformers: Any,
+    started: float,
+    log: Callable[[str], None],
+) -> Converted:
+    """The weights written from the GGUF's own tensors; config and tokenizer read by transformers
+    (from the file's fields only) and saved as the transformers route saves them.
+
+    transformers parses the file's fields once for the tokenizer and once for the config (~20 s of
+    one core for a 151k vocabulary), so both run in processes of their own beside the weights.
+    """
+    reader = metadata.reader
+    try:
+        names = hf_names(metadata.architecture, [t.name for t in reader.tensors], metadata.layers)
+    except MappingError as exc:
+        raise ConvertError(
+            f"{gguf}: the tensors do not fit {metadata.architecture}: {exc}; this file is not supported as is"
+        ) from None
+    log(
+        f"read: {metadata.architecture}, {len(names)} tensors, {metadata.layers} layers ({time.monotonic() - started:.1f} s)"
+    )
+
+    started = time.monotonic()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    partial.chmod(0o755)  # mkdtemp's 0700 would hide the model from a server running as another user
+    reads: tuple[SideRead, ...] = ()
+    try:
+        reads = (SideRead(_read_tokenizer, gguf), SideRead(_read_config, gguf))
+        parameters, _ = write_weights(reader, gguf, names, dtype, partial / SAFETENSORS_FILE)
+        log(f"weights: {parameters:,} parameters as {dtype} ({time.monotonic() - started:.1f} s)")
+        try:
+            tokenizer, config = reads[0].get(), reads[1].get()
+        except (ValueError, KeyError, OSError, RuntimeError, EOFError) as exc:
+            raise ConvertError(f"{gguf}: transformers {transformers.__version__} cannot read it: {exc}") from None
+        started = time.monotonic()
+        _save_config(config, transformers, dtype, partial)
+        tokenizer.chat_template = template
+        set_special_tokens(tokenizer, metadata.special_ids)
+        tokenizer.save_pretrained(partial)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(partial, out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    finally:
+        for read in reads:
+            read.stop()
+    written = _size(out)
+    log(f"save: {out} ({written / 1e6:.1f} MB) ({time.monotonic() - started:.1f} s)")
+    return Converted(out, metadata.architecture, parameters, written)
+
+
+class SideRead:
+    """One transformers read of the GGUF in a forked process of its own; its result, or its exception,
+    comes back through a pipe. A plain process: a pool's threads in this one would make the weight
+    workers' fork unsafe."""
+
+    def __init__(self, read: Callable[[Path], Any], gguf: Path):
+        context = get_context("fork")
+        self._receive, send = context.Pipe(duplex=False)
+        self._process = context.Process(target=_send_read, args=(send, read, gguf), daemon=True)
+        self._process.start()
+        send.close()
+
+    def get(self) -> Any:
+        """The read's result; its exception re-raised; EOFError where the process died without one."""
+        ok, value = self._receive.recv()
+        self._process.join()
+        if not ok:
+            raise value
+        return value
+
+    def stop(self) -> None:
+        if self._process.is_alive():
+            self._process.terminate()
+        self._process.join()
+        self._receive.close()
+
+
+def _send_read(send: Any, read: Callable[[Path], Any], gguf: Path) -> None:
+    try:
+        result = (True, read(gguf))
+    except Exception as exc:  # sent back whole, raised there
+        result = (False, exc)
+    send.send(result)
+
+
+def _read_tokenizer(gguf: Path) -> Any:
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+def _read_config(gguf: Path) -> Any:
+    import transformers
+
+    return transformers.AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+SAFETENSORS_FILE = "model.safetensors"  # save_pretrained's name for an unsharded model
+
+
+def _save_config(config: Any, transformers: Any, dtype: str, out: Path) -> None:
+    """config.json and generation_config.json as save_pretrained writes them for the model class."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    config.dtype = dtype
+    config.save_pretrained(out)
+    generation = transformers.GenerationConfig.from_model_config(config)
+    generation.save_pretrained(out)
 
 
 def _rebuild(loaded: Any, torch: Any, dtype: str, gguf: Path) -> Any:
