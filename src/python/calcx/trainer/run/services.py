@@ -30,6 +30,7 @@ from calcx.contract.env import (
 )
 from calcx.contract.ready import CONTROLLER_READY, SERVER_READY
 from calcx.procs.managed import ManagedProcess, ProcessStartError, live_pids, stop_all
+from calcx.trainer.config.scale import LOOPBACK
 from calcx.worker.protocol import WORKER_MODULE
 
 CALCX_SRC = Path(__file__).resolve().parents[3]  # .../src/python
@@ -99,6 +100,7 @@ class ServicesConfig:
     """Where the parts run and under which interpreters and import paths."""
 
     workdir: Path
+    host: str = LOOPBACK  # where the server listens, and the address in its URL (calcx.services_host)
     services_python: str = sys.executable
     services_pythonpath: list[str] = field(default_factory=portable_sys_path)
     agent_python: str = sys.executable
@@ -207,7 +209,7 @@ class LocalServices:
             "-m",
             "calcx.server",
             "--host",
-            "127.0.0.1",
+            c.host,
             "--port",
             "0",
             "--db",
