@@ -4,7 +4,7 @@ on it, and the rule for the batch, refused by name where it does not split."""
 from __future__ import annotations
 
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from calcx.trainer.config.compose import ComposeRequest, ConfigError, compose
 from calcx.trainer.config.scale import (
@@ -19,7 +19,7 @@ from calcx.trainer.config.scale import (
 REFERENCE_SAMPLES = 32 * 4
 
 
-def _compose(**kwargs) -> OmegaConf:
+def _compose(**kwargs) -> DictConfig:
     return compose(ComposeRequest(gpu_memory_gib=0, **kwargs))
 
 

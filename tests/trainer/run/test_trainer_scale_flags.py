@@ -73,3 +73,26 @@ def test_on_a_cluster_the_started_server_takes_the_nodes_key(tmp_path: Path, mon
         with rollout_services(_cluster_cfg(services_host="10.0.0.1"), tmp_path, ""):
             pass
     assert not (tmp_path / "services").exists()
+
+
+def test_the_driver_of_a_ray_cluster_needs_no_gpu_of_its_own(tmp_path: Path) -> None:
+    """Where no GPU is (KubeRay's head), `--ray-address` goes past the GPU check that stops a run on
+    one machine with status 3, and on to the cluster's own rules (here: a loopback server)."""
+    from calcx.data.generator import generate_split
+    from calcx.data.io import write_rows
+
+    rows = tmp_path / "rows.jsonl"
+    write_rows(generate_split("train", 2, seed=3), rows)
+    args = ["--train-file", str(rows), "--val-file", str(rows), "--nnodes", "2", "--ray-address", "head:6379"]
+    env = {**ENV, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [sys.executable, "-m", "calcx.trainer.run.cli", *args, f"calcx.report_dir={tmp_path / 'run'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "no CUDA GPU" not in done.stderr and "--services-host" in done.stderr
+    assert not (tmp_path / "run" / "services").exists()  # nothing was started
