@@ -1,8 +1,9 @@
 """The calcx server and a local-runner controller, started for one training run and ended with it.
 
 `calcx train` needs a rollout server and a controller unless `--agl-base-url` names running ones.
-Each runs as its own process (its own process group), on a free loopback port, with a key made
-for this run, a SQLite file and logs in the run's report directory. They may run under another
+Each runs as its own process (its own process group), the server on a free port of loopback (of
+`calcx.services_host` on a Ray cluster, whose nodes must reach it), with a key made for this run
+(the nodes' key on a cluster), a SQLite file and logs in the run's report directory. They may run under another
 Python than the trainer (`calcx.services_python`), and the agent under a third one
 (`calcx.agent_python` / `calcx.agent_pythonpath`): on the GPU machine the agent's packages (mcp<2)
 cannot share a site directory with vLLM's (mcp 2.x).
