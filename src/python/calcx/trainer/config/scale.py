@@ -21,8 +21,9 @@ NODES_KEY = "trainer.nnodes"
 RAY_ADDRESS_KEY = "ray_kwargs.ray_init.address"
 #: what `ray job submit` sets for the job's driver, and what `ray.init()` reads without an address
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
-#: the config key (`calcx.`) of the address the server `calcx train` starts listens on
-SERVICES_HOST_KEY = "calcx.services_host"
+#: the key of the `calcx` section that holds the address the server `calcx train` starts listens on
+SERVICES_HOST = "services_host"
+SERVICES_HOST_KEY = f"calcx.{SERVICES_HOST}"
 #: what verl 0.9.1's FSDP engine divides the world by for its data-parallel size
 SP_KEY = "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"
 LOOPBACK = "127.0.0.1"
@@ -114,7 +115,7 @@ def services_host(calcx: Any, cluster: str | None) -> str:
     """Where the server `calcx train` starts listens and is reached (`calcx.services_host`). On a
     Ray cluster, Ray workers on other nodes create its rollouts: loopback reaches none of them, and a
     wildcard is no address to hand them."""
-    host = str(calcx.get("services_host") or LOOPBACK)
+    host = str(calcx.get(SERVICES_HOST) or LOOPBACK)
     if host in WILDCARDS:
         raise ScaleError(
             f"{SERVICES_HOST_KEY}={host!r} is no address to reach the server at; give this node's address "
