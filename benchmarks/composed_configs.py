@@ -6,8 +6,8 @@ across a change that must leave them as they were (a move of modules, a new defa
 One YAML file per case (secrets masked, as `--print-config` prints them): `calcx train` for
 each run profile of calcx.yaml (and none) x GPU memory 0, 80 and 141 GiB x sync and async;
 `calcx anchor train` for each run profile x the same memories; `calcx warmup` for the same
-memories; and the commands' own `--print-config` (train, `--eval-only`, anchor, warm-up) as a
-machine without a GPU prints it. Paths of this checkout and of verl are written as <calcx> and
+memories; and the commands' own `--print-config` (train, `--eval-only`, train on 2 and 8 GPUs and
+on 2 nodes, anchor, warm-up) as a machine without a GPU prints it. Paths of this checkout and of verl are written as <calcx> and
 <verl>, so that two checkouts compare.
 """
 
@@ -29,6 +29,12 @@ from calcx.trainer.warmup.sft import main as warmup_main
 
 MEMORIES_GIB = (0.0, 80.0, 141.0)
 FILES = ["--model", "models/m", "--train-file", "train.parquet", "--val-file", "val.parquet"]
+#: `calcx train --print-config` on more GPUs than one (docs/scale-out.md)
+SCALES = {
+    "gpus2": ["--gpus", "2"],
+    "gpus8": ["--gpus", "8"],
+    "2nodes": ["--gpus", "8", "--nnodes", "2", "--ray-address", "head:6379", "--services-host", "10.0.0.1"],
+}
 
 
 def run_profiles() -> list[str | None]:
@@ -80,6 +86,8 @@ def cases() -> dict[str, str]:
     found["cli-eval-only"] = printed(
         train_main, [*FILES, "--eval-only", "--model-endpoint", "http://127.0.0.1:1/v1", "--print-config"]
     )
+    for name, scale in SCALES.items():
+        found[f"cli-train-{name}"] = printed(train_main, [*FILES, *scale, "--print-config"])
     found["cli-anchor"] = printed(anchor_main, ["train", *FILES, "--print-config"])
     found["cli-warmup"] = printed(warmup_main, ["--model", "models/m", "--traces", "t.parquet", "--print-config"])
     return found

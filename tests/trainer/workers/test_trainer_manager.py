@@ -316,3 +316,54 @@ def test_register_replicas_normalises_verl_addresses(stack: dict) -> None:
     expected = ["http://127.0.0.1:8001/v1", "http://[::1]:8002/v1", "http://h:1/v1"]
     assert registered["endpoints"] == expected and registered["policy_version"] == 3
     assert _registry(stack)["endpoints"] == expected and _registry(stack)["model"] == "other-model"
+
+
+def test_n_gpus_register_one_endpoint_a_replica_with_the_nodes_key(
+    stack: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`calcx train --gpus 2` on a Ray cluster: verl starts one vLLM replica a GPU (TP 1) and its load
+    balancer lists each; the manager registers every one with the gateway, reading the key from the
+    node's CALCX_KEY (the config names no key file there), and the gateway places rollouts on both."""
+    from omegaconf import OmegaConf
+
+    from calcx.trainer.config.scale import scale_of
+
+    services = stack["services"]
+    # two replicas slow enough that both rollouts are at home when the second one's first call arrives
+    stubs = []
+    for i in range(2):
+        (tmp_path / f"replica-{i}").mkdir()
+        stubs.append(start_stub(tmp_path / f"replica-{i}", stack["rows"], "--mode", "slow", "--slow-s", "1.5"))
+    try:
+        cfg = compose(
+            ComposeRequest(
+                model=MODEL,
+                server_url=services.server_url,
+                gpus_per_node=2,
+                dotlist=[
+                    "+calcx.key_from_env=true",
+                    f"calcx.report_dir={tmp_path / 'report'}",
+                    "actor_rollout_ref.rollout.agent.num_workers=0",
+                ],
+            )
+        )
+        OmegaConf.resolve(cfg)
+        assert cfg.calcx.key_file is None
+        monkeypatch.setenv("CALCX_KEY", services.key)
+        replicas = [url.removeprefix("http://").removesuffix("/v1") for _, url in stubs]
+        assert scale_of(cfg).rollout_replicas == len(replicas)
+
+        _create(cfg, _llm_client(cfg, replicas))
+
+        expected = [f"http://{replica}/v1" for replica in replicas]
+        assert sorted(_registry(stack)["endpoints"]) == sorted(expected)
+
+        async def both() -> list[tuple[dict, list[dict]]]:
+            return await asyncio.gather(*(_one_rollout(stack, f"replicas-{i}") for i in range(2)))
+
+        done = asyncio.run(both())
+        assert all(rollout["state"] == "SUCCEEDED" for rollout, _ in done), done
+        assert {call["endpoint"] for _, calls in done for call in calls} == set(expected)
+    finally:
+        for stub, _ in stubs:
+            stub.stop()

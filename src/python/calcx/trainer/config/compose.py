@@ -15,6 +15,15 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
+from calcx.trainer.config.scale import (
+    GPUS_KEY,
+    NODES_KEY,
+    RAY_ADDRESS_KEY,
+    SERVICES_HOST_KEY,
+    ScaleError,
+    scale_of,
+)
+
 PACKAGE_CONFIG_DIR = Path(__file__).resolve().parent
 CALCX_OVERRIDES = PACKAGE_CONFIG_DIR / "calcx.yaml"
 ASYNC_OVERRIDES = PACKAGE_CONFIG_DIR / "async.yaml"
@@ -73,6 +82,12 @@ class ComposeRequest:
     # a `run_profiles` entry of calcx.yaml (a documented run's settings), over the GPU profile and
     # under the flags and dotlist; None: no run profile
     run_profile: str | None = None
+    # `--gpus`, `--nnodes`, `--ray-address`, `--services-host` (None: calcx.yaml's one GPU of one
+    # node, a Ray of its own, a server on loopback)
+    gpus_per_node: int | None = None
+    nnodes: int | None = None
+    ray_address: str | None = None
+    services_host: str | None = None
 
 
 def _leaves(node: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
@@ -333,10 +348,16 @@ def compose(request: ComposeRequest) -> DictConfig:
         "calcx.server_url": request.server_url,
         "trainer.experiment_name": request.run_name,
         "calcx.runner": request.runner,
+        GPUS_KEY: request.gpus_per_node,
+        NODES_KEY: request.nnodes,
     }
     for dotted, value in flags.items():
         if value is not None:
             _set(cfg, dotted, value, must_exist=True, origin="command line flag")
+    new_keys = {RAY_ADDRESS_KEY: request.ray_address, SERVICES_HOST_KEY: request.services_host}
+    for dotted, value in new_keys.items():  # a keyword of ray.init verl's schema leaves out; calcx's own
+        if value is not None:
+            _set(cfg, dotted, value, must_exist=False, origin="command line flag")
 
     for item in dotlist:
         key, value, add = parse_dotlist_item(item)
@@ -346,6 +367,7 @@ def compose(request: ComposeRequest) -> DictConfig:
     if template:
         apply_chat_template(cfg, str(template))
     check_reward_options(cfg)
+    check_scale(cfg)
     agent_tool_rounds(cfg)
     agent_prompt(cfg)
     return cfg
@@ -378,6 +400,15 @@ def agent_prompt(cfg: DictConfig) -> str:
     try:
         return parse_agent_prompt(value, what="calcx.agent_prompt")
     except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def check_scale(cfg: DictConfig) -> None:
+    """GPUs, nodes, replicas and the batch must fit together (calcx.trainer.config.scale): a bad
+    split stops the run here, naming the rule, not at verl's first update."""
+    try:
+        scale_of(cfg)
+    except ScaleError as exc:
         raise ConfigError(str(exc)) from None
 
 

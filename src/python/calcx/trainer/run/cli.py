@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         "vLLM, http://HOST:PORT/v1) that plays the policy instead of verl's vLLM",
     )
     add_profile_argument(parser)
+    add_scale_arguments(parser)
     parser.add_argument(
         "--print-config", action="store_true", help="print the composed config (secrets masked) and exit; needs no GPU"
     )
@@ -139,6 +140,55 @@ def add_profile_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def whole_number_of(what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number >= 1, else an error that names `what`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: the number of {what} must be a whole number >= 1")
+        return value
+
+    return parse
+
+
+def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
+    """--gpus, --nnodes, --ray-address, --services-host: where the run's GPUs are (docs/scale-out.md)."""
+    parser.add_argument(
+        "--gpus",
+        type=whole_number_of("GPUs a node"),
+        default=None,
+        metavar="N",
+        help="GPUs of each node (trainer.n_gpus_per_node; default 1): FSDP over all of them and one vLLM "
+        "replica a GPU, each registered with the calcx server; the batch stays 32 prompts x 4",
+    )
+    parser.add_argument(
+        "--nnodes",
+        type=whole_number_of("nodes"),
+        default=None,
+        metavar="M",
+        help="nodes of a Ray cluster (trainer.nnodes; default 1); more than one needs --ray-address "
+        "or ray job submit",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="a running Ray cluster to train on (ray.init's address, e.g. HEAD:6379 or auto; default: "
+        "$RAY_ADDRESS, which ray job submit sets, else a Ray of its own on this machine)",
+    )
+    parser.add_argument(
+        "--services-host",
+        default=None,
+        metavar="ADDR",
+        help="where the calcx server calcx train starts listens (calcx.services_host; default 127.0.0.1): "
+        "on a Ray cluster, this node's address that every node reaches",
+    )
+
+
 def config_files(paths: Sequence[Path]) -> str | list[str]:
     """verl's `data.*_files` for the flag's files: a path, or a list of them."""
     names = [str(p) for p in paths]
@@ -159,6 +209,10 @@ def compose_from_args(args: argparse.Namespace):
             async_mode=args.async_mode,
             chat_template=args.chat_template,
             run_profile=args.profile,
+            gpus_per_node=args.gpus,
+            nnodes=args.nnodes,
+            ray_address=args.ray_address,
+            services_host=args.services_host,
             dotlist=list(args.overrides),
         )
     )
@@ -205,7 +259,11 @@ def _train(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if not ready_to_train(NO_GPU_MESSAGE, needs_gpu=args.model_endpoint is None):
+    from calcx.trainer.config.scale import RAY_ADDRESS_ENV
+
+    # the driver of a Ray cluster needs no GPU of its own (KubeRay's head has none)
+    on_cluster = args.ray_address is not None or bool(os.environ.get(RAY_ADDRESS_ENV))
+    if not ready_to_train(NO_GPU_MESSAGE, needs_gpu=args.model_endpoint is None and not on_cluster):
         return 3
     from calcx.api.tokens import read_server_key
     from calcx.trainer.run import data as data_mod

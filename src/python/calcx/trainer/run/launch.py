@@ -14,12 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from calcx.contract.env import CALCX_KEY
+from calcx.trainer.config.scale import RAY_ADDRESS_ENV, ray_cluster_address, services_host
 from calcx.trainer.run.data import Sources
 from calcx.trainer.run.progress import ProgressWatch, total_training_steps
 from calcx.trainer.run.report import count_incomplete, write_report
@@ -149,6 +152,32 @@ class RolloutServer:
     plan: ResumeStart | None = None
     #: the owner id of the run's lease this process holds (its ledger writes name it)
     owner: str = ""
+    #: the Ray cluster the run joins (None: a Ray of verl's own on this machine); its workers then
+    #: read the key from CALCX_KEY on their own nodes
+    cluster: str | None = None
+
+
+def ray_cluster(cfg: DictConfig) -> str | None:
+    """The Ray cluster the run joins (None: verl starts one here); several nodes need one."""
+    cluster = ray_cluster_address(cfg, os.environ)
+    nodes = int(cfg.trainer.nnodes)
+    if cluster is None and nodes > 1:
+        raise LaunchError(
+            f"trainer.nnodes={nodes}: several nodes train on a running Ray cluster; pass --ray-address "
+            f"ADDR (or start calcx train with ray job submit, which sets {RAY_ADDRESS_ENV})"
+        )
+    return cluster
+
+
+def cluster_key(key: str) -> str:
+    """On a Ray cluster the workers of every node read the key from their own CALCX_KEY, so the
+    server calcx train starts must run with that key, not one made for the run."""
+    if not key:
+        raise LaunchError(
+            f"on a Ray cluster the Ray workers read the calcx server's key from {CALCX_KEY} on their nodes, and "
+            f"the server calcx train starts must use the same key: set {CALCX_KEY} (or --agl-key-file) to it"
+        )
+    return key
 
 
 def server_args(cfg: DictConfig, given: Sequence[str]) -> list[str]:
@@ -185,6 +214,7 @@ def rollout_services(
     owner = owner or new_owner()
     run = str(cfg.calcx.get("run") or "")
     wait_s = float(cfg.calcx.get("run_lease_wait_s", DEFAULT_WAIT_S)) if run else 0.0
+    cluster = ray_cluster(cfg)
     if cfg.calcx.get("server_url"):
         url = str(cfg.calcx.server_url)
         preflight(url, key)
@@ -192,14 +222,17 @@ def rollout_services(
             plan = _settle_run(run, url, key, resume, owner)
             key_file = write_key_file(key, key_dir(report_dir))
             try:
-                yield RolloutServer(key_file=key_file, plan=plan, owner=owner)
+                yield RolloutServer(key_file=key_file, plan=plan, owner=owner, cluster=cluster)
             finally:
                 remove_key_file(key_file)
         return
     try:
         config = ServicesConfig.from_calcx_section(cfg.calcx, report_dir / SERVICES_DIR)
+        config.host = services_host(cfg.calcx, cluster)
     except ValueError as exc:
         raise LaunchError(str(exc)) from exc
+    if cluster is not None:
+        config.key = cluster_key(key)
     config.server_args = server_args(cfg, config.server_args)
     services = LocalServices(config)
     key_file = write_key_file(services.key, key_dir(report_dir))
@@ -212,7 +245,7 @@ def rollout_services(
                 "calcx train: server %s and controller started (logs in %s)", services.server_url, services.workdir
             )
             plan = _settle_run(run, services.server_url, services.key, resume, owner)
-            yield RolloutServer(key_file=key_file, url=services.server_url, plan=plan, owner=owner)
+            yield RolloutServer(key_file=key_file, url=services.server_url, plan=plan, owner=owner, cluster=cluster)
     finally:
         services.stop()
         remove_key_file(key_file)
@@ -282,7 +315,9 @@ def run_training(
     # run's lease is held: a second start of a live run must not move its files
     resume = None if eval_only else (lambda: start_resume(cfg, report_dir))
     with rollout_services(cfg, report_dir, key, resume, take_over=take_over) as server:
-        settings = settings.with_server(server.key_file, server.url, server.owner)
+        settings = settings.with_server(
+            server.key_file, server.url, server.owner, key_from_env=server.cluster is not None
+        )
         settings.apply(cfg)  # what verl and its workers read; the driver keeps using `settings`
 
         def run() -> None:

@@ -24,7 +24,7 @@ from calcx.trainer.config.compose import OWNER_KEY, resolve_model_path
 from calcx.trainer.run.data import Sources, to_verl_parquet, verl_records
 from calcx.trainer.run.services import CALCX_SRC
 from calcx.trainer.run_dir.names import METRICS_FILE, VERL_TRAIN_FILE, VERL_VAL_FILE
-from calcx.trainer.run_dir.server_key import server_key
+from calcx.trainer.run_dir.server_key import KEY_FROM_ENV, server_key
 
 WORKER_ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
 FILE_LOGGER_ENV = "VERL_FILE_LOGGER_PATH"  # where verl's `file` logger writes (its FileLogger)
@@ -44,15 +44,23 @@ class RunSettings:
     server_url: str = ""  # the configured server (`calcx.server_url`), or the one this run started
     key_file: Path | None = None
 
-    def with_server(self, key_file: Path, url: str | None = None, owner: str = "") -> RunSettings:
+    def with_server(
+        self, key_file: Path, url: str | None = None, owner: str = "", *, key_from_env: bool = False
+    ) -> RunSettings:
         """The owner-only file that holds the calcx server's key, the URL of a server this run
         started (None: the configured server), and the owner id of the run's lease (the ledger's
-        writers in Ray's workers name it)."""
+        writers in Ray's workers name it). `key_from_env` (a Ray cluster): the file is the driver's
+        alone, and the workers read CALCX_KEY on their own nodes."""
         server = {"calcx.server_url": url} if url is not None else {}
         lease = {OWNER_KEY: owner} if owner else {}
+        key = (
+            {"calcx.key_file": None, f"calcx.{KEY_FROM_ENV}": True}
+            if key_from_env
+            else {"calcx.key_file": str(key_file)}
+        )
         return dataclasses.replace(
             self,
-            values={**self.values, **server, **lease, "calcx.key_file": str(key_file)},
+            values={**self.values, **server, **lease, **key},
             server_url=url if url is not None else self.server_url,
             key_file=key_file,
         )

@@ -1,8 +1,9 @@
 """The calcx server and a local-runner controller, started for one training run and ended with it.
 
 `calcx train` needs a rollout server and a controller unless `--agl-base-url` names running ones.
-Each runs as its own process (its own process group), on a free loopback port, with a key made
-for this run, a SQLite file and logs in the run's report directory. They may run under another
+Each runs as its own process (its own process group), the server on a free port of loopback (of
+`calcx.services_host` on a Ray cluster, whose nodes must reach it), with a key made for this run
+(the nodes' key on a cluster), a SQLite file and logs in the run's report directory. They may run under another
 Python than the trainer (`calcx.services_python`), and the agent under a third one
 (`calcx.agent_python` / `calcx.agent_pythonpath`): on the GPU machine the agent's packages (mcp<2)
 cannot share a site directory with vLLM's (mcp 2.x).
@@ -30,6 +31,7 @@ from calcx.contract.env import (
 )
 from calcx.contract.ready import CONTROLLER_READY, SERVER_READY
 from calcx.procs.managed import ManagedProcess, ProcessStartError, live_pids, stop_all
+from calcx.trainer.config.scale import LOOPBACK
 from calcx.worker.protocol import WORKER_MODULE
 
 CALCX_SRC = Path(__file__).resolve().parents[3]  # .../src/python
@@ -99,6 +101,7 @@ class ServicesConfig:
     """Where the parts run and under which interpreters and import paths."""
 
     workdir: Path
+    host: str = LOOPBACK  # where the server listens, and the address in its URL (calcx.services_host)
     services_python: str = sys.executable
     services_pythonpath: list[str] = field(default_factory=portable_sys_path)
     agent_python: str = sys.executable
@@ -207,7 +210,7 @@ class LocalServices:
             "-m",
             "calcx.server",
             "--host",
-            "127.0.0.1",
+            c.host,
             "--port",
             "0",
             "--db",
