@@ -68,6 +68,7 @@ def _scenarios(stub_url: str, event_url: str) -> dict[str, tuple[dict[str, str],
             CALCX_MODEL_MAX_RETRIES="1",
         ),
         "error500": env("error500", "[stub:error500] What is 1 + 2?", "3", CALCX_MODEL_MAX_RETRIES="1"),
+        "overlong": env("overlong", "[stub:overlong] What is 2 + 5?", "7", CALCX_AGENT_TOOL_ROUNDS="3"),
         "calc_dead": env(
             "calc_dead",
             "[calc_dead] What is 3 + 3?",
@@ -231,6 +232,14 @@ def test_http_500_exits_10_after_retries(runs, event_log, stub_server):
     assert_failed(runs["error500"], event_log, 10, "model_unreachable")
     log = [e for e in stub_server.app.state.log if e["question"].startswith("What is 1 + 2?")]
     assert [e["kind"] for e in log] == ["error500", "error500"]  # first try + CALCX_MODEL_MAX_RETRIES=1
+
+
+def test_a_conversation_past_the_models_context_finishes_unanswered_not_as_a_model_failure(runs, event_log):
+    """vLLM's 400 for a conversation that outgrew the context is the policy's doing: reward 0,
+    exit 0 (a `model_unreachable` would be retried and left out of training)."""
+    assert_finished(runs["overlong"], event_log, 0.0)
+    summary = json.loads(runs["overlong"].stdout.strip().splitlines()[-1])
+    assert summary["answer"] == "" and summary["reward"] == 0.0
 
 
 def test_dead_calculator_exits_11(runs, event_log):

@@ -29,6 +29,7 @@ class FakeUpstream:
     requests: list[dict[str, Any]] = field(default_factory=list)
     fail_next: int = 0
     fail_status: int = 500
+    fail_error: dict[str, Any] = field(default_factory=lambda: {"message": "injected failure"})
     abort_next: int = 0  # answers cut off as vLLM does when generation is paused: finish reason "abort"
     on_abort: Callable[[], None] | None = None  # called (off the event loop) before each aborted answer
     before_answer: Callable[[], None] | None = None  # called (off the event loop) before each model answer
@@ -58,7 +59,7 @@ class FakeUpstream:
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
             if failing:
-                return JSONResponse({"error": {"message": "injected failure"}}, status_code=self.fail_status)
+                return JSONResponse({"error": self.fail_error}, status_code=self.fail_status)
             if aborting:
                 if self.on_abort is not None:
                     await asyncio.to_thread(self.on_abort)

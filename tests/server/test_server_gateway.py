@@ -232,6 +232,25 @@ def test_upstream_4xx_goes_back_unchanged_and_is_recorded(client: CalcxClient, u
     assert calls[0].status_code == 400 and calls[0].response == {"error": {"message": "bad request upstream"}}
 
 
+def test_a_refusal_for_the_models_context_goes_back_with_openais_code(client: CalcxClient, upstream: Any) -> None:
+    """vLLM words a conversation past the model's context in a 400's message only; the agent gets
+    OpenAI's `context_length_exceeded` beside it (its run then ends unanswered, not failed), once,
+    and the call is recorded as it went back."""
+    from calcx.stub_llm.app import OVERLONG_ERROR
+
+    client.put_models("m", [upstream.url])
+    claim = running_claims(client)[0]
+    upstream.fail_next, upstream.fail_status, upstream.fail_error = 1, 400, OVERLONG_ERROR
+    before = len(upstream.requests)
+    with pytest.raises(CalcxAPIError) as err:
+        client.chat_completions(claim.rollout.rollout_id, claim.attempt_id, {"model": "m", "messages": MESSAGES})
+    assert err.value.status == 400 and err.value.code == "context_length_exceeded"
+    assert len(upstream.requests) - before == 1  # a 400 is not retried
+    recorded = client.calls(claim.rollout.rollout_id)[0]
+    assert recorded.status_code == 400
+    assert recorded.response == {"error": {**OVERLONG_ERROR, "code": "context_length_exceeded"}}
+
+
 def test_token_ids_past_int32_are_left_out_and_the_call_kept(client: CalcxClient, upstream: Any) -> None:
     """Token ids the store cannot pack as int32: the call is recorded without token ids and
     log-probs, with everything else, and the agent gets the answer as it came."""

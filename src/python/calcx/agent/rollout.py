@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import openai
@@ -25,6 +25,7 @@ from calcx.agent.failures import AgentFailure, BadEnvironment, ModelUnreachable
 from calcx.agent.workbench import CalculatorWorkbench
 from calcx.api.client import tls_context
 from calcx.contract.env import AGL_KEY
+from calcx.contract.gateway import context_refused
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -148,6 +149,8 @@ async def solve(config: AgentConfig, report: Callable[[str], Awaitable[T]]) -> T
         except Exception as exc:
             if workbench.failure is not None:
                 raise workbench.failure from exc
+            if any(context_exhausted(cause) for cause in _causes(exc)):
+                return await report("")  # the conversation outgrew the model's context: no answer
             failure = classify_model_error(exc, config) or _find_cause(exc, config)
             if failure is not None:
                 raise failure from exc
@@ -165,8 +168,14 @@ async def solve(config: AgentConfig, report: Callable[[str], Awaitable[T]]) -> T
             log.debug("closing the model client failed: %r", exc)
 
 
-def _find_cause(exc: BaseException, config: AgentConfig) -> AgentFailure | None:
-    """Look through chained and grouped exceptions for a model or calculator failure."""
+def context_exhausted(exc: BaseException) -> bool:
+    """Whether a model call was refused because the conversation outgrew the model's context
+    (calcx.contract.gateway): the policy's own doing, so the run ends unanswered."""
+    return isinstance(exc, openai.BadRequestError) and context_refused(exc.status_code, exc.body)
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception chained to it or grouped in it, each once."""
     seen: set[int] = set()
     stack: list[BaseException] = [exc]
     while stack:
@@ -174,14 +183,20 @@ def _find_cause(exc: BaseException, config: AgentConfig) -> AgentFailure | None:
         if id(current) in seen:
             continue
         seen.add(id(current))
-        if isinstance(current, AgentFailure):
-            return current
-        failure = classify_model_error(current, config)
-        if failure is not None:
-            return failure
+        yield current
         if isinstance(current, BaseExceptionGroup):
             stack.extend(current.exceptions)
         for linked in (current.__cause__, current.__context__):
             if linked is not None:
                 stack.append(linked)
+
+
+def _find_cause(exc: BaseException, config: AgentConfig) -> AgentFailure | None:
+    """Look through chained and grouped exceptions for a model or calculator failure."""
+    for current in _causes(exc):
+        if isinstance(current, AgentFailure):
+            return current
+        failure = classify_model_error(current, config)
+        if failure is not None:
+            return failure
     return None

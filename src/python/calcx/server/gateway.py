@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 
 from calcx.contract.failures import FailureReason
+from calcx.contract.gateway import CONTEXT_LENGTH_EXCEEDED, context_refused
 from calcx.server.assistant_turns import HERMES, for_the_model, read_template_calls
 from calcx.server.chat_fields import CHAT_FIELDS, SAMPLING_FIELDS, Rule, check_fields
 from calcx.server.errors import APIError
@@ -433,6 +434,9 @@ class Gateway:
             if read is not None:  # calls in the chat template's own example form: made, and recorded so
                 self.metrics.template_calls_read.inc()
                 content = json.dumps(read).encode()
+        elif payload is not None and context_refused(result.status, payload.get("error")):
+            # the policy outgrew its context: the agent ends its run unanswered (calcx.contract.gateway)
+            content = json.dumps({"error": {**payload["error"], "code": CONTEXT_LENGTH_EXCEEDED}}).encode()
         status = result.status
         abandoned = agent_gone is not None and await agent_gone()
         if abandoned:

@@ -31,6 +31,18 @@ DEFAULT_HANG_S = 3600.0
 LOGGED_SYSTEM_CHARS = 200
 
 
+#: vLLM's answer to a conversation past the model's context, as vLLM 0.24 words it (a 400, its
+#: `code` the status itself: no code of its own)
+OVERLONG_ERROR = {
+    "message": "This model's maximum context length is 4096 tokens. However, you requested 1024 output tokens "
+    "and your prompt contains at least 3073 input tokens, for a total of at least 4097 tokens. Please reduce the "
+    "length of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=3073)",
+    "type": "BadRequestError",
+    "param": "input_tokens",
+    "code": 400,
+}
+
+
 def _error(status: int, message: str, code: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": code, "code": code}})
 
@@ -147,6 +159,9 @@ def create_app(
             _record(app, mode, "hang", question, system)
             await asyncio.sleep(mode.seconds if mode.seconds is not None else hang_s)
             return _error(504, "stub LLM: hang mode gave up waiting", "timeout")
+        if mode.name == "overlong" and any(m.get("role") == "tool" for m in body["messages"]):
+            _record(app, mode, "overlong", question, system)
+            return JSONResponse(status_code=400, content={"error": OVERLONG_ERROR})
         if mode.name == "slow":
             await asyncio.sleep(mode.seconds if mode.seconds is not None else slow_s)
         turn = play(body, mode, script)

@@ -21,6 +21,8 @@ MODES = {
     "then answer the last result",
     "unknowntool": "call a tool that was not offered",
     "error500": "answer every request with HTTP 500",
+    "overlong": "call the calculator, then refuse the next request as vLLM refuses a conversation past the "
+    "model's context (HTTP 400)",
     "slow": "wait (default 1 s, or name=seconds) and then behave normally",
     "hang": "never answer (waits --hang-s, default 3600 s)",
 }
