@@ -79,6 +79,7 @@ def test_calcx_s_lines_and_vllm_s_measures_complete_the_start_up(tmp_path: Path,
             "first validation": 79.75,
             "first step (and its metrics line)": 15.0,
             "Ray started to ready to fit": 154.75,
+            "verl starting to first step": 275.0,
             "vLLM weights load": 1.25,
             "vLLM torch.compile": 30.5,
             "vLLM CUDA graph capture": 4.0,
@@ -91,3 +92,13 @@ def test_calcx_s_lines_and_vllm_s_measures_complete_the_start_up(tmp_path: Path,
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "| phase | sync | older |"
     assert "| first validation | 79.8 | - |" in printed and "| FSDP actor init | 20.2 | 24.5 |" in printed
+
+
+def test_a_run_without_a_validation_before_training_goes_from_ready_to_fit_to_its_first_step() -> None:
+    """The 2026-12-04 calculator-steps run (trainer.val_before_train=false): verl starting
+    01:42:07, ready to fit 01:46:10.617, first step logged 01:47:10."""
+    measured = dict(startup.phases((RUNS / "2026-12-04-gsm8k-h200-calculator-steps" / "train.log").read_text()))
+    assert measured["first validation"] is None
+    assert measured["first step (and its metrics line)"] == pytest.approx(59.383, abs=1e-3)
+    assert measured["verl starting to first step"] == pytest.approx(303.0)
+    assert measured["Ray"] == pytest.approx(17.7, abs=0.05)

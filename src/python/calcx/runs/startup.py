@@ -27,14 +27,20 @@ BOUNDARIES = (
     ("validated", f"{PROGRESS_PREFIX} ", f" UTC {VALIDATED}"),
     ("first step", f"{PROGRESS_PREFIX} ", f" UTC {FIRST_STEP}"),
 )
-# a phase: its name and the boundaries it runs between
-PHASES = (
-    ("Ray", "verl starting", "Ray started"),
-    ("verl's data and workers", "Ray started", "worker group"),
-    ("FSDP actor init", "worker group", "actor ready"),
-    ("vLLM replicas (weights, torch.compile, CUDA graphs), reward loop, weight sync", "actor ready", "ready to fit"),
-    ("first validation", "ready to fit", "validated"),
-    ("first step (and its metrics line)", "validated", "first step"),
+# a phase: its name, the boundaries it may start from (the first the log holds) and the one it ends at
+PHASES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("Ray", ("verl starting",), "Ray started"),
+    ("verl's data and workers", ("Ray started",), "worker group"),
+    ("FSDP actor init", ("worker group",), "actor ready"),
+    ("vLLM replicas (weights, torch.compile, CUDA graphs), reward loop, weight sync", ("actor ready",), "ready to fit"),
+    ("first validation", ("ready to fit",), "validated"),
+    # a run that validates only later (trainer.val_before_train=false) goes from ready to fit to its first step
+    ("first step (and its metrics line)", ("validated", "ready to fit"), "first step"),
+)
+# the spans a log may measure whole: a name, its first and its last boundary
+TOTALS = (
+    ("Ray started to ready to fit", "Ray started", "ready to fit"),
+    ("verl starting to first step", "verl starting", "first step"),
 )
 # vLLM's own measures (INFO lines): a name and the pattern of its seconds
 VLLM_MEASURES = (
@@ -68,11 +74,13 @@ def phases(text: str) -> list[tuple[str, float | None]]:
     lines = text.splitlines()
     seen = boundaries(lines)
     out: list[tuple[str, float | None]] = []
-    for name, start, end in PHASES:
-        both = start in seen and end in seen
+    for name, starts, end in PHASES:
+        start = next((boundary for boundary in starts if boundary in seen), None)
+        both = start is not None and end in seen
         out.append((name, (seen[end] - seen[start]).total_seconds() if both else None))
-    if "Ray started" in seen and "ready to fit" in seen:  # the whole of what every log measures
-        out.append(("Ray started to ready to fit", (seen["ready to fit"] - seen["Ray started"]).total_seconds()))
+    for name, first, last in TOTALS:
+        if first in seen and last in seen:
+            out.append((name, (seen[last] - seen[first]).total_seconds()))
     for name, pattern in VLLM_MEASURES:
         found = [float(m.group(1)) for line in lines if (m := pattern.search(line))]
         if found:
