@@ -1,12 +1,14 @@
-"""Calls a small model writes in the chat template's own doubled-brace example form are read as the
-calls they state; anything else vLLM's hermes parser could not read stays as it came."""
+"""Calls vLLM's hermes parser left in a turn's text are read as the calls they state: the chat
+template's own doubled-brace example form, and well-formed calls beside a block that is no call (a
+made-up result, a last block cut off); a block that opens as a call and is none keeps the turn as it
+came."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from calcx.server.assistant_turns import read_template_calls
+from calcx.server.assistant_turns import read_stated_calls
 
 
 def _answer(content: Any, finish: str = "stop", **message: Any) -> dict[str, Any]:
@@ -38,18 +40,18 @@ def test_the_doubled_brace_forms_seen_on_a_gpu_run_are_read() -> None:
         '<tool_call>\n{{"name": "calculate", "arguments": {"expression": "72 - (12 * 3) + (7 * 3)"}}\n</tool_call>\n'
         "### ANSWER: 36",
     ]
-    first = read_template_calls(_answer(seen[0]))
+    first = read_stated_calls(_answer(seen[0]))
     assert first is not None and _calls(first) == [("calculate", {"expression": "2 * 6 / 4"})]
     message = first["choices"][0]["message"]
     assert message["content"] == "<tools></tools>\n" and first["choices"][0]["finish_reason"] == "tool_calls"
     assert message["tool_calls"][0]["type"] == "function" and message["tool_calls"][0]["id"].startswith(
         "chatcmpl-tool-"
     )
-    second = read_template_calls(_answer(seen[1]))
+    second = read_stated_calls(_answer(seen[1]))
     assert second is not None and _calls(second) == [("calculate", {"expression": "72 - (12 * 3) + (7 * 3)"})]
     assert second["choices"][0]["message"]["content"] is None  # nothing before the call; the text after it goes
     assert second["choices"][0]["token_ids"] == [5, 6] and second["prompt_token_ids"] == [1]  # the model's tokens
-    two = read_template_calls(
+    two = read_stated_calls(
         _answer(
             '<tool_call>\n{{"name": "calculate", "arguments": {"expression": "2*14"}}\n'
             '</tool_call>\n<tool_call>\n{{"name": "calculate", "arguments": '
@@ -62,6 +64,34 @@ def test_the_doubled_brace_forms_seen_on_a_gpu_run_are_read() -> None:
     ]
 
 
+def test_calls_beside_blocks_that_are_none_are_read_as_seen_on_a_gpu_run() -> None:
+    """As the model wrote them late in an H200 run: a call, then a block with the result it made up;
+    plain and doubled-brace calls in one turn; a last call cut off before its closing tag."""
+    made_up = read_stated_calls(
+        _answer(
+            'Step 1.\n<tool_call>\n{{"name": "calculate", "arguments": {"expression": "150 * 134"}}\n</tool_call>\n\n'
+            "After the calculation, the total cost is:\n\n<tool_call>\n19100\n</tool_call>\n### Step 2"
+        )
+    )
+    assert made_up is not None and _calls(made_up) == [("calculate", {"expression": "150 * 134"})]
+    assert made_up["choices"][0]["message"]["content"] == "Step 1.\n"
+    mixed = read_stated_calls(
+        _answer(
+            '<tool_call>\n{"name": "calculate", "arguments": {"expression": "3 * 52 * 40"}}\n</tool_call>\n'
+            '<tool_call>\n{{"name": "calculate", "arguments": {"expression": "5 * 52 * 28"}}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "calculate", "arguments": {"expression": "2'
+        )
+    )
+    assert mixed is not None and _calls(mixed) == [
+        ("calculate", {"expression": "3 * 52 * 40"}),
+        ("calculate", {"expression": "5 * 52 * 28"}),
+    ]
+    finished = read_stated_calls(
+        _answer('<tool_call>\n4\n</tool_call>\n<tool_call>\n{"name": "calculate", "arguments": {"expression": "2+2"}}')
+    )
+    assert finished is not None and _calls(finished) == [("calculate", {"expression": "2+2"})]  # unclosed, whole
+
+
 def test_anything_else_stays_as_it_came() -> None:
     broken = "<tool_call>\n{name: \"calculate\", \"arguments\": {'expression': '12944 / 4'}}\n</tool_call>"
     doubled = '<tool_call>\n{{"name": "calculate", "arguments": {"expression": "1+1"}}}\n</tool_call>'
@@ -72,14 +102,19 @@ def test_anything_else_stays_as_it_came() -> None:
         '<tool_call>\n{{"name": "calculate", "arguments": "1+1"}}\n</tool_call>',  # arguments not an object
         '<tool_call>\n{{"name": "calculate", "arguments": {"expression": "1"}}} extra\n</tool_call>',
         "### ANSWER: 4 ###",
+        "<tool_call>\n19100\n</tool_call>",  # no call at all, only a made-up result
+        '<tool_call>\n{"name": "calculate", "argument": "4.0"}\n</tool_call>\n'  # other keys beside a call
+        '<tool_call>\n{"name": "calculate", "arguments": {"expression": "1+1"}}\n</tool_call>',
+        '<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>',  # the example
+        '<tool_call>\n{"name": "calculate", "arguments": {"expression": "1"}} extra\n</tool_call>',  # text after JSON
         "",
         None,
     ):
-        assert read_template_calls(_answer(content)) is None, content
+        assert read_stated_calls(_answer(content)) is None, content
     parsed = _answer(
         None,
         "tool_calls",
         tool_calls=[{"id": "c", "type": "function", "function": {"name": "calculate", "arguments": "{}"}}],
     )
-    assert read_template_calls(parsed) is None  # vLLM read it already
-    assert read_template_calls({"choices": []}) is None and read_template_calls({}) is None
+    assert read_stated_calls(parsed) is None  # vLLM read it already
+    assert read_stated_calls({"choices": []}) is None and read_stated_calls({}) is None

@@ -426,7 +426,7 @@ def test_with_the_hermes_parser_calls_in_the_templates_doubled_braces_are_made(
             assert recorded.response["choices"][0]["message"]["tool_calls"][0]["id"] == made[0].id
             assert recorded.response_token_ids == [7, 8, 9]
             metrics = httpx.get(f"{server.url}/metrics").text
-            assert "calcx_gateway_template_calls_read_total 1.0" in metrics
+            assert "calcx_gateway_stated_calls_read_total 1.0" in metrics
     finally:
         server.stop()
 

@@ -17,10 +17,16 @@ Qwen2.5's chat template, as its GGUF carries it, shows the call format as
 doubled inside a string, so the rendered prompt shows them doubled. A small model copies the
 example: most of its first calls (26 of 36 at the first step of an H200 run) came back as
 `{{"name": "calculate", "arguments": {...}}}`, which vLLM's parser cannot read, so the call was
-never made, the rollout ended without an answer, and GRPO taught the model to stop calling.
-`read_template_calls` reads such a turn as the calls it states: every `<tool_call>` block must be
-JSON once one doubled brace at its start (and the unmatched one at its end) is undone, else the
-turn stays as vLLM returned it (a parse failure, the model's own mistake).
+never made, the rollout ended without an answer, and GRPO taught the model to stop calling. Later
+in training the same model writes several calls a turn and, beside them, blocks it fills with a
+made-up result (`<tool_call>\n19100\n</tool_call>`) or a call cut off at the end; vLLM's parser
+then drops every call of the turn (114 of the 226 turns an H200 run left unread read so).
+`read_stated_calls` reads such a turn as the calls it states: each `<tool_call>` block that opens
+with a brace must be a call, as JSON or once the doubled brace at its start (and the unmatched one
+at its end) is undone; a block that does not open with one is no call (a made-up result) and is
+left out, as is a last block cut off before its closing tag; at least one call must read. A block
+that opens with a brace and is no call (broken JSON, other keys) keeps the turn as vLLM returned
+it: a parse failure, the model's own mistake.
 """
 
 from __future__ import annotations
@@ -57,24 +63,33 @@ def as_generated(messages: list[Any]) -> list[Any]:
     return out
 
 
-_CALL_BLOCK_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_CALL_BLOCK_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
 
 
-def _template_call(block: str) -> dict[str, Any] | None:
-    """The call one `<tool_call>` block states in the template's doubled-brace form, else None."""
+class _NotACall(ValueError):
+    """A block that opens as a call and is none: the turn stays a parse failure."""
+
+
+def _stated_call(block: str, closed: bool) -> dict[str, Any] | None:
+    """The call one `<tool_call>` block states (plain JSON, or the template's doubled-brace form);
+    None for a block that is no call attempt (it does not open with a brace, or it is the last one
+    and was cut off before its closing tag); _NotACall for one that opens as a call and is none."""
     text = block.strip()
-    if not text.startswith("{{"):
+    if not text.startswith("{"):
         return None
+    doubled = text.startswith("{{")
     try:
-        call, end = json.JSONDecoder().raw_decode(text[1:])
+        call, end = json.JSONDecoder().raw_decode(text[1:] if doubled else text)
     except ValueError:
-        return None
-    if text[1:][end:].strip() not in ("", "}"):
-        return None
+        if not closed:
+            return None
+        raise _NotACall(text[:80]) from None
+    rest = (text[1:] if doubled else text)[end:].strip()
     name, arguments = (call.get("name"), call.get("arguments")) if isinstance(call, dict) else (None, None)
-    if not isinstance(name, str) or not isinstance(arguments, dict):
-        return None
+    if rest not in (("", "}") if doubled else ("",)) or not isinstance(name, str) or not isinstance(arguments, dict):
+        raise _NotACall(text[:80])
     return {
         "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
         "type": "function",
@@ -82,11 +97,12 @@ def _template_call(block: str) -> dict[str, Any] | None:
     }
 
 
-def read_template_calls(payload: dict[str, Any]) -> dict[str, Any] | None:
+def read_stated_calls(payload: dict[str, Any]) -> dict[str, Any] | None:
     """The chat-completion answer with the calls of its first choice read from its text, when vLLM's
-    hermes parser left them there because they are written in the template's doubled-brace form
-    and every block reads as a call that way; None when there is nothing to read (the answer stands
-    as it came). The text before the first call stays the message's content, as the parser keeps it."""
+    hermes parser left them there (the template's doubled-brace form, or well-formed calls beside a
+    block that is none) and each block that opens as a call is one; None when there is nothing to
+    read (the answer stands as it came). The text before the first call stays the message's
+    content, as the parser keeps it."""
     choices = payload.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return None
@@ -96,9 +112,15 @@ def read_template_calls(payload: dict[str, Any]) -> dict[str, Any] | None:
     content = message.get("content")
     if not isinstance(content, str) or TOOL_CALL_START not in content:
         return None
-    blocks = _CALL_BLOCK_RE.findall(content)
-    calls = [_template_call(block) for block in blocks]
-    if not calls or any(call is None for call in calls):
+    calls = []
+    for found in _CALL_BLOCK_RE.finditer(content):
+        try:
+            call = _stated_call(found.group(1), closed=found.group(0).endswith(TOOL_CALL_END))
+        except _NotACall:
+            return None
+        if call is not None:
+            calls.append(call)
+    if not calls:
         return None
     before = content[: content.index(TOOL_CALL_START)]
     finish = choices[0].get("finish_reason")

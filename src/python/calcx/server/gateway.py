@@ -37,7 +37,7 @@ import httpx
 
 from calcx.contract.failures import FailureReason
 from calcx.contract.gateway import CONTEXT_LENGTH_EXCEEDED, context_refused
-from calcx.server.assistant_turns import HERMES, for_the_model, read_template_calls
+from calcx.server.assistant_turns import HERMES, for_the_model, read_stated_calls
 from calcx.server.chat_fields import CHAT_FIELDS, SAMPLING_FIELDS, Rule, check_fields
 from calcx.server.errors import APIError
 from calcx.server.metrics import ServerMetrics
@@ -430,9 +430,9 @@ class Gateway:
         ids: tuple[list[int], list[int], list[float]] = ([], [], [])
         if result.status == 200 and payload is not None:
             ids = extract_tokens(payload)
-            read = read_template_calls(payload) if self.settings.tool_call_parser == HERMES else None
-            if read is not None:  # calls in the chat template's own example form: made, and recorded so
-                self.metrics.template_calls_read.inc()
+            read = read_stated_calls(payload) if self.settings.tool_call_parser == HERMES else None
+            if read is not None:  # calls vLLM's parser left in the text: made, and recorded so
+                self.metrics.stated_calls_read.inc()
                 content = json.dumps(read).encode()
         elif payload is not None and context_refused(result.status, payload.get("error")):
             # the policy outgrew its context: the agent ends its run unanswered (calcx.contract.gateway)

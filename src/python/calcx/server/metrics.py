@@ -71,9 +71,10 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.retries = Counter("calcx_retries", "New attempts queued after a failure", registry=self.registry)
-        self.template_calls_read = Counter(
-            "calcx_gateway_template_calls_read",
-            "Answers whose tool calls were read from the chat template's doubled-brace example form",
+        self.stated_calls_read = Counter(
+            "calcx_gateway_stated_calls_read",
+            "Answers whose tool calls vLLM's parser left in the text and the gateway read "
+            "(the template's doubled-brace form, calls beside a block that is none)",
             registry=self.registry,
         )
         self.events = Counter("calcx_events", "Events received, by type", ["event_type"], registry=self.registry)
