@@ -76,8 +76,8 @@ def phases(text: str) -> list[tuple[str, float | None]]:
     out: list[tuple[str, float | None]] = []
     for name, starts, end in PHASES:
         start = next((boundary for boundary in starts if boundary in seen), None)
-        both = start is not None and end in seen
-        out.append((name, (seen[end] - seen[start]).total_seconds() if both else None))
+        seconds = (seen[end] - seen[start]).total_seconds() if start is not None and end in seen else None
+        out.append((name, seconds))
     for name, first, last in TOTALS:
         if first in seen and last in seen:
             out.append((name, (seen[last] - seen[first]).total_seconds()))
