@@ -52,6 +52,9 @@ PYTHON="${PYTHON:-python3}"
 mkdir -p "$IN" "$RESULTS"
 
 export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer's sampler needs its cubin package, not carried
+# vLLM's INFO lines time its start (weights, torch.compile, CUDA graphs: `calcx runs startup`); verl
+# sets WARN for its Ray workers only where the launching environment sets nothing
+export VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-INFO}"
 export PYTHONUNBUFFERED=1
 
 torch_site() { "$PYTHON" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))'; }
