@@ -160,7 +160,13 @@ case "$stage" in
     t2=$(date +%s)
     (cd "$IN" && sha256sum -c --quiet SHA256SUMS.model)
     cat "$IN"/model.gguf.[0-9]* > "$GGUF"
-    calcx model from-gguf --gguf "$GGUF" --sha256 "$GGUF_SHA256" --out "$MODEL" --force 2>&1 | tee "$RESULTS/convert.log"
+    # qwen2's weights straight from the GGUF (the default route); should that route fail on this
+    # machine, the transformers route is taken and machine.txt says so, so a session's GPU time is not lost
+    if ! calcx model from-gguf --gguf "$GGUF" --sha256 "$GGUF_SHA256" --out "$MODEL" --force 2>&1 | tee "$RESULTS/convert.log"; then
+      echo "setup: the direct conversion failed (convert.log); converting through transformers" | tee -a "$RESULTS/machine.txt"
+      calcx model from-gguf --gguf "$GGUF" --sha256 "$GGUF_SHA256" --out "$MODEL" --force --via transformers 2>&1 \
+        | tee -a "$RESULTS/convert.log"
+    fi
     t3=$(date +%s)
     echo "setup: join + verify + model conversion $((t3 - t2)) s" | tee -a "$RESULTS/machine.txt"
     ;;
