@@ -24,7 +24,8 @@ limit_mib="${CARRY_LIMIT_MIB:-64}"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 git -C "$root" rev-parse --git-dir > /dev/null 2>&1 \
   || { echo "stage_carry.sh: run it from a checkout of the repository ($root is none): the tree's size is checked" >&2; exit 2; }
-tree_bytes="$(cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s -- 2>/dev/null \
+# (a tracked file deleted from the working tree does not travel: stat's complaint about it is no error)
+tree_bytes="$(cd "$root" && { git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s -- 2>/dev/null || true; } \
   | awk '{s += $1} END {print s + 0}')"
 tree_mib=$(( (tree_bytes + 1048575) / 1048576 ))
 if (( piece_mb + tree_mib + 1 > limit_mib )); then

@@ -8,7 +8,8 @@ import pytest
 
 from calcx.agent.answer import extract_answer
 from calcx.agent.numeric import NumericError, evaluate
-from calcx.agent.reward import parse_rel_tol, reward, scalar_are_results_same
+from calcx.agent.reward import reward, scalar_are_results_same
+from calcx.contract.env import parse_rel_tol
 
 
 @pytest.mark.parametrize(
@@ -162,11 +163,14 @@ def test_a_rows_own_tolerance_decides_how_close_an_answer_must_come():
     assert reward("63968", "63648", 1e-9) == 0.0
     assert reward(repr(0.1 * 3 * 10**5), "30000", 1e-9) == 1.0  # 30000.000000000004
     assert reward("63649", "63648", 0.0) == 0.0 and reward("63648", "63648", 0.0) == 1.0
+    # Calc-X's `A = around B` is one number when its sides agree to Calc-X's 1e-2, whatever the row asks
+    assert reward("2/3 = around 0.666667", "0.6666666666666666", 1e-9) == 1.0
+    assert reward("0.666667", "0.6666666666666666", 1e-9) == 0.0  # the rounded side alone is not exact
 
 
-@pytest.mark.parametrize("value", ["1e-9", 1e-9, " 0.01 ", 0, "0"])
+@pytest.mark.parametrize("value", ["1e-9", 1e-9, " 0.01 ", 0, "0", "0." + "0" * 120 + "1"])
 def test_parse_rel_tol_reads_a_tolerance(value):
-    assert parse_rel_tol(value) == float(str(value))
+    assert parse_rel_tol(value) == float(str(value))  # the whole text, however long
 
 
 @pytest.mark.parametrize("value", ["exact", "", "-0.01", "1", "1.5", "nan", "inf", True, None])

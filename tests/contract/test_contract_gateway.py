@@ -11,6 +11,8 @@ from calcx.stub_llm.app import OVERLONG_ERROR
 def test_vllms_wording_and_openais_code_are_a_context_refusal() -> None:
     assert context_refused(400, OVERLONG_ERROR)  # vLLM: the message only, `code` the status
     assert context_refused(400, {"message": "too long", "code": CONTEXT_LENGTH_EXCEEDED})  # OpenAI, the gateway
+    engine = "The decoder prompt (length 4100) is longer than the maximum model length of 4096. Make sure that ..."
+    assert context_refused(400, {"message": engine, "type": "BadRequestError", "code": 400})  # vLLM's engine
 
 
 @pytest.mark.parametrize(

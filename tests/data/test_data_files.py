@@ -41,6 +41,16 @@ def test_numbers_in_id_and_result_become_strings():
     assert validate_row({**ROW, "result": 3.0})["result"] == "3"
 
 
+def test_a_rows_tolerance_is_read_as_a_number_and_a_null_one_as_none(tmp_path):
+    """The hard split's rows carry rel_tol; a parquet file mixing them with GSM8K's holds null there,
+    which means Calc-X's tolerance: the field is left out, so the row travels as a GSM8K row does."""
+    assert validate_row({**ROW, "rel_tol": "1e-9"})["rel_tol"] == 1e-9
+    path = write_parquet([{**ROW, "rel_tol": 1e-9}, {**ROW, "id": "r2"}], tmp_path / "mixed.parquet")
+    assert pq.read_table(path).column("rel_tol").to_pylist() == [1e-9, None]
+    hard, plain = read_rows(path)
+    assert hard["rel_tol"] == 1e-9 and "rel_tol" not in plain
+
+
 def test_source_ds_column_is_read_as_source():
     row = {k: v for k, v in ROW.items() if k != "source"} | {"source_ds": "gsm8k"}
     assert validate_row(row)["source"] == "gsm8k"
@@ -54,6 +64,8 @@ def test_source_ds_column_is_read_as_source():
         ({"chain": ["x"]}, "field 'chain' must be a string"),
         ({"result": float("nan")}, "field 'result' must be a finite number"),
         ({"id": True}, "field 'id' must be a string"),
+        ({"rel_tol": "1%"}, "field 'rel_tol' must be a relative tolerance from 0 (exact) up to 1, got '1%'"),
+        ({"rel_tol": 1.5}, "field 'rel_tol' must be a relative tolerance"),
     ],
 )
 def test_bad_row_errors_name_file_row_and_field(tmp_path, change, fragment):

@@ -123,6 +123,20 @@ def test_a_rows_own_tolerance_reaches_its_agent_and_a_row_without_one_sets_none(
     assert "RESULT_REL_TOL" not in envs["calc-x"] and envs["calc-x"]["RESULT"] == "9"
 
 
+def test_a_null_tolerance_is_none_and_one_that_is_no_tolerance_is_refused_at_create(client: CalcxClient) -> None:
+    """A file mixing hard and GSM8K rows holds rel_tol null on the GSM8K ones: the agent keeps
+    Calc-X's. A value the agent could not read is refused by name when the rollout is created,
+    not found by the agent at every attempt."""
+    row = spec("mixed", 3)["row"]
+    client.create_rollouts([{"rollout_id": "mixed", "row": {**row, "rel_tol": None}}])
+    assert "RESULT_REL_TOL" not in client.claim("ctl-n", 1, timeout_s=1).claims[0].env
+    for n, bad in enumerate(("1%", "exact", -1, 2)):
+        with pytest.raises(CalcxAPIError) as refused:
+            client.create_rollouts([{"rollout_id": f"bad-{n}", "row": {**row, "rel_tol": bad}}])
+        assert refused.value.status == 422
+        assert "row field 'rel_tol' (as RESULT_REL_TOL) must be a relative tolerance" in refused.value.message
+
+
 def test_lease_expiry_fails_attempt_with_controller_lost(tmp_path: Path, server_key: str) -> None:
     # a 2 s lease renewed every 0.25 s: eight heartbeats of margin, so a loaded machine cannot
     # lose "kept" by being slow; "lost" is never renewed and must expire

@@ -75,18 +75,31 @@ def test_on_a_cluster_the_started_server_takes_the_nodes_key(tmp_path: Path, mon
     assert not (tmp_path / "services").exists()
 
 
-def test_the_driver_of_a_ray_cluster_needs_no_gpu_of_its_own(tmp_path: Path) -> None:
-    """Where no GPU is (KubeRay's head), `--ray-address` goes past the GPU check that stops a run on
-    one machine with status 3, and on to the cluster's own rules (here: a loopback server)."""
+@pytest.mark.parametrize(
+    "cluster", [["--ray-address", "head:6379"], ["+ray_kwargs.ray_init.address=head:6379"]], ids=["flag", "override"]
+)
+def test_the_driver_of_a_ray_cluster_needs_no_gpu_of_its_own(tmp_path: Path, cluster: list[str]) -> None:
+    """Where no GPU is (KubeRay's head), a cluster named by `--ray-address` or by the override of the
+    key it sets goes past the GPU check that stops a run on one machine with status 3, and on to the
+    cluster's own rules (here: a loopback server)."""
     from calcx.data.generator import generate_split
     from calcx.data.io import write_rows
 
     rows = tmp_path / "rows.jsonl"
     write_rows(generate_split("train", 2, seed=3), rows)
-    args = ["--train-file", str(rows), "--val-file", str(rows), "--nnodes", "2", "--ray-address", "head:6379"]
+    args = ["--train-file", str(rows), "--val-file", str(rows), "--nnodes", "2"]
+    flags, overrides = (cluster, []) if cluster[0].startswith("--") else ([], cluster)
     env = {**ENV, "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(
-        [sys.executable, "-m", "calcx.trainer.run.cli", *args, f"calcx.report_dir={tmp_path / 'run'}"],
+        [
+            sys.executable,
+            "-m",
+            "calcx.trainer.run.cli",
+            *args,
+            *flags,
+            f"calcx.report_dir={tmp_path / 'run'}",
+            *overrides,
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -83,3 +83,20 @@ def test_one_machine_keeps_the_runs_own_key_file_over_a_calcx_key_in_the_shell(t
     assert server_key(cfg.calcx, environ={"CALCX_KEY": OTHER}) == KEY
     assert server_key({"key_file": None}, environ={"CALCX_KEY": OTHER}) == ""  # no key configured: none
     remove_key_file(key_file)
+
+
+def test_on_a_cluster_the_drivers_key_file_stays_off_the_shared_run_directory(tmp_path: Path) -> None:
+    """A cluster's run directory is storage every node mounts, and its workers read the key from
+    their node's CALCX_KEY: the driver's key file goes to an owner-only directory of its own node."""
+    import stat
+
+    from calcx.trainer.run.launch import _key_home
+
+    assert _key_home(tmp_path, None) == key_dir(tmp_path)
+    key_file = write_key_file(KEY, _key_home(tmp_path, "head:6379"))
+    try:
+        assert tmp_path not in key_file.parents and key_file.read_text() == KEY
+        assert stat.S_IMODE(key_file.parent.stat().st_mode) == 0o700 and stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    finally:
+        remove_key_file(key_file)
+    assert not key_file.parent.exists()

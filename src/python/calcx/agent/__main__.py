@@ -13,7 +13,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "usage: python -m calcx.agent\n"
             "Runs one Calc-X rollout. Reads QUESTION, RESULT, AGL_OPENAI_BASE_URL, AGL_EVENT_URL, AGL_KEY\n"
-            "from the environment (see docs/agent.md). Exit 0 = finished; 2/10/11/12/13 = infrastructure failure."
+            "from the environment, and the optional RESULT_REL_TOL (the reward's tolerance, default 1e-2) and\n"
+            "CALCX_* settings (see docs/agent.md). Exit 0 = finished; 2/10/11/12/13 = infrastructure failure."
         )
         return 0
     from calcx.agent.main import run_agent

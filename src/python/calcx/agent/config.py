@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 from calcx.agent.calculator import calculator_command
 from calcx.agent.failures import BadEnvironment
-from calcx.agent.reward import CALC_X_REL_TOL, parse_rel_tol
 from calcx.contract.env import (
     AGENT_PROMPT_DEFAULT,
     AGL_EVENT_URL,
     AGL_KEY,
     AGL_OPENAI_BASE_URL,
+    CALC_X_REL_TOL,
     CALCX_AGENT_PROMPT,
     CALCX_AGENT_TIMEOUT_S,
     CALCX_AGENT_TOOL_ROUNDS,
@@ -24,6 +24,7 @@ from calcx.contract.env import (
     RESULT_REL_TOL,
     TOOL_ROUNDS_DEFAULT,
     parse_agent_prompt,
+    parse_rel_tol,
     parse_tool_rounds,
 )
 
@@ -67,7 +68,7 @@ class AgentConfig:
             raw_prompt = (env.get(CALCX_AGENT_PROMPT) or "").strip()
             prompt = parse_agent_prompt(raw_prompt) if raw_prompt else AGENT_PROMPT_DEFAULT
             raw_tol = (env.get(RESULT_REL_TOL) or "").strip()
-            rel_tol = parse_rel_tol(raw_tol, what=RESULT_REL_TOL) if raw_tol else CALC_X_REL_TOL
+            rel_tol = parse_rel_tol(raw_tol) if raw_tol else CALC_X_REL_TOL
         except ValueError as exc:
             raise BadEnvironment(str(exc)) from None
         return cls(

@@ -18,9 +18,8 @@ import math
 import re
 
 from calcx.agent.numeric import MAX_EXPRESSION_CHARS, try_evaluate
+from calcx.contract.env import CALC_X_REL_TOL
 
-#: Calc-X's relative tolerance: an answer within 1% of the result counts.
-CALC_X_REL_TOL = 1e-2
 # Longer answers are not numbers or letters; they are compared only for exact equality.
 MAX_COMPARED_CHARS = 4 * MAX_EXPRESSION_CHARS
 
@@ -105,24 +104,12 @@ def scalar_are_results_same(pred: str, true: str, rel_tol: float = CALC_X_REL_TO
     true_letter = choice_letter(true_s, strict=True)
     if true_letter is not None:
         return choice_letter(pred_s) == true_letter
-    true_values = number_candidates(true_s, rel_tol)
+    # `A = around B` is one number when its sides agree within Calc-X's tolerance, whatever the row's
+    true_values = number_candidates(true_s)
     if not true_values:
         return False
-    pred_values = number_candidates(pred_s, rel_tol)
+    pred_values = number_candidates(pred_s)
     return any(math.isclose(p, t, rel_tol=rel_tol) for p in pred_values for t in true_values)
-
-
-def parse_rel_tol(value: object, *, what: str = "rel_tol") -> float:
-    """A relative tolerance (a number, or its text) in [0, 1); ValueError naming ``what`` otherwise.
-    The agent reads RESULT_REL_TOL with it, the anchor's reward a row's field."""
-    text = str(value).strip()[:100]
-    try:
-        tolerance = float(text) if not isinstance(value, bool) else math.nan
-    except ValueError:
-        tolerance = math.nan
-    if not 0.0 <= tolerance < 1.0:
-        raise ValueError(f"{what} must be a relative tolerance from 0 (exact) up to 1, got {text!r}")
-    return tolerance
 
 
 def reward(pred: str, true: str, rel_tol: float = CALC_X_REL_TOL) -> float:

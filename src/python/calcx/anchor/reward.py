@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from calcx.agent.answer import extract_answer
-from calcx.agent.reward import CALC_X_REL_TOL, parse_rel_tol, reward
-from calcx.contract.env import REL_TOL_FIELD
+from calcx.agent.reward import reward
+from calcx.contract.env import CALC_X_REL_TOL, REL_TOL_FIELD, parse_rel_tol
 
 # how the Hermes/ChatML templates (the Qwen models' own, calcx's `hermes`) close a tool's answer
 TOOL_RESPONSE_END = "</tool_response>"

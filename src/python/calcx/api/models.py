@@ -19,7 +19,14 @@ from pydantic import (
     model_validator,
 )
 
-from calcx.contract.env import DEFAULT_ENV_MAP, env_problem, env_value, reserved_problem
+from calcx.contract.env import (
+    DEFAULT_ENV_MAP,
+    RESULT_REL_TOL,
+    env_problem,
+    env_value,
+    parse_rel_tol,
+    reserved_problem,
+)
 from calcx.contract.failures import FAILURE_REASONS, FailureReason
 
 RolloutState = Literal["QUEUED", "RUNNING", "SUCCEEDED", "FAILED"]
@@ -120,6 +127,8 @@ class RolloutCreate(_StrictBody):
             problem = env_problem(var, env_value(self.row[column]) if column in self.row else "")
             if problem is not None:
                 raise ValueError(f"rollout {self.rollout_id!r}: row field {column!r} (as {var}): {problem}")
+            if var == RESULT_REL_TOL and self.row.get(column) is not None:  # else the agent fails every attempt
+                parse_rel_tol(self.row[column], what=f"rollout {self.rollout_id!r}: row field {column!r} (as {var})")
         return self
 
 

@@ -5,6 +5,7 @@ and the rule for which values a process environment can carry.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -19,9 +20,25 @@ RESULT_REL_TOL = "RESULT_REL_TOL"
 REL_TOL_FIELD = "rel_tol"
 #: Which row field each variable takes when a rollout names no env_map.
 DEFAULT_ENV_MAP: dict[str, str] = {QUESTION: "question", RESULT: "result", RESULT_REL_TOL: REL_TOL_FIELD}
-#: Variables whose row field a row may lack: the variable is then left unset and the agent uses
-#: its default. Every other variable of an env_map needs its field.
+#: Variables whose row field a row may lack (or hold null, as a file mixing rows with and without
+#: it does): the variable is then left unset and the agent uses its default. Every other variable
+#: of an env_map needs its field.
 OPTIONAL_ROW_VARIABLES: frozenset[str] = frozenset({RESULT_REL_TOL})
+#: Calc-X's relative tolerance, the agent's default: an answer within 1% of the result counts.
+CALC_X_REL_TOL = 1e-2
+
+
+def parse_rel_tol(value: object, *, what: str = RESULT_REL_TOL) -> float:
+    """A relative tolerance (a number, or its text) in [0, 1); ValueError naming ``what`` otherwise.
+    The server checks a row's with it when the rollout is created, the data schema a file's, the
+    agent its variable and the anchor's reward the row it is handed."""
+    try:
+        tolerance = float(str(value).strip()) if not isinstance(value, bool) else math.nan
+    except ValueError:
+        tolerance = math.nan
+    if not 0.0 <= tolerance < 1.0:
+        raise ValueError(f"{what} must be a relative tolerance from 0 (exact) up to 1, got {str(value)[:100]!r}")
+    return tolerance
 
 
 def env_value(value: Any) -> str:
@@ -45,7 +62,11 @@ def missing_row_field(row: Mapping[str, Any], env_map: Mapping[str, str]) -> tup
 def row_env(row: Mapping[str, Any], env_map: Mapping[str, str]) -> dict[str, str]:
     """The variables ``row`` gives its agent through ``env_map`` (an optional one whose field the
     row lacks is left out)."""
-    return {var: env_value(row.get(column)) for var, column in env_map.items() if column in row}
+    return {
+        var: env_value(row[column])
+        for var, column in env_map.items()
+        if column in row and not (var in OPTIONAL_ROW_VARIABLES and row[column] is None)
+    }
 
 
 # -- from the server, per attempt ---------------------------------------------------------------

@@ -13,8 +13,10 @@ from typing import Any
 
 #: the error code of a 400 whose request outgrew the model's context (OpenAI's own name)
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
-#: how vLLM words that refusal (its 400 carries no code of its own), case folded
-UPSTREAM_CONTEXT_PHRASE = "maximum context length"
+#: how vLLM words that refusal (its 400 carries no code of its own), case folded: its OpenAI
+#: server's check ("This model's maximum context length is 4096 tokens. However, you requested ...",
+#: as an H200 run's store holds it) and its engine's ("... is longer than the maximum model length of ...")
+UPSTREAM_CONTEXT_PHRASES = ("maximum context length", "longer than the maximum model length")
 
 
 def context_refused(status: int, error: Any) -> bool:
@@ -22,4 +24,5 @@ def context_refused(status: int, error: Any) -> bool:
     call because the conversation outgrew the model's context."""
     if status != 400 or not isinstance(error, dict):
         return False
-    return error.get("code") == CONTEXT_LENGTH_EXCEEDED or UPSTREAM_CONTEXT_PHRASE in str(error.get("message")).lower()
+    message = str(error.get("message")).lower()
+    return error.get("code") == CONTEXT_LENGTH_EXCEEDED or any(phrase in message for phrase in UPSTREAM_CONTEXT_PHRASES)

@@ -3,7 +3,8 @@
 Rows are plain dicts (that is what travels to the server as a rollout's row).
 Validation names the file, the row number (1-based) and the field, and says what
 is expected, so a bad dataset is fixed in one go rather than found mid-training.
-Columns beyond the five are kept as they are.
+Columns beyond the five are kept as they are, but ``rel_tol`` (a row's own reward tolerance) is
+checked: a number from 0 up to 1, or null for Calc-X's.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from typing import Any
+
+from calcx.contract.env import REL_TOL_FIELD, parse_rel_tol
 
 FIELDS = ("id", "question", "chain", "result", "source")
 NON_EMPTY_FIELDS = ("id", "question", "result")
@@ -67,4 +70,12 @@ def validate_row(row: Any, *, file: str = "<rows>", number: int = 0) -> dict[str
     for field in NON_EMPTY_FIELDS:
         if not clean[field].strip():
             raise _field_error(where, field, "is empty")
+    if REL_TOL_FIELD in clean:  # the row's own tolerance (the hard split's); null: Calc-X's
+        if clean[REL_TOL_FIELD] is None:
+            del clean[REL_TOL_FIELD]
+        else:
+            try:
+                clean[REL_TOL_FIELD] = parse_rel_tol(clean[REL_TOL_FIELD], what="")
+            except ValueError as exc:
+                raise _field_error(where, REL_TOL_FIELD, str(exc).strip()) from None
     return clean

@@ -259,10 +259,12 @@ def _train(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from calcx.trainer.config.scale import RAY_ADDRESS_ENV
+    from calcx.trainer.config.scale import RAY_ADDRESS_ENV, RAY_ADDRESS_KEY
 
-    # the driver of a Ray cluster needs no GPU of its own (KubeRay's head has none)
-    on_cluster = args.ray_address is not None or bool(os.environ.get(RAY_ADDRESS_ENV))
+    # the driver of a Ray cluster needs no GPU of its own (KubeRay's head has none); the cluster is
+    # named by the flag, `ray job submit`'s variable or the override of the key the flag sets
+    overridden = any(item.partition("=")[0].lstrip("+") == RAY_ADDRESS_KEY for item in args.overrides)
+    on_cluster = args.ray_address is not None or bool(os.environ.get(RAY_ADDRESS_ENV)) or overridden
     if not ready_to_train(NO_GPU_MESSAGE, needs_gpu=args.model_endpoint is None and not on_cluster):
         return 3
     from calcx.api.tokens import read_server_key

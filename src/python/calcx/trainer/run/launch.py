@@ -194,6 +194,13 @@ def server_args(cfg: DictConfig, given: Sequence[str]) -> list[str]:
     return args
 
 
+def _key_home(report_dir: Path, cluster: str | None) -> Path | None:
+    """Where the driver keeps the key file: the run directory, or, on a Ray cluster (whose run
+    directory is storage every node mounts, and whose workers read the key from their node's
+    CALCX_KEY), a new owner-only directory of this node's own."""
+    return None if cluster is not None else key_dir(report_dir)
+
+
 @contextlib.contextmanager
 def rollout_services(
     cfg: DictConfig,
@@ -220,7 +227,7 @@ def rollout_services(
         preflight(url, key)
         with held_run(run, wait_s, url, key, owner, take_over, on_lost):
             plan = _settle_run(run, url, key, resume, owner)
-            key_file = write_key_file(key, key_dir(report_dir))
+            key_file = write_key_file(key, _key_home(report_dir, cluster))
             try:
                 yield RolloutServer(key_file=key_file, plan=plan, owner=owner, cluster=cluster)
             finally:
@@ -235,7 +242,7 @@ def rollout_services(
         config.key = cluster_key(key)
     config.server_args = server_args(cfg, config.server_args)
     services = LocalServices(config)
-    key_file = write_key_file(services.key, key_dir(report_dir))
+    key_file = write_key_file(services.key, _key_home(report_dir, cluster))
     try:
         services.start_server()
         # the lease before the controller: a second start of a live run claims none of its work
