@@ -13,12 +13,13 @@ written next to --out and renamed into place, so a failed conversion leaves noth
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -300,29 +301,19 @@ def _convert_direct(
     )
 
     started = time.monotonic()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    partial.chmod(0o755)  # mkdtemp's 0700 would hide the model from a server running as another user
     reads: tuple[SideRead, ...] = ()
     try:
-        reads = (SideRead(_read_tokenizer, gguf), SideRead(_read_config, gguf))
-        parameters, _ = write_weights(reader, gguf, names, dtype, partial / SAFETENSORS_FILE)
-        log(f"weights: {parameters:,} parameters as {dtype} ({time.monotonic() - started:.1f} s)")
-        try:
-            tokenizer, config = reads[0].get(), reads[1].get()
-        except (ValueError, KeyError, OSError, RuntimeError, EOFError) as exc:
-            raise ConvertError(f"{gguf}: transformers {transformers.__version__} cannot read it: {exc}") from None
-        started = time.monotonic()
-        _save_config(config, transformers, dtype, partial)
-        tokenizer.chat_template = template
-        set_special_tokens(tokenizer, metadata.special_ids)
-        tokenizer.save_pretrained(partial)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(partial, out)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+        with _written_whole(out) as partial:
+            reads = (SideRead(_read_tokenizer, gguf), SideRead(_read_config, gguf))
+            parameters, _ = write_weights(reader, gguf, names, dtype, partial / SAFETENSORS_FILE)
+            log(f"weights: {parameters:,} parameters as {dtype} ({time.monotonic() - started:.1f} s)")
+            try:
+                tokenizer, config = reads[0].get(), reads[1].get()
+            except (ValueError, KeyError, OSError, RuntimeError, EOFError) as exc:
+                raise ConvertError(f"{gguf}: transformers {transformers.__version__} cannot read it: {exc}") from None
+            started = time.monotonic()
+            _save_config(config, transformers, dtype, partial)
+            _save_tokenizer(tokenizer, template, metadata.special_ids, partial)
     finally:
         for read in reads:
             read.stop()
@@ -422,19 +413,33 @@ def _rebuild(loaded: Any, torch: Any, dtype: str, gguf: Path) -> Any:
     return fresh
 
 
-def _save(model: Any, tokenizer: Any, template: str, special_ids: dict[str, int], out: Path) -> None:
-    """The model directory written beside `out` and moved into place whole (never half a model)."""
+@contextlib.contextmanager
+def _written_whole(out: Path) -> Iterator[Path]:
+    """A directory beside `out` to write the model into, moved into place whole when the block
+    ends and removed when it fails (never half a model)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     partial.chmod(0o755)  # mkdtemp's 0700 would hide the model from a server running as another user
     try:
-        model.save_pretrained(partial, safe_serialization=True)
-        tokenizer.chat_template = template
-        set_special_tokens(tokenizer, special_ids)
-        tokenizer.save_pretrained(partial)
+        yield partial
         if out.exists():
             shutil.rmtree(out)
         os.replace(partial, out)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
+
+
+def _save_tokenizer(tokenizer: Any, template: str, special_ids: dict[str, int], directory: Path) -> None:
+    """The tokenizer with the GGUF's own chat template and special tokens (vLLM's tool-call parsing
+    depends on the template)."""
+    tokenizer.chat_template = template
+    set_special_tokens(tokenizer, special_ids)
+    tokenizer.save_pretrained(directory)
+
+
+def _save(model: Any, tokenizer: Any, template: str, special_ids: dict[str, int], out: Path) -> None:
+    """The transformers route's model directory, written whole."""
+    with _written_whole(out) as partial:
+        model.save_pretrained(partial, safe_serialization=True)
+        _save_tokenizer(tokenizer, template, special_ids, partial)

@@ -163,7 +163,8 @@ def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="GPUs of each node (trainer.n_gpus_per_node; default 1): FSDP over all of them and one vLLM "
-        "replica a GPU, each registered with the calcx server; the batch stays 32 prompts x 4",
+        "replica a GPU, each registered with the calcx server; the batch stays the profile's, split across "
+        "the GPUs (docs/scale-out.md)",
     )
     parser.add_argument(
         "--nnodes",
@@ -184,7 +185,7 @@ def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
         "--services-host",
         default=None,
         metavar="ADDR",
-        help="where the calcx server calcx train starts listens (calcx.services_host; default 127.0.0.1): "
+        help="where the calcx server calcx train starts listens (calcx.services_host; default loopback): "
         "on a Ray cluster, this node's address that every node reaches",
     )
 
