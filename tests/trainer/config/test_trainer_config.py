@@ -348,6 +348,14 @@ def _without_profile_name(cfg) -> dict:
             },
         ),
         (
+            "gsm8k-h200-calculator-bonus",
+            {
+                "calcx.reward.tool_bonus": 0.5,
+                "calcx.agent_tool_rounds": 8,
+                "calcx.reward.mask_void_turns": True,
+            },
+        ),
+        (
             "gsm8k-h200-calculator-steps",
             {
                 "calcx.reward.tool_bonus": 0.5,
