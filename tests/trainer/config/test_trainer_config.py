@@ -348,6 +348,10 @@ def _without_profile_name(cfg) -> dict:
             },
         ),
         (
+            "gsm8k-h200-graphs128",
+            {"actor_rollout_ref.rollout.cudagraph_capture_sizes": [1, 2, 4, *range(8, 129, 8)]},
+        ),
+        (
             "gsm8k-h200-calculator-bonus",
             {
                 "calcx.reward.tool_bonus": 0.5,
