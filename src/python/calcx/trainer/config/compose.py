@@ -242,7 +242,7 @@ def run_profile_overrides(profiles: dict[str, Any], name: str) -> list[dict[str,
     current: str | None = name
     while current is not None:
         if current not in profiles:
-            known = ", ".join(profiles) or "none are defined"
+            known = ", ".join(sorted(profiles)) or "none are defined"
             where = f"--profile {name!r}" if current == name else f"run profile {seen[-1]!r} extends {current!r}"
             raise ConfigError(f"{where}: no such run profile in {CALCX_OVERRIDES.name}; known: {known}")
         if current in seen:
