@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from calcx.api.tokens import new_key
+from calcx.contract.commands import controller_command, server_command
 from calcx.contract.env import CALCX_KEY, service_base_env
 from calcx.contract.ready import CONTROLLER_READY, SERVER_READY, STUB_LLM_READY
 from calcx.procs.managed import ManagedProcess, ProcessStartError, live_pids, stop_all
@@ -74,20 +75,9 @@ class Stack:
     # -- parts ---------------------------------------------------------------------------
     def start_server(self, timeout_s: float = 60.0) -> str:
         c = self.config
-        cmd = [
-            c.python,
-            "-m",
-            "calcx.server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self._server_port),
-            "--db",
-            str(self.db_path),
-            "--log-level",
-            "warning",
-            *c.server_args,
-        ]
+        cmd = server_command(
+            c.python, host="127.0.0.1", port=self._server_port, db=str(self.db_path), extra_args=c.server_args
+        )
         env = services_env({CALCX_KEY: c.key})  # in its environment, never on its command line
         self.server = ManagedProcess("server", cmd, self.workdir / "server.log", env).start(SERVER_READY, timeout_s)
         assert self.server.match is not None
@@ -145,27 +135,16 @@ class Stack:
     ) -> ManagedProcess:
         c = self.config
         n = len(self.controllers)
-        cmd = [
+        cmd = controller_command(
             c.python,
-            "-m",
-            "calcx.controller",
-            "--runner",
-            "local",
-            "--server",
-            self.server_url,
-            "--concurrency",
-            str(c.concurrency),
-            "--controller-id",
-            controller_id or f"rehearsal-{n}",
-            "--log-level",
-            os.environ.get("CALCX_STACK_LOG_LEVEL", "info"),
-            *c.controller_args,
-            *extra_args,
-        ]
-        if not c.prefork:
-            cmd.append("--no-prefork")
-        if c.agent_logs:
-            cmd += ["--log-dir", str(self.workdir / f"agents-{n}")]
+            server_url=self.server_url,
+            concurrency=c.concurrency,
+            controller_id=controller_id or f"rehearsal-{n}",
+            log_level=os.environ.get("CALCX_STACK_LOG_LEVEL", "info"),
+            log_dir=str(self.workdir / f"agents-{n}") if c.agent_logs else None,
+            prefork=c.prefork,
+            extra_args=[*c.controller_args, *extra_args],
+        )
         env = services_env({CALCX_KEY: c.key, **c.controller_env})
         proc = ManagedProcess(f"controller-{n}", cmd, self.workdir / f"controller-{n}.log", env)
         self.controllers.append(proc)

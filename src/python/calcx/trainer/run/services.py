@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calcx.contract.commands import controller_command, server_command
 from calcx.contract.env import (
     AGENT_PROMPT_DEFAULT,
     CALCX_AGENT_PROMPT,
@@ -205,20 +206,9 @@ class LocalServices:
         """The server alone: `calcx train` takes its run's lease before a controller claims anything."""
         c = self.config
         self.workdir.mkdir(parents=True, exist_ok=True)
-        server_cmd = [
-            c.services_python,
-            "-m",
-            "calcx.server",
-            "--host",
-            c.host,
-            "--port",
-            "0",
-            "--db",
-            str(self.db_path),
-            "--log-level",
-            "warning",
-            *c.server_args,
-        ]
+        server_cmd = server_command(
+            c.services_python, host=c.host, port=0, db=str(self.db_path), extra_args=c.server_args
+        )
         # both die with calcx train, even a SIGKILLed one: a second start finds no old controller
         # still claiming from the run's database (docs/resume.md)
         server = self.server = ManagedProcess(
@@ -231,24 +221,17 @@ class LocalServices:
 
     def start_controller(self) -> LocalServices:
         c = self.config
-        controller_cmd = [
+        controller_cmd = controller_command(
             c.services_python,
-            "-m",
-            "calcx.controller",
-            "--runner",
-            "local",
-            "--server",
-            self.server_url,
-            "--concurrency",
-            str(c.concurrency),
-            "--controller-id",
-            "calcx-train",
-            *(["--log-dir", str(self.workdir / "agents")] if c.agent_logs else []),
-            *c.agent_commands(),
-            *([] if c.prefork else ["--no-prefork"]),
-            *([] if c.sandbox is None else ["--sandbox", c.sandbox]),
-            *c.controller_args,
-        ]
+            server_url=self.server_url,
+            concurrency=c.concurrency,
+            controller_id="calcx-train",
+            log_dir=str(self.workdir / "agents") if c.agent_logs else None,
+            agent_commands=c.agent_commands(),
+            prefork=c.prefork,
+            sandbox=c.sandbox,
+            extra_args=c.controller_args,
+        )
         controller = self.controller = ManagedProcess(
             "calcx controller",
             controller_cmd,
