@@ -8,11 +8,15 @@ import pytest
 from calcx.contract.env import (
     AGL_KEY,
     CALCX_KEY,
+    DEFAULT_ENV_MAP,
     MAX_ENV_BYTES,
+    REQUIRED_ROW_VARIABLES,
     REQUIRED_VARIABLES,
     agent_base_env,
     agent_inherits,
     env_problem,
+    rollout_env_map,
+    unmapped_variables,
 )
 from calcx.contract.failures import (
     EXIT_CODES,
@@ -60,6 +64,14 @@ def test_env_rule_refuses_what_either_runner_cannot_carry(name: object, value: o
 def test_env_rule_accepts_hostile_text_a_process_can_carry(value: str) -> None:
     assert env_problem("QUESTION", value) is None
     assert all(env_problem(name, "v") is None for name in REQUIRED_VARIABLES)
+
+
+def test_only_a_missing_env_map_means_the_default_one() -> None:
+    """The server checks a rollout's row at create and builds its claim through the same map: an
+    empty one stays empty (and is refused for leaving out what the agent needs)."""
+    assert rollout_env_map(None) == DEFAULT_ENV_MAP and unmapped_variables(DEFAULT_ENV_MAP) == []
+    assert rollout_env_map({}) == {} and unmapped_variables({}) == list(REQUIRED_ROW_VARIABLES)
+    assert set(REQUIRED_ROW_VARIABLES) <= set(REQUIRED_VARIABLES)
 
 
 @pytest.mark.parametrize("reason", sorted(EXIT_CODES))

@@ -70,6 +70,19 @@ def test_env_map_must_name_row_fields(client: CalcxClient) -> None:
     assert claim.env["QUESTION"] == "hi" and claim.env["RESULT"] == "7"
 
 
+def test_a_claim_gets_the_env_map_its_rollout_was_created_with(client: CalcxClient) -> None:
+    """An explicit env_map replaces the default one: the row's default fields (question, result,
+    rel_tol) stay out of the agent's environment."""
+    row = {"text": "hi", "answer": 7, "question": "other", "result": "9", "rel_tol": 0.5}
+    client.create_rollout({"rollout_id": "own-map", "row": row, "env_map": {"QUESTION": "text", "RESULT": "answer"}})
+    claim = client.claim("c", 1, timeout_s=1).claims[0]
+    assert claim.rollout.env_map == {"QUESTION": "text", "RESULT": "answer"}
+    assert {k: v for k, v in claim.env.items() if not k.startswith(("AGL_", "CALCX_"))} == {
+        "QUESTION": "hi",
+        "RESULT": "7",
+    }
+
+
 def test_state_changes_are_validated(client: CalcxClient) -> None:
     client.create_rollout(spec("s-1"))
     with pytest.raises(CalcxAPIError) as queued:

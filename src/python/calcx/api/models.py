@@ -20,12 +20,14 @@ from pydantic import (
 )
 
 from calcx.contract.env import (
-    DEFAULT_ENV_MAP,
+    REQUIRED_ROW_VARIABLES,
     RESULT_REL_TOL,
     env_problem,
     env_value,
     parse_rel_tol,
     reserved_problem,
+    rollout_env_map,
+    unmapped_variables,
 )
 from calcx.contract.failures import FAILURE_REASONS, FailureReason
 
@@ -117,9 +119,16 @@ class RolloutCreate(_StrictBody):
     def _carriable_env(self) -> RolloutCreate:
         """Refuse a row that no runner could hand to an agent (calcx.contract.env's rule) now,
         rather than let a runner find out at every attempt, and an env_map that sets a reserved
-        variable (the calculator command, the attempt token, PATH...). A missing field is the
-        server's own check, with its own message."""
-        env_map = self.env_map if self.env_map is not None else DEFAULT_ENV_MAP
+        variable (the calculator command, the attempt token, PATH...) or leaves out one the agent
+        needs from its row. A missing field is the server's own check, with its own message."""
+        env_map = rollout_env_map(self.env_map)
+        unmapped = unmapped_variables(env_map)
+        if unmapped:
+            raise ValueError(
+                f"rollout {self.rollout_id!r}: env_map maps no row field to {', '.join(unmapped)} (an env_map "
+                f"replaces the default one and must map {', '.join(REQUIRED_ROW_VARIABLES)}; leave it out, "
+                "or null, for the default)"
+            )
         for var, column in env_map.items():
             reserved = reserved_problem(var)
             if reserved is not None:

@@ -20,6 +20,8 @@ RESULT_REL_TOL = "RESULT_REL_TOL"
 REL_TOL_FIELD = "rel_tol"
 #: Which row field each variable takes when a rollout names no env_map.
 DEFAULT_ENV_MAP: dict[str, str] = {QUESTION: "question", RESULT: "result", RESULT_REL_TOL: REL_TOL_FIELD}
+#: What every env_map must map: the row's data no agent runs without.
+REQUIRED_ROW_VARIABLES: tuple[str, ...] = (QUESTION, RESULT)
 #: Variables whose row field a row may lack (or hold null, as a file mixing rows with and without
 #: it does): the variable is then left unset and the agent uses its default. Every other variable
 #: of an env_map needs its field.
@@ -51,6 +53,17 @@ def env_value(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def rollout_env_map(env_map: Mapping[str, str] | None) -> Mapping[str, str]:
+    """The map a rollout's row goes through: its own, or DEFAULT_ENV_MAP when it names none (None
+    only: an empty map is a map, and maps nothing)."""
+    return DEFAULT_ENV_MAP if env_map is None else env_map
+
+
+def unmapped_variables(env_map: Mapping[str, str]) -> list[str]:
+    """The REQUIRED_ROW_VARIABLES that ``env_map`` leaves out (an agent given none of them fails)."""
+    return [var for var in REQUIRED_ROW_VARIABLES if var not in env_map]
+
+
 def missing_row_field(row: Mapping[str, Any], env_map: Mapping[str, str]) -> tuple[str, str] | None:
     """The first (variable, field) of ``env_map`` whose field ``row`` lacks and needs, else None."""
     for var, column in env_map.items():
@@ -78,7 +91,7 @@ CALCX_ROLLOUT_ID = "CALCX_ROLLOUT_ID"
 CALCX_ATTEMPT_ID = "CALCX_ATTEMPT_ID"
 
 #: What an agent cannot run without.
-REQUIRED_VARIABLES = (QUESTION, RESULT, AGL_OPENAI_BASE_URL, AGL_EVENT_URL, AGL_KEY)
+REQUIRED_VARIABLES = (*REQUIRED_ROW_VARIABLES, AGL_OPENAI_BASE_URL, AGL_EVENT_URL, AGL_KEY)
 
 # -- optional settings (runners and users) -------------------------------------------------------
 CALCX_AGENT_TIMEOUT_S = "CALCX_AGENT_TIMEOUT_S"  # the agent's own bound on the whole run

@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -304,7 +304,7 @@ def _convert_direct(
     reads: tuple[SideRead, ...] = ()
     try:
         with _written_whole(out) as partial:
-            reads = (SideRead(_read_tokenizer, gguf), SideRead(_read_config, gguf))
+            reads = start_side_reads((_read_tokenizer, _read_config), gguf)
             parameters, _ = write_weights(reader, gguf, names, dtype, partial / SAFETENSORS_FILE)
             log(f"weights: {parameters:,} parameters as {dtype} ({time.monotonic() - started:.1f} s)")
             try:
@@ -330,9 +330,14 @@ class SideRead:
     def __init__(self, read: Callable[[Path], Any], gguf: Path):
         context = get_context("fork")
         self._receive, send = context.Pipe(duplex=False)
-        self._process = context.Process(target=_send_read, args=(send, read, gguf), daemon=True)
-        self._process.start()
-        send.close()
+        try:
+            self._process = context.Process(target=_send_read, args=(send, read, gguf), daemon=True)
+            self._process.start()
+        except BaseException:
+            self._receive.close()
+            raise
+        finally:
+            send.close()
 
     def get(self) -> Any:
         """The read's result; its exception re-raised; EOFError where the process died without one."""
@@ -347,6 +352,21 @@ class SideRead:
             self._process.terminate()
         self._process.join()
         self._receive.close()
+
+
+def start_side_reads(reads: Iterable[Callable[[Path], Any]], gguf: Path) -> tuple[SideRead, ...]:
+    """A started SideRead of ``gguf`` for each of ``reads``, or none: where one fails to start (no
+    process or descriptor left), those started before it are stopped, not left reading as daemons
+    until this process exits."""
+    started: list[SideRead] = []
+    try:
+        for read in reads:
+            started.append(SideRead(read, gguf))
+    except BaseException:
+        for side in started:
+            side.stop()
+        raise
+    return tuple(started)
 
 
 def _send_read(send: Any, read: Callable[[Path], Any], gguf: Path) -> None:

@@ -32,8 +32,8 @@ from calcx.contract.env import (
     AGL_OPENAI_BASE_URL,
     CALCX_ATTEMPT_ID,
     CALCX_ROLLOUT_ID,
-    DEFAULT_ENV_MAP,
     missing_row_field,
+    rollout_env_map,
     row_env,
 )
 from calcx.contract.failures import FailureReason
@@ -50,8 +50,7 @@ _KNOWN_EVENT_TYPES = frozenset({"reward", "log", "tool_call", "answer", "error",
 
 def _check_env_map(rollouts: CreateRolloutsRequest) -> None:
     for spec in rollouts.rollouts:
-        env_map = spec.env_map if spec.env_map is not None else DEFAULT_ENV_MAP
-        missing = missing_row_field(spec.row, env_map)
+        missing = missing_row_field(spec.row, rollout_env_map(spec.env_map))
         if missing is not None:
             var, column = missing
             raise APIError(
@@ -250,8 +249,7 @@ class RolloutService:
         assert nonce is not None, "a claimed attempt has its token nonce"
         token = attempt_token(settings.key, rid, attempt_id, nonce)
         row = rollout["row"]
-        env_map = rollout.get("env_map") or DEFAULT_ENV_MAP
-        env = row_env(row, env_map)
+        env = row_env(row, rollout_env_map(rollout.get("env_map")))
         prefix = f"{settings.public_url}/v1/rollouts/{rid}/attempts/{attempt_id}"
         env.update(
             {
