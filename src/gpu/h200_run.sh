@@ -363,7 +363,7 @@ case "$stage" in
     fi
     if [[ -n "$out" ]]; then
       # two tarballs a run (what comes back is counted in files): metrics, log, tables, report, curves; the store
-      cp "$RESULTS/machine.txt" "$dir/" 2>/dev/null || true
+      cp "$RESULTS/machine.txt" "$RESULTS/convert.log" "$dir/" 2>/dev/null || true
       if [[ -f "$db" ]]; then
         # the store without its token ids and log-probs (the bulk of it): every row, clock and recorded
         # request and answer stays, so `calcx runs table --calls` can be run on it again at home
@@ -379,7 +379,7 @@ PY
       fi
       kept=()
       for f in metrics.jsonl train.log steps.md eval.md report.md reward_curve.png incomplete_groups.jsonl \
-               machine.txt started ended kill.log ledger.md train.before-kill.log started.before-kill \
+               machine.txt convert.log started ended kill.log ledger.md train.before-kill.log started.before-kill \
                superseded session_times.jsonl starts.jsonl command.txt tool_use.jsonl; do
         if [[ -e "$dir/$f" ]]; then kept+=("$f"); fi
       done

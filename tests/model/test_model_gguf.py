@@ -239,8 +239,9 @@ def test_progress_lines_name_each_phase_with_a_time(converted, tmp_path, capsys)
     capsys.readouterr()
     assert main(["from-gguf", "--gguf", str(source), "--out", str(tmp_path / "m")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    middle = "weights:" if arch == "qwen2" else "rebuild:"  # auto: the direct route where it applies
-    for phase in ("verify sha256:", "read:", middle, "save:"):
+    # auto: the direct route where it applies, whose tokenizer and config are read beside the weights
+    middle = ("weights:", "tokenizer and config:") if arch == "qwen2" else ("rebuild:",)
+    for phase in ("verify sha256:", "read:", *middle, "save:"):
         line = next((ln for ln in lines if ln.startswith(phase)), None)
         assert line is not None and line.endswith(" s)"), (phase, lines)
 
