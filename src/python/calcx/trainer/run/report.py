@@ -57,7 +57,7 @@ def _plot_tool_use(ax, metrics: Sequence[Mapping[str, Any]]) -> bool:  # type: i
 
 def _save_reward_axes(fig, ax, title: str, out: Path, *, tool_use: bool = False) -> Path:  # type: ignore[no-untyped-def]
     """Label, title and write a reward figure as PNG; close it."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # pants: no-infer-dep
 
     ax.set_xlabel("training step")
     ax.set_ylabel("mean reward / share of rollouts" if tool_use else "mean reward")
@@ -110,10 +110,10 @@ def plot_reward_curve(
     key: str | None = None,
     title: str = "Calc-X training reward",
 ) -> Path:
-    import matplotlib
+    import matplotlib  # pants: no-infer-dep (the trainer takes its whole resolve; `calcx runs` draws only through curves.py)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # pants: no-infer-dep
 
     used, steps, values = reward_series(metrics, key)
     out = Path(out_png)
@@ -181,10 +181,10 @@ def eval_table_markdown(rows: Sequence[EvalRow]) -> str:
 
 def plot_placeholder(out_png: str | Path, note: str, *, title: str = "Calc-X training reward") -> Path:
     """A reward-curve PNG that says why there is no curve (a run that trained no step)."""
-    import matplotlib
+    import matplotlib  # pants: no-infer-dep (the trainer takes its whole resolve; `calcx runs` draws only through curves.py)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # pants: no-infer-dep
 
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -336,10 +336,10 @@ def plot_validation_curve(
     title: str = "Calc-X validation reward",
     metrics: Sequence[Mapping[str, Any]] | None = None,
 ) -> Path:
-    import matplotlib
+    import matplotlib  # pants: no-infer-dep (the trainer takes its whole resolve; `calcx runs` draws only through curves.py)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # pants: no-infer-dep
 
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
