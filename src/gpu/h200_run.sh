@@ -109,12 +109,19 @@ calculator_profile() { echo "$CALCULATOR_PROFILE${1#calculator}"; }
 # recipe beside it, e.g. sync-bypass: gsm8k-h200-bypass); its results in $RESULTS/sync-X
 is_sync_variant() { [[ "$1" == sync-* ]]; }
 sync_profile() { echo "$RUN_PROFILE${1#sync}"; }
-# the data every run validates on: the held-out GSM8K rows and, when carried, their hard-arithmetic
-# versions (accuracy by source: gsm8k, gsm8k-hard); the hard split's training rows feed the calculator runs
-val_files() { echo "$IN/gsm8k/test.parquet"; [[ -f "$IN/gsm8k/test-hard.parquet" ]] && echo "$IN/gsm8k/test-hard.parquet"; return 0; }
+# the data every run validates on: the held-out GSM8K rows and, when carried, each of their hard-arithmetic
+# versions (accuracy by source: gsm8k, gsm8k-hard, gsm8k-harder); the calculator runs train on GSM8K and
+# the hard split HARD_TRAIN names, when carried (train-harder.parquet: the one of larger factors)
+HARD_TRAIN="${HARD_TRAIN:-train-hard.parquet}"
+val_files() {
+  local split
+  echo "$IN/gsm8k/test.parquet"
+  for split in test-hard test-harder; do [[ -f "$IN/gsm8k/$split.parquet" ]] && echo "$IN/gsm8k/$split.parquet"; done
+  return 0
+}
 train_files() {
   echo "$IN/gsm8k/train.parquet"
-  if is_calculator "$1" && [[ -f "$IN/gsm8k/train-hard.parquet" ]]; then echo "$IN/gsm8k/train-hard.parquet"; fi
+  if is_calculator "$1" && [[ -f "$IN/gsm8k/$HARD_TRAIN" ]]; then echo "$IN/gsm8k/$HARD_TRAIN"; fi
   return 0
 }
 # KEY=VALUE overrides a campaign hands every run it starts, as $CAMPAIGN_OVERRIDES (space-separated,

@@ -8,7 +8,8 @@
 # OUT_DIR/00/  checksums, the PEX's sha256 and DATA_DIR's train.parquet and test.parquet (validation),
 #              and, when there, traces.parquet (`calcx data traces ... --exclude test.parquet`, the
 #              warm-up's set), test-hard.parquet and train-hard.parquet (`calcx data harden`: the
-#              hard-arithmetic split of each)
+#              hard-arithmetic split of each) and test-harder.parquet and train-harder.parquet (its
+#              split of larger factors, source gsm8k-harder)
 # OUT_DIR/NN/  one piece each: calcx-gpu.pex.NN, then model.gguf.NN (the GGUF of src/gpu/fetch_model.sh,
 #              its chunks checked and cut again to PIECE_MB, whatever size they were fetched in)
 #
@@ -42,7 +43,7 @@ sha256sum "$pex" | cut -d' ' -f1 > "$out/00/calcx-gpu.pex.sha256"
 cat "$model_chunks"/model.gguf.* | split -b "${piece_mb}M" -d -a 2 - "$out/pieces/model.gguf."
 (cd "$out/pieces" && sha256sum model.gguf.* > ../00/SHA256SUMS.model)
 cp "$data/train.parquet" "$data/test.parquet" "$out/00/gsm8k/"
-for extra in traces.parquet test-hard.parquet train-hard.parquet; do
+for extra in traces.parquet test-hard.parquet train-hard.parquet test-harder.parquet train-harder.parquet; do
   if [[ -f "$data/$extra" ]]; then cp "$data/$extra" "$out/00/gsm8k/"; fi
 done
 n=1

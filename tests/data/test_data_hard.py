@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from calculator_client import calculator_answers
 
 import calcx.data.__main__  # noqa: F401  (calcx.cli loads it by name; importing it here makes Pants ship it)
 from calcx.cli import main
-from calcx.data.hard import HARD_REL_TOL, HARD_SOURCE, factors, harden, question_numbers
+from calcx.data.hard import FACTOR_RANGE, HARD_REL_TOL, HARD_SOURCE, factors, harden, question_numbers
 from calcx.data.io import read_rows
 from calcx.data.traces import ANNOTATION_RE, TraceError, same_result
 
@@ -159,3 +160,101 @@ def test_harden_command_every_kept_answer_is_the_mcp_calculators(tmp_path: Path,
     limited = tmp_path / "two.jsonl"
     assert main(["data", "harden", str(src), "--out", str(limited), "--limit", "2"]) == 0
     assert [r["id"] for r in read_rows(limited)] == ["g1-hard", "g2-hard"]
+
+
+# `calcx data harden` of GOOD (seed 0) before --factor-range and --source existed, byte for byte
+GOOD_HARD_JSONL = (
+    '{"id": "g1-hard", "question": "Ana sold 9072 clips in April and half as many in May. How many clips did she '
+    'sell?", "chain": "<<9072/2=4536>>\\n<<9072+4536=13608>>", "result": "13608", "source": "gsm8k-hard", '
+    '"rel_tol": 1e-09}\n'
+    '{"id": "g2-hard", "question": "A coat costs $9250. It is sold at half price. Tom buys 2405 coats. What does he '
+    'pay?", "chain": "<<9250*.5=4625>>\\n<<4625*2405=11123125>>", "result": "11123125", "source": "gsm8k-hard", '
+    '"rel_tol": 1e-09}\n'
+    '{"id": "g3-hard", "question": "A farm has 661,500 hens. Each lays 2205 eggs a week. How many eggs in 3 weeks?", '
+    '"chain": "<<661500*2205=1458607500>>\\n<<1458607500*3=4375822500>>", "result": "4375822500", '
+    '"source": "gsm8k-hard", "rel_tol": 1e-09}\n'
+    '{"id": "g4-hard", "question": "Jo reads 2952 pages a day for 2296 days, then 1804 more pages. How many pages?", '
+    '"chain": "<<2952*2296=6777792>>\\n<<6777792+1804=6779596>>", "result": "6779596", "source": "gsm8k-hard", '
+    '"rel_tol": 1e-09}\n'
+)
+# factors(id, seed) of the same code: (id, seed) -> [any, a multiple of 4, a multiple of 100]
+TODAYS_FACTORS = {
+    ("g1", 0): [189, 224, 300],
+    ("g4", 0): [164, 964, 900],
+    ("gsm8k-0", 0): [507, 716, 300],
+    ("gsm8k-1", 0): [188, 116, 200],
+    ("gsm8k-4", 0): [535, 648, 500],
+    ("gsm8k-1", 1): [563, 880, 400],
+    ("gsm8k-3", 1): [390, 240, 700],
+}
+HARDER = ["--factor-range", "1001", "9999", "--source", "gsm8k-harder"]
+
+
+def _harden_file(tmp_path: Path, rows: list[dict[str, str]], out: str, *flags: str) -> list[dict]:
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert main(["data", "harden", str(src), "--out", str(tmp_path / out), *flags]) == 0
+    return read_rows(tmp_path / out)
+
+
+def test_the_default_range_and_source_make_the_split_they_made_before(tmp_path: Path) -> None:
+    assert FACTOR_RANGE == (101, 999) and HARD_SOURCE == "gsm8k-hard"
+    assert {key: factors(*key) for key in TODAYS_FACTORS} == TODAYS_FACTORS
+    _harden_file(tmp_path, GOOD, "hard.jsonl")
+    assert (tmp_path / "hard.jsonl").read_text(encoding="utf-8") == GOOD_HARD_JSONL
+    _harden_file(tmp_path, GOOD, "named.jsonl", "--factor-range", "101", "999", "--source", "gsm8k-hard")
+    assert (tmp_path / "named.jsonl").read_text(encoding="utf-8") == GOOD_HARD_JSONL
+
+
+@pytest.mark.parametrize("low,high", [(1001, 9999), (10001, 99999), (100, 100), (2, 100)])
+def test_each_factor_tried_is_drawn_from_the_range(low: int, high: int) -> None:
+    for n in range(200):
+        anything, quarter, percent = factors(f"gsm8k-train-{n}", 0, (low, high))
+        assert all(low <= f <= high for f in (anything, quarter, percent))
+        assert quarter % 4 == 0 and percent % 100 == 0
+
+
+def test_a_harder_split_keeps_its_own_source_ids_and_range(tmp_path: Path) -> None:
+    """`--factor-range 1001 9999 --source gsm8k-harder`: rows validated beside the default split's,
+    told apart by source and id, every number scaled by one factor in the range, every kept answer
+    the MCP calculator's."""
+    rows = [*GOOD, *(r for r, _ in BAD)]
+    harder = _harden_file(tmp_path, rows, "test-harder.parquet", *HARDER)
+    default = _harden_file(tmp_path, rows, "test-hard.parquet")
+    assert [r["id"] for r in harder] == ["g1-harder", "g2-harder", "g3-harder", "g4-harder"]
+    assert {r["source"] for r in harder} == {"gsm8k-harder"}
+    assert not {r["id"] for r in harder} & {r["id"] for r in default}
+    originals = {r["id"]: r for r in GOOD}
+    for row in harder:  # the factor, read from the question itself: one for all its scaled numbers
+        before = originals[row["id"].removesuffix("-harder")]["question"]
+        scaled = question_numbers(before)[0]
+        old = [float(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", before)]
+        new = [float(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", row["question"])]
+        ratios = {b / a for a, b in zip(old, new, strict=True) if a in scaled}
+        assert len(ratios) == 1 and 1001 <= ratios.pop() <= 9999, (row["question"], before)
+    marks = [mark.rpartition("=") for row in harder for mark in ANNOTATION_RE.findall(row["chain"])]
+    answers = asyncio.run(calculator_answers([expression for expression, _, _ in marks]))
+    assert all(same_result(value, answer) for (_, _, value), answer in zip(marks, answers, strict=True))
+    lasts = [ANNOTATION_RE.findall(row["chain"])[-1].rpartition("=")[0] for row in harder]
+    assert all(same_result(r["result"], a) for r, a in zip(harder, asyncio.run(calculator_answers(lasts))))
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--factor-range", "1", "999"], "--factor-range 1 999: LOW must be at least 2"),
+        (["--factor-range", "999", "101"], "--factor-range 999 101: HIGH must be at least LOW"),
+        (["--factor-range", "101", "199"], "--factor-range 101 199: the range must hold a multiple of 100"),
+        (["--source", "gsm8k"], "--source gsm8k: must be gsm8k-<tag>"),
+        (["--source", "gsm8k-hard-2"], "--source gsm8k-hard-2: must be gsm8k-<tag>"),
+    ],
+)
+def test_a_range_or_source_that_cannot_make_a_split_is_refused(
+    tmp_path: Path, capsys, flags: list[str], message: str
+) -> None:
+    src = tmp_path / "rows.jsonl"
+    src.write_text(json.dumps(GOOD[0]) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    assert main(["data", "harden", str(src), "--out", str(out), *flags]) == 2
+    assert f"calcx data: error: {message}" in capsys.readouterr().err
+    assert not out.exists()

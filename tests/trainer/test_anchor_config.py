@@ -337,15 +337,19 @@ def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path
     assert (tmp_path / "results" / "machine.txt").exists()  # on to setup (which has no carried pieces here)
 
 
-def test_a_launched_campaign_hands_each_run_its_overrides_and_the_hard_split(tmp_path: Path) -> None:
+@pytest.mark.parametrize("hard_train", [None, "train-harder.parquet"])
+def test_a_launched_campaign_hands_each_run_its_overrides_and_the_hard_split(
+    tmp_path: Path, hard_train: str | None
+) -> None:
     """`CAMPAIGN_OVERRIDES=... launch STEPS calculator`: setup, then the calculator recipe's run with
-    the overrides, trained on GSM8K and its hard split and validated on both."""
+    the overrides, trained on GSM8K and the hard split HARD_TRAIN names (train-hard by default) and
+    validated on GSM8K and every hard split carried."""
     import hashlib
 
     _fake_python(tmp_path)
     carried = tmp_path / "in"
     (carried / "gsm8k").mkdir(parents=True)
-    for name in ("train", "test", "train-hard", "test-hard"):
+    for name in ("train", "test", "train-hard", "test-hard", "train-harder", "test-harder"):
         (carried / "gsm8k" / f"{name}.parquet").write_bytes(b"")
     (carried / "model.gguf.00").write_bytes(b"gguf")
     (carried / "SHA256SUMS.model").write_text(f"{hashlib.sha256(b'gguf').hexdigest()}  model.gguf.00\n")
@@ -362,6 +366,7 @@ def test_a_launched_campaign_hands_each_run_its_overrides_and_the_hard_split(tmp
             "REAL_PYTHON": sys.executable,
             "ARGV_DIR": str(tmp_path),
             "CAMPAIGN_OVERRIDES": "trainer.test_freq=20 trainer.save_freq=-1",
+            **({"HARD_TRAIN": hard_train} if hard_train else {}),
         },
     )
     assert done.returncode == 0, done.stderr
@@ -376,11 +381,10 @@ def test_a_launched_campaign_hands_each_run_its_overrides_and_the_hard_split(tmp
     assert cfg.calcx.run_profile_applied == "gsm8k-h200-calculator" and cfg.trainer.test_freq == 20
     assert list(cfg.data.train_files) == [
         str(carried / "gsm8k" / "train.parquet"),
-        str(carried / "gsm8k" / "train-hard.parquet"),
+        str(carried / "gsm8k" / (hard_train or "train-hard.parquet")),
     ]
     assert list(cfg.data.val_files) == [
-        str(carried / "gsm8k" / "test.parquet"),
-        str(carried / "gsm8k" / "test-hard.parquet"),
+        str(carried / "gsm8k" / name) for name in ("test.parquet", "test-hard.parquet", "test-harder.parquet")
     ]
     assert (run / "command.txt").read_text().startswith("calcx-gpu.pex train --model ")
 

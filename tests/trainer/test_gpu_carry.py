@@ -39,7 +39,7 @@ def _inputs(tmp: Path) -> tuple[Path, Path, Path, bytes]:
     (chunks / "SHA256SUMS").write_bytes(sums.stdout)
     data = tmp / "data"
     data.mkdir()
-    for name in ("train.parquet", "test.parquet", "test-hard.parquet"):
+    for name in ("train.parquet", "test.parquet", "test-hard.parquet", "test-harder.parquet"):
         (data / name).write_bytes(name.encode())
     return pex, chunks, data, gguf
 
@@ -66,7 +66,12 @@ def test_pieces_of_the_size_asked_join_back_into_the_pex_and_the_model(tmp_path:
     assert joined_pex == pex.read_bytes() and joined_model == gguf
     head = out / "00"
     assert (head / "calcx-gpu.pex.sha256").read_text().strip() == hashlib.sha256(pex.read_bytes()).hexdigest()
-    assert sorted(p.name for p in (head / "gsm8k").iterdir()) == ["test-hard.parquet", "test.parquet", "train.parquet"]
+    assert sorted(p.name for p in (head / "gsm8k").iterdir()) == [
+        "test-hard.parquet",
+        "test-harder.parquet",
+        "test.parquet",
+        "train.parquet",
+    ]
     for sums in ("SHA256SUMS.pex", "SHA256SUMS.model"):  # what the machine checks before it joins
         for line in (head / sums).read_text().splitlines():
             digest, name = line.split()

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from calcx.contract.env import TOOL_ROUNDS_DEFAULT, TOOL_ROUNDS_MAX, parse_tool_rounds
+from calcx.data.hard_split import FACTOR_RANGE, HARD_SOURCE, id_suffix
 from calcx.data.importers import FORMATS
 
 SHOWN_PROBLEMS = 20
@@ -95,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
         "harden",
         help="the hard-arithmetic split: imported GSM8K rows with their numbers made large",
         description="Read imported GSM8K rows (train.parquet or test.parquet of `calcx data import`) and write "
-        "each one's hard version (source gsm8k-hard, id <id>-hard): the question's numbers scaled by "
-        "one factor, the answer recomputed from the row's own calculator annotations through the MCP "
+        f"each one's hard version (source {HARD_SOURCE}, id <id>{id_suffix(HARD_SOURCE)}): the question's numbers "
+        "scaled by one factor, the answer recomputed from the row's own calculator annotations through the MCP "
         "calculator. Rows whose numbers cannot all be rewritten consistently are skipped and named "
         "(all of them in OUT's .skipped.jsonl).",
     )
@@ -104,6 +105,22 @@ def build_parser() -> argparse.ArgumentParser:
     hard.add_argument("--out", required=True, help="the hard rows: .parquet or .jsonl")
     hard.add_argument("--seed", type=int, default=0, help="factor seed (default 0)")
     hard.add_argument("--limit", type=int, default=None, help="stop after this many hard rows (default: all)")
+    hard.add_argument(
+        "--factor-range",
+        nargs=2,
+        type=int,
+        default=FACTOR_RANGE,
+        metavar=("LOW", "HIGH"),
+        help=f"draw each problem's factor from LOW..HIGH (default {FACTOR_RANGE[0]} {FACTOR_RANGE[1]}); "
+        "larger factors give larger numbers",
+    )
+    hard.add_argument(
+        "--source",
+        default=HARD_SOURCE,
+        metavar="NAME",
+        help=f"the rows' source, gsm8k-<tag> (default {HARD_SOURCE}); their ids end in -<tag>, so that a split "
+        "made with another --factor-range is validated and reported beside this one, not mixed with it",
+    )
     hard.add_argument("--force", action="store_true", help="overwrite an existing file")
     return parser
 
@@ -307,6 +324,7 @@ def _harden(args: argparse.Namespace) -> int:
     import json
 
     from calcx.data.hard import harden_rows
+    from calcx.data.hard_split import check_factor_range
     from calcx.data.io import SUFFIXES, read_rows, write_rows
     from calcx.data.schema import DataError
 
@@ -318,6 +336,17 @@ def _harden(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         print("calcx data: error: --limit must be at least 1", file=sys.stderr)
         return 2
+    low, high = args.factor_range
+    try:
+        check_factor_range(low, high)
+    except ValueError as exc:
+        print(f"calcx data: error: --factor-range {low} {high}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        id_suffix(args.source)
+    except ValueError as exc:
+        print(f"calcx data: error: --source {args.source}: {exc}", file=sys.stderr)
+        return 2
     rows, origins = [], []
     try:
         for name in args.files:
@@ -327,7 +356,7 @@ def _harden(args: argparse.Namespace) -> int:
     except DataError as exc:
         print(f"calcx data: error: {exc}", file=sys.stderr)
         return 2
-    result = harden_rows(rows, origins, seed=args.seed, limit=args.limit)
+    result = harden_rows(rows, origins, seed=args.seed, limit=args.limit, factor_range=(low, high), source=args.source)
     skipped_path = out.with_name(f"{out.stem}.skipped.jsonl")
     _report_skipped(result.skipped, f"; all named in {skipped_path}:")
     if not result.rows:

@@ -5,7 +5,8 @@ drop its calculator. Here each problem keeps its story and its steps, but its nu
 
 1. the question's whole numbers (`48`, `1,200`) are found; each one of at least 2 that is not a
    small count or common unit (`KEPT`: 2, 3, 4, 7, 10, 12, 24, 60, 100, ...), a year, a percentage nor
-   an ordinal is multiplied by the problem's factor F, drawn from its id and the seed. Scaling them all by one factor keeps the
+   an ordinal is multiplied by the problem's factor F, drawn from its id and the seed within the
+   split's factor range (FACTOR_RANGE unless asked). Scaling them all by one factor keeps the
    question's ratios whole and its differences signed as they were, and makes every product a
    many-digit one;
 2. the problem's own calculator annotations (`<<48/2=24>>`) are rewritten in order: a number that
@@ -39,10 +40,9 @@ from typing import Any
 
 from calcx.agent.calculator_inprocess import call
 from calcx.contract.env import REL_TOL_FIELD
+from calcx.data.hard_split import FACTOR_RANGE, HARD_SOURCE, check_factor_range, id_suffix
 from calcx.data.traces import Skipped, TraceError, annotation_pairs, check_bounded, same_result
 
-HARD_SOURCE = "gsm8k-hard"
-HARD_ID_SUFFIX = "-hard"
 #: A hard problem's answer is exact (the MCP calculator's), so it is scored as exact, floats'
 #: rounding aside: under Calc-X's 1e-2 a head estimate within 1% of a six-digit product would count
 HARD_REL_TOL = 1e-9
@@ -75,9 +75,6 @@ CONSTANT_WORDS: dict[float, tuple[str, ...]] = {
     0.01: ("percent", "%", "cent"),
 }
 YEARS = range(1900, 2101)
-# the factors tried, in order, until one gives a consistent problem: any, a multiple of 4 (a whole
-# half or quarter), a multiple of 100 (a whole percentage)
-FACTOR_RANGE = (101, 999)
 MAX_ANSWER = 10**15
 _QUESTION_NUMBER_RE = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d])|(?<![\d.,])\d+(?:\.\d+)?(?![\d])")
 _EXPRESSION_NUMBER_RE = re.compile(r"\d*\.\d+|\d+")
@@ -253,16 +250,26 @@ async def _rewrite(
     return expressions, values
 
 
-def factors(problem_id: str, seed: int) -> list[int]:
-    """The factors tried for one problem (module docstring), the same for the same id and seed."""
+def factors(problem_id: str, seed: int, factor_range: tuple[int, int] = FACTOR_RANGE) -> list[int]:
+    """The factors tried for one problem, in order, until one gives a consistent problem, each drawn
+    from the range: any, a multiple of 4 (a whole half or quarter), a multiple of 100 (a whole
+    percentage); the same for the same id, seed and range."""
+    low, high = factor_range
+    check_factor_range(low, high)
     rng = random.Random(hashlib.sha256(f"{seed}\0{problem_id}".encode()).digest())
-    low, high = FACTOR_RANGE
-    return [rng.randint(low, high), 4 * rng.randint(low // 4 + 1, high // 4), 100 * rng.randint(2, 9)]
+    return [
+        rng.randint(low, high),
+        4 * rng.randint(-(-low // 4), high // 4),
+        100 * rng.randint(-(-low // 100), high // 100),
+    ]
 
 
-async def harden(row: dict[str, Any], seed: int = 0) -> HardProblem:
-    """The hard version of one imported GSM8K row (`id`, `question`, `chain`, `result`), or
-    TraceError naming why it cannot be made."""
+async def harden(
+    row: dict[str, Any], seed: int = 0, factor_range: tuple[int, int] = FACTOR_RANGE, source: str = HARD_SOURCE
+) -> HardProblem:
+    """The hard version of one imported GSM8K row (`id`, `question`, `chain`, `result`) in the split
+    `source` names, or TraceError naming why it cannot be made."""
+    suffix = id_suffix(source)
     question, answer = str(row["question"]), str(row["result"])
     pairs = annotation_pairs(str(row["chain"]))
     originals = []
@@ -285,7 +292,7 @@ async def harden(row: dict[str, Any], seed: int = 0) -> HardProblem:
     if not any(kind == "q" for plan in plans[: final + 1] for _, kind in plan):
         raise TraceError("nothing_to_enlarge", "the annotations use none of the question's scalable numbers")
     failure: TraceError | None = None
-    for factor in factors(str(row["id"]), seed):
+    for factor in factors(str(row["id"]), seed, factor_range):
         mapping = {value: int(value) * factor for value in enlarged}
         calls += len(pairs)
         try:
@@ -303,11 +310,11 @@ async def harden(row: dict[str, Any], seed: int = 0) -> HardProblem:
         shown = _text(round(new_answer)) if _whole(new_answer) else _text(new_answer)
         chain = "\n".join(f"<<{e}={_text(v)}>>" for e, v in zip(expressions, values))
         hard = {
-            "id": f"{row['id']}{HARD_ID_SUFFIX}",
+            "id": f"{row['id']}{suffix}",
             "question": rewrite_question(question, mapping),
             "chain": chain,
             "result": shown,
-            "source": HARD_SOURCE,
+            "source": source,
             REL_TOL_FIELD: HARD_REL_TOL,
         }
         return HardProblem(hard, factor, calls)
@@ -316,7 +323,13 @@ async def harden(row: dict[str, Any], seed: int = 0) -> HardProblem:
 
 
 def harden_rows(
-    rows: Sequence[dict[str, Any]], origins: Sequence[str], *, seed: int = 0, limit: int | None = None
+    rows: Sequence[dict[str, Any]],
+    origins: Sequence[str],
+    *,
+    seed: int = 0,
+    limit: int | None = None,
+    factor_range: tuple[int, int] = FACTOR_RANGE,
+    source: str = HARD_SOURCE,
 ) -> HardResult:
     """Hard versions of the rows in order, each skip named by its origin; stops after `limit` kept."""
 
@@ -326,7 +339,7 @@ def harden_rows(
             if limit is not None and len(result.rows) >= limit:
                 break
             try:
-                problem = await harden(row, seed)
+                problem = await harden(row, seed, factor_range, source)
             except TraceError as exc:
                 result.skipped.append(Skipped(f"{where} ({row.get('id')})", exc.reason, exc.detail))
                 continue
