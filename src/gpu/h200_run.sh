@@ -112,6 +112,7 @@ sync_profile() { echo "$RUN_PROFILE${1#sync}"; }
 # the data every run validates on: the held-out GSM8K rows and, when carried, each of their hard-arithmetic
 # versions (accuracy by source: gsm8k, gsm8k-hard, gsm8k-harder); the calculator runs train on GSM8K and
 # the hard split HARD_TRAIN names, when carried (train-harder.parquet: the one of larger factors)
+HARD_TRAIN_NAMED="${HARD_TRAIN:-}"  # a split asked for by name must be there (the default may be absent)
 HARD_TRAIN="${HARD_TRAIN:-train-hard.parquet}"
 val_files() {
   local split
@@ -205,6 +206,10 @@ case "$stage" in
       fi
       if is_calculator "$mode" && ! grep -qxF "  $(calculator_profile "$mode"):" "$here/../python/calcx/trainer/config/calcx.yaml"; then
         echo "campaign: mode $mode needs the run profile $(calculator_profile "$mode") in calcx.yaml" >&2; exit 2
+      fi
+      if is_calculator "$mode" && [[ -n "$HARD_TRAIN_NAMED" && ! -f "$IN/gsm8k/$HARD_TRAIN_NAMED" ]]; then
+        echo "campaign: HARD_TRAIN=$HARD_TRAIN_NAMED was not carried into $IN/gsm8k" >&2
+        exit 2
       fi
       if is_sync_variant "$mode" && ! grep -qxF "  $(sync_profile "$mode"):" "$here/../python/calcx/trainer/config/calcx.yaml"; then
         echo "campaign: mode $mode needs the run profile $(sync_profile "$mode") in calcx.yaml" >&2; exit 2

@@ -243,16 +243,17 @@ esac
 """
 
 
-def _script(work: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {
+def _script(work: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full = {
         **os.environ,
         "WORK": str(work),
         "PYTHON": str(work / "python3"),
         "REAL_PYTHON": sys.executable,
         "ARGV_DIR": str(work),
         "CALCX_SOURCES": ENV["PYTHONPATH"],
+        **(env or {}),
     }
-    return subprocess.run(["bash", str(RUN_SCRIPT), *args], capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(["bash", str(RUN_SCRIPT), *args], capture_output=True, text=True, timeout=120, env=full)
 
 
 def _fake_python(work: Path) -> None:
@@ -335,6 +336,10 @@ def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path
     known = _script(tmp_path, "campaign", "20", "tooluse", "tooluse-lr5e-6-joined")  # its profile is in calcx.yaml
     assert "campaign:" not in known.stderr, known.stderr
     assert (tmp_path / "results" / "machine.txt").exists()  # on to setup (which has no carried pieces here)
+    (tmp_path / "results" / "machine.txt").unlink()
+    lost = _script(tmp_path, "campaign", "20", "calculator", env={"HARD_TRAIN": "train-harder.parquet"})
+    assert lost.returncode == 2 and "HARD_TRAIN=train-harder.parquet was not carried" in lost.stderr, lost.stderr
+    assert not (tmp_path / "results" / "machine.txt").exists()  # refused before setup
 
 
 @pytest.mark.parametrize("hard_train", [None, "train-harder.parquet"])
