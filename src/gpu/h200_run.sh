@@ -109,21 +109,33 @@ calculator_profile() { echo "$CALCULATOR_PROFILE${1#calculator}"; }
 # recipe beside it, e.g. sync-bypass: gsm8k-h200-bypass); its results in $RESULTS/sync-X
 is_sync_variant() { [[ "$1" == sync-* ]]; }
 sync_profile() { echo "$RUN_PROFILE${1#sync}"; }
-# the data every run validates on: the held-out GSM8K rows and, when carried, each of their hard-arithmetic
-# versions (accuracy by source: gsm8k, gsm8k-hard, gsm8k-harder); the calculator runs train on GSM8K and
-# the hard split HARD_TRAIN names, when carried (train-harder.parquet: the one of larger factors)
-HARD_TRAIN_NAMED="${HARD_TRAIN:-}"  # a split asked for by name must be there (the default may be absent)
+# the data every run validates on: the held-out GSM8K rows and every other split carried beside them,
+# test-<tag>.parquet (`calcx data harden --source gsm8k-<tag>`: accuracy by source, gsm8k-hard,
+# gsm8k-harder, ...); the calculator runs train on GSM8K and the split HARD_TRAIN names
+# (train-<tag>.parquet, default train-hard.parquet: GSM8K alone when that one was not carried)
+HARD_TRAIN_NAMED="${HARD_TRAIN:-}"
 HARD_TRAIN="${HARD_TRAIN:-train-hard.parquet}"
 val_files() {
   local split
   echo "$IN/gsm8k/test.parquet"
-  for split in test-hard test-harder; do [[ -f "$IN/gsm8k/$split.parquet" ]] && echo "$IN/gsm8k/$split.parquet"; done
+  for split in "$IN"/gsm8k/test-*.parquet; do [[ -f "$split" ]] && echo "$split"; done
   return 0
 }
 train_files() {
   echo "$IN/gsm8k/train.parquet"
   if is_calculator "$1" && [[ -f "$IN/gsm8k/$HARD_TRAIN" ]]; then echo "$IN/gsm8k/$HARD_TRAIN"; fi
   return 0
+}
+# a HARD_TRAIN named is a training split, and carried: otherwise a calculator run would train on
+# GSM8K alone, or on held-out problems, without a word
+check_hard_train() {
+  [[ -z "$HARD_TRAIN_NAMED" ]] && return 0
+  if [[ "$HARD_TRAIN_NAMED" != train-*.parquet || "$HARD_TRAIN_NAMED" == */* ]]; then
+    echo "HARD_TRAIN=$HARD_TRAIN_NAMED is not a training split's file name (train-<tag>.parquet)" >&2; return 2
+  fi
+  if [[ ! -f "$IN/gsm8k/$HARD_TRAIN_NAMED" ]]; then
+    echo "HARD_TRAIN=$HARD_TRAIN_NAMED was not carried into $IN/gsm8k" >&2; return 2
+  fi
 }
 # KEY=VALUE overrides a campaign hands every run it starts, as $CAMPAIGN_OVERRIDES (space-separated,
 # e.g. trainer.test_freq=20); the environment variable stays a string, so that `launch` passes it on
@@ -207,10 +219,7 @@ case "$stage" in
       if is_calculator "$mode" && ! grep -qxF "  $(calculator_profile "$mode"):" "$here/../python/calcx/trainer/config/calcx.yaml"; then
         echo "campaign: mode $mode needs the run profile $(calculator_profile "$mode") in calcx.yaml" >&2; exit 2
       fi
-      if is_calculator "$mode" && [[ -n "$HARD_TRAIN_NAMED" && ! -f "$IN/gsm8k/$HARD_TRAIN_NAMED" ]]; then
-        echo "campaign: HARD_TRAIN=$HARD_TRAIN_NAMED was not carried into $IN/gsm8k" >&2
-        exit 2
-      fi
+      if is_calculator "$mode"; then check_hard_train || exit 2; fi
       if is_sync_variant "$mode" && ! grep -qxF "  $(sync_profile "$mode"):" "$here/../python/calcx/trainer/config/calcx.yaml"; then
         echo "campaign: mode $mode needs the run profile $(sync_profile "$mode") in calcx.yaml" >&2; exit 2
       fi
@@ -258,7 +267,7 @@ case "$stage" in
     model="$MODEL"
     [[ "$name" == anchor ]] && { cmd=(anchor train); run="$ANCHOR_RUN_NAME"; profile="$ANCHOR_PROFILE"; }
     if is_tooluse "$name"; then model="$WARMUP_DIR/model"; profile="$(tooluse_profile "$name")"; fi
-    if is_calculator "$name"; then profile="$(calculator_profile "$name")"; fi
+    if is_calculator "$name"; then profile="$(calculator_profile "$name")"; check_hard_train || exit 2; fi
     if is_sync_variant "$name"; then profile="$(sync_profile "$name")"; fi
     mapfile -t train < <(train_files "$name"); mapfile -t val < <(val_files)
     # in $WORK, not in the checkout the script is run from: verl's checkpoints (checkpoints/PROJECT/RUN)

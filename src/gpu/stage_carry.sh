@@ -43,8 +43,10 @@ sha256sum "$pex" | cut -d' ' -f1 > "$out/00/calcx-gpu.pex.sha256"
 cat "$model_chunks"/model.gguf.* | split -b "${piece_mb}M" -d -a 2 - "$out/pieces/model.gguf."
 (cd "$out/pieces" && sha256sum model.gguf.* > ../00/SHA256SUMS.model)
 cp "$data/train.parquet" "$data/test.parquet" "$out/00/gsm8k/"
-for extra in traces.parquet test-hard.parquet train-hard.parquet test-harder.parquet train-harder.parquet; do
-  if [[ -f "$data/$extra" ]]; then cp "$data/$extra" "$out/00/gsm8k/"; fi
+# the warm-up's traces and every other split beside the two (test-<tag>.parquet, train-<tag>.parquet:
+# `calcx data harden --source gsm8k-<tag>`), which the machine validates or trains on by those names
+for extra in "$data"/traces.parquet "$data"/test-*.parquet "$data"/train-*.parquet; do
+  if [[ -f "$extra" ]]; then cp "$extra" "$out/00/gsm8k/"; fi
 done
 n=1
 for piece in "$out"/pieces/calcx-gpu.pex.* "$out"/pieces/model.gguf.*; do

@@ -339,6 +339,11 @@ def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path
     (tmp_path / "results" / "machine.txt").unlink()
     lost = _script(tmp_path, "campaign", "20", "calculator", env={"HARD_TRAIN": "train-harder.parquet"})
     assert lost.returncode == 2 and "HARD_TRAIN=train-harder.parquet was not carried" in lost.stderr, lost.stderr
+    held_out = _script(tmp_path, "campaign", "20", "calculator", env={"HARD_TRAIN": "test-harder.parquet"})
+    assert held_out.returncode == 2 and "is not a training split's file name" in held_out.stderr, held_out.stderr
+    (tmp_path / "run.argv").unlink(missing_ok=True)
+    alone = _script(tmp_path, "start", "calculator", "20", env={"HARD_TRAIN": "train-harder.parquet"})  # no campaign
+    assert alone.returncode == 2 and "was not carried" in alone.stderr and not (tmp_path / "run.argv").exists()
     assert not (tmp_path / "results" / "machine.txt").exists()  # refused before setup
 
 

@@ -39,7 +39,14 @@ def _inputs(tmp: Path) -> tuple[Path, Path, Path, bytes]:
     (chunks / "SHA256SUMS").write_bytes(sums.stdout)
     data = tmp / "data"
     data.mkdir()
-    for name in ("train.parquet", "test.parquet", "test-hard.parquet", "test-harder.parquet"):
+    for name in (
+        "train.parquet",
+        "test.parquet",
+        "test-hard.parquet",
+        "test-harder.parquet",
+        "train-harder.parquet",
+        "test_mini.parquet",
+    ):  # every test-*/train-* split travels; a file of another name does not
         (data / name).write_bytes(name.encode())
     return pex, chunks, data, gguf
 
@@ -70,6 +77,7 @@ def test_pieces_of_the_size_asked_join_back_into_the_pex_and_the_model(tmp_path:
         "test-hard.parquet",
         "test-harder.parquet",
         "test.parquet",
+        "train-harder.parquet",
         "train.parquet",
     ]
     for sums in ("SHA256SUMS.pex", "SHA256SUMS.model"):  # what the machine checks before it joins
