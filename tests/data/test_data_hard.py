@@ -198,7 +198,6 @@ def _harden_file(tmp_path: Path, rows: list[dict[str, str]], out: str, *flags: s
 
 
 def test_the_default_range_and_source_make_the_split_they_made_before(tmp_path: Path) -> None:
-    assert FACTOR_RANGE == (101, 999) and HARD_SOURCE == "gsm8k-hard"
     assert {key: factors(*key) for key in TODAYS_FACTORS} == TODAYS_FACTORS
     _harden_file(tmp_path, GOOD, "hard.jsonl")
     assert (tmp_path / "hard.jsonl").read_text(encoding="utf-8") == GOOD_HARD_JSONL
@@ -247,6 +246,7 @@ def test_a_harder_split_keeps_its_own_source_ids_and_range(tmp_path: Path) -> No
         (["--factor-range", "101", "199"], "--factor-range 101 199: the range must hold a multiple of 100"),
         (["--source", "gsm8k"], "--source gsm8k: must be gsm8k-<tag>"),
         (["--source", "gsm8k-hard-2"], "--source gsm8k-hard-2: must be gsm8k-<tag>"),
+        (["--factor-range", "1001", "9999"], "--factor-range 1001 9999 needs a --source of its own"),
     ],
 )
 def test_a_range_or_source_that_cannot_make_a_split_is_refused(

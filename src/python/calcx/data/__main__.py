@@ -347,6 +347,13 @@ def _harden(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"calcx data: error: --source {args.source}: {exc}", file=sys.stderr)
         return 2
+    if (low, high) != FACTOR_RANGE and args.source == HARD_SOURCE:  # its ids and source are the default split's
+        print(
+            f"calcx data: error: --factor-range {low} {high} needs a --source of its own (gsm8k-<tag>): "
+            f"{HARD_SOURCE} names the split of the default range {FACTOR_RANGE[0]} {FACTOR_RANGE[1]}",
+            file=sys.stderr,
+        )
+        return 2
     rows, origins = [], []
     try:
         for name in args.files:
