@@ -17,7 +17,7 @@ from calculator_client import calculator_answers
 
 import calcx.data.__main__  # noqa: F401  (calcx.cli loads it by name; importing it here makes Pants ship it)
 from calcx.cli import main
-from calcx.data.hard import FACTOR_RANGE, HARD_REL_TOL, HARD_SOURCE, factors, harden, question_numbers
+from calcx.data.hard import HARD_REL_TOL, HARD_SOURCE, factors, harden, question_numbers
 from calcx.data.io import read_rows
 from calcx.data.traces import ANNOTATION_RE, TraceError, same_result
 
