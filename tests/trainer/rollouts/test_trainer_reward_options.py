@@ -144,16 +144,20 @@ def test_the_steps_bonus_reaches_every_sample_of_the_rollout() -> None:
     assert by_call.reward == 1.5
 
 
+@pytest.mark.parametrize("rule", ["call", "steps"])
 @pytest.mark.parametrize("bonus", [0.1, 0.5, 0.99])
-def test_grpo_never_gives_a_wrong_answer_a_positive_advantage(bonus: float) -> None:
-    """Every group of 4 over {wrong, wrong + tool, right, right + tool}, through verl's estimator."""
+def test_grpo_never_gives_a_wrong_answer_a_positive_advantage(bonus: float, rule: str) -> None:
+    """Every group of 4 over {wrong, wrong + tool, right, right + tool}, through verl's estimator
+    (`steps`: the tool's call computed one of four reference steps)."""
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-    options = RewardOptions(tool_bonus=bonus)
+    options = RewardOptions(tool_bonus=bonus, tool_bonus_for=rule)
     kinds = [(0.0, False), (0.0, True), (1.0, False), (1.0, True)]
     for group in itertools.product(kinds, repeat=4):
         scores = torch.zeros(4, 3)
-        scores[:, -1] = torch.tensor([shaped_reward(r, ToolUse(int(t), int(t), 0), options) for r, t in group])
+        scores[:, -1] = torch.tensor(
+            [shaped_reward(r, ToolUse(int(t), int(t), 0, 4, int(t)), options) for r, t in group]
+        )
         adv, _ = compute_grpo_outcome_advantage(scores, torch.ones(4, 3), np.array(["g"] * 4, dtype=object))
         per_row = adv[:, 0].tolist()
         for (reward, _tool), value in zip(group, per_row):
