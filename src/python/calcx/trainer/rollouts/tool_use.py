@@ -10,9 +10,10 @@ expression, unknown tool, bad arguments). A `<tool_call>` block the model wrote 
 parser could not read (broken JSON) stays in `message.content` as text: a parse failure, the
 model's own mistake. The reference steps are the distinct results of the row's GSM8K annotations
 (`chain`, calcx.contract.chain); a step is computed when a successful call's answer (the
-calculator prints Python's `str` of the value: `28`, `1200.0`) is that number within 1e-9
-relative, so a call that only stamps the last trivial step computes one of them. Pure functions over `calcx.api.models.RecordedCall`s, as the trainer reads
-them from the API and `calcx runs table` from a store file: no server, no verl.
+calculator prints Python's `str` of the value: `28`, `1200.0`) is that number (`same_number`), so
+a call that only stamps the last trivial step computes one of them. Pure functions over
+`calcx.api.models.RecordedCall`s, as the trainer reads them from the API and `calcx runs table`
+from a store file: no server, no verl.
 """
 
 from __future__ import annotations
