@@ -13,6 +13,8 @@ from run_stores import new_store
 
 from calcx.runs import agents
 from calcx.server.store.reader import StoreReader
+from calcx.trainer.rollouts.tool_use import ToolUseLedger, record_tool_use, rollout_tool_use
+from calcx.trainer.run_dir.names import TOOL_USE_FILE
 
 
 def _cells(line: str) -> list[str]:
@@ -140,8 +142,56 @@ def test_calculator_use_failures_and_lag_are_counted_as_the_trainer_does(tmp_pat
     assert stats[1]["rollouts"] == 4 and stats[1]["tool_share"] == 0.25
     assert stats[1]["calls_per_rollout"] == 0.5 and stats[1]["parse_failures"] == 1
     rows = agents.agent_table(stats).splitlines()
-    assert _cells(rows[2]) == ["1", "4", "25%", "0.50", "1", "1", "0"]
-    assert _cells(rows[3]) == ["3", "1", "0%", "0.00", "0", "0", "2"]
+    assert _cells(rows[2]) == ["1", "4", "25%", "-", "0.50", "1", "1", "0"]  # no row carries a chain
+    assert _cells(rows[3]) == ["3", "1", "0%", "-", "0.00", "0", "0", "2"]
+
+
+def test_reference_steps_computed_are_counted_from_each_rollouts_row_as_the_trainer_does(tmp_path: Path) -> None:
+    """The agent table's share of the reference steps comes from the row the rollout was created with
+    (its `chain`) and the trainer's own counting: the same calls give the same figure through
+    `tool_use.jsonl` and the ledger the trainer logs `calcx/train/steps_computed` from."""
+    con = new_store(tmp_path / "calcx.db")
+    user = {"role": "user", "content": "q"}
+    chain = "12 + 16 = <<12+16=28>>28 and 28 * 3 = <<28*3=84>>84"
+
+    def rollout(rid: str, chain: str | None, answers: list[str]) -> None:
+        row = {"id": rid, "question": "q", **({"chain": chain} if chain is not None else {})}
+        con.execute(
+            "insert into rollouts (rollout_id, spec, state, latest_attempt, created_at) "
+            "values (?, ?, 'SUCCEEDED', 1, 0)",
+            (rid, json.dumps({"row": row})),
+        )
+        calls = [
+            {"id": f"c{n}", "type": "function", "function": {"name": "calculate", "arguments": "{}"}}
+            for n in range(len(answers))
+        ]
+        first = {"role": "assistant", "content": None, "tool_calls": calls}
+        tools = [{"role": "tool", "tool_call_id": f"c{n}", "content": text} for n, text in enumerate(answers)]
+        for seq, (messages, message) in enumerate(
+            [([user], first), ([user, first, *tools], {"role": "assistant", "content": "### ANSWER: 84 ###"})]
+        ):
+            con.execute(
+                "insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, "
+                "response_token_ids, response_logprobs, latency_s, status_code, created_at) "
+                "values (?, 1, ?, ?, ?, x'', x'', x'', 0.5, 200, 0)",
+                (rid, seq, json.dumps({"messages": messages}), json.dumps({"choices": [{"message": message}]})),
+            )
+
+    rollout("calcx-train-s1-u-0", chain, ["28"])  # one of the two steps
+    rollout("calcx-train-s1-u-1", chain, ["28", "84.0"])
+    rollout("calcx-train-s1-u-2", None, ["28"])  # no chain: not in the share
+    con.commit()
+    with StoreReader(tmp_path / "calcx.db") as store:
+        stats = agents.agent_stats(store)
+        calls = list(store.answered_calls())
+        rows = dict(store.rollout_rows())
+    assert stats[1]["steps_computed"] == 0.75 and stats[1]["tool_share"] == 1.0
+    assert _cells(agents.agent_table(stats).splitlines()[2])[:4] == ["1", "3", "100%", "75%"]
+    ledger = ToolUseLedger(tmp_path / TOOL_USE_FILE)
+    for rid, row in rows.items():
+        use = rollout_tool_use([c for c in calls if c.rollout_id == rid], row.get("chain"))
+        record_tool_use(tmp_path, partition="train", step=1, rollout_id=rid, use=use)
+    assert ledger.take("train")["calcx/train/steps_computed"] == stats[1]["steps_computed"]
 
 
 def _timed_store(path: Path) -> None:

@@ -85,12 +85,20 @@ def test_the_trainers_tool_use_columns_come_out_as_logged(tmp_path: Path) -> Non
     log = _log(
         tmp_path / "metrics.jsonl",
         [
-            {"step": 0, "data": {"calcx/val/tool_use": 0.1, "calcx/val/tool_parse_failures": 3.0}},
+            {
+                "step": 0,
+                "data": {
+                    "calcx/val/tool_use": 0.1,
+                    "calcx/val/tool_parse_failures": 3.0,
+                    "calcx/val/steps_computed": 0.75,
+                },
+            },
             {
                 "step": 1,
                 "data": {
                     "timing_s/step": 2.0,
                     "calcx/train/tool_use": 0.25,
+                    "calcx/train/steps_computed": 0.5,
                     "calcx/train/tool_calls_per_rollout": 0.5,
                     "calcx/train/equal_reward_groups": 0.4,
                     "actor/entropy": 0.3121,
@@ -99,9 +107,12 @@ def test_the_trainers_tool_use_columns_come_out_as_logged(tmp_path: Path) -> Non
         ],
     )
     table = steps.tool_use_table(steps.read_metrics(log)).splitlines()
-    assert table[0].startswith("| step | equal-reward groups | entropy | train tool use |")
-    assert _cells(table[2]) == ["0", "-", "-", "-", "-", "-", "10%", "-", "3"]
-    assert _cells(table[3]) == ["1", "40%", "0.312", "25%", "0.50", "-", "-", "-", "-"]
+    assert table[0].startswith(
+        "| step | equal-reward groups | entropy | train tool use | train steps computed | train calls / rollout |"
+    )
+    assert "| val tool use | val steps computed | val calls / rollout |" in table[0]
+    assert _cells(table[2]) == ["0", "-", "-", "-", "-", "-", "-", "10%", "75%", "-", "3"]
+    assert _cells(table[3]) == ["1", "40%", "0.312", "25%", "50%", "0.50", "-", "-", "-", "-", "-"]
     assert steps.tool_use_table({1: {"timing_s/step": 2.0}}) == ""
 
 

@@ -360,6 +360,15 @@ def _without_profile_name(cfg) -> dict:
             },
         ),
         (
+            "gsm8k-h200-calculator-bonus-steps",
+            {
+                "calcx.reward.tool_bonus": 0.5,
+                "calcx.reward.tool_bonus_for": "steps",
+                "calcx.agent_tool_rounds": 8,
+                "calcx.reward.mask_void_turns": True,
+            },
+        ),
+        (
             "gsm8k-h200-calculator-steps",
             {
                 "calcx.reward.tool_bonus": 0.5,

@@ -234,6 +234,35 @@ def test_reward_options_shape_training_rollouts_not_validation(stack: dict, tmp_
     assert {rollouts[f"calcx-train-s3-uid-bonus-{i}"]["reward"] for i in range(N)} == {1.0}
 
 
+def test_the_steps_bonus_pays_the_reference_steps_the_calculator_computed(stack: dict, tmp_path: Path) -> None:
+    """`calcx.reward.tool_bonus_for=steps` on a row with GSM8K's annotations: the stub calls the
+    calculator for the last step only (`24 + 9`), one of the chain's two, so a right answer trains
+    with 1 + bonus / 2; each session's `tool_use.jsonl` line, train and validation, carries the count."""
+    from calcx.trainer.rollouts.session import run_session_from_config
+    from calcx.trainer.run.evaluation import val_session_kwargs
+    from calcx.trainer.run_dir.names import TOOL_USE_FILE
+
+    report = tmp_path / "report"
+    cfg = _config(stack, report, "calcx.reward.tool_bonus=0.5", "calcx.reward.tool_bonus_for=steps")
+    good = stack["rows"][0]
+    # the stub's call is the last of the generated row's own steps, `24 + 9`
+    row = {**good, "chain": "336 / 14 = <<336/14=24>>24 in a bag; 24 + 9 = <<24+9=33>>33.\n#### 33"}
+
+    async def scenario():
+        await _register(stack, "calcx-stub")
+        train = await _group(cfg, row, "uid-steps", 4)
+        val = await run_session_from_config(cfg, {}, val_session_kwargs(row, uid="uid-steps-val", session_id=0, step=4))
+        return train, val
+
+    train, val = asyncio.run(scenario())
+    assert all(isinstance(outputs, list) and outputs for outputs in train), train
+    assert {out.reward_score for outputs in train for out in outputs} == {1.25}
+    assert {sample.reward for sample in val.samples} == {1.0}
+    lines = [json.loads(line) for line in (report / TOOL_USE_FILE).read_text().splitlines()]
+    assert {line["partition"] for line in lines} == {"train", "val"} and len(lines) == N + 1
+    assert all((line["reference_steps"], line["steps_computed"]) == (2, 1) for line in lines), lines
+
+
 def test_eval_only_driver_and_report_from_the_server(stack: dict, tmp_path: Path) -> None:
     from calcx.trainer.run.evaluation import collect_eval, run_validation
     from calcx.trainer.run.report import write_report

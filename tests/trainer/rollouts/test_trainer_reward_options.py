@@ -83,12 +83,23 @@ def test_options_default_off_and_bad_values_are_named() -> None:
         RewardOptions.from_config({"tool_bonsu": 0.1})
 
 
+def test_what_earns_the_bonus_is_a_call_unless_steps_are_asked_for() -> None:
+    assert RewardOptions.from_config({"tool_bonus": 0.5}).tool_bonus_for == "call"
+    assert RewardOptions.from_config({"tool_bonus_for": "steps"}) == RewardOptions(tool_bonus_for="steps")
+    for bad in ("step", "Steps", "", 1, None, ["steps"]):
+        with pytest.raises(RewardOptionError, match=r"calcx.reward.tool_bonus_for must be one of call, steps, not"):
+            RewardOptions.from_config({"tool_bonus_for": bad})
+
+
 def test_calcx_yaml_holds_the_options_off_and_compose_refuses_a_bad_one() -> None:
     cfg = compose(ComposeRequest())
-    assert dict(cfg.calcx.reward) == {"tool_bonus": 0.0, "mask_void_turns": False}
+    assert dict(cfg.calcx.reward) == {"tool_bonus": 0.0, "tool_bonus_for": "call", "mask_void_turns": False}
+    assert RewardOptions.from_config(dict(cfg.calcx.reward)) == RewardOptions()
     assert compose(ComposeRequest(dotlist=["calcx.reward.tool_bonus=0.3"])).calcx.reward.tool_bonus == 0.3
     with pytest.raises(ConfigError, match="calcx.reward.tool_bonus must be a number in"):
         compose(ComposeRequest(dotlist=["calcx.reward.tool_bonus=1.5"]))
+    with pytest.raises(ConfigError, match="calcx.reward.tool_bonus_for must be one of call, steps, not 'step'"):
+        compose(ComposeRequest(dotlist=["calcx.reward.tool_bonus_for=step"]))
 
 
 def test_bonus_orders_wrong_below_right_below_right_with_the_tool() -> None:
@@ -101,16 +112,52 @@ def test_bonus_orders_wrong_below_right_below_right_with_the_tool() -> None:
     assert shaped_reward(1.0, used, RewardOptions()) == 1.0  # off: today's recipe
 
 
+def test_the_steps_rule_pays_the_share_of_the_reference_steps_computed() -> None:
+    steps, call = RewardOptions(tool_bonus=0.4, tool_bonus_for="steps"), RewardOptions(tool_bonus=0.4)
+    stamp, all_steps, none = ToolUse(1, 1, 0, 2, 1), ToolUse(2, 2, 0, 2, 2), ToolUse(1, 1, 0, 2, 0)
+    assert shaped_reward(1.0, stamp, steps) == pytest.approx(1.2)  # one step of two: half the bonus
+    assert shaped_reward(1.0, all_steps, steps) == pytest.approx(1.4)
+    assert shaped_reward(1.0, none, steps) == 1.0  # a call that computed no step of the chain
+    assert shaped_reward(1.0, stamp, call) == pytest.approx(1.4)  # the call rule: the whole bonus
+    assert shaped_reward(1.0, ToolUse(2, 0, 1, 2, 0), steps) == 1.0  # calls that failed earn nothing
+    for use in (stamp, all_steps, none):
+        assert shaped_reward(0.0, use, steps) == shaped_reward(0.0, use, call) == 0.0  # wrong: never a bonus
+
+
+def test_a_row_without_annotations_falls_back_to_the_call_rule() -> None:
+    steps = RewardOptions(tool_bonus=0.4, tool_bonus_for="steps")
+    assert shaped_reward(1.0, ToolUse(1, 1, 0, 0, 0), steps) == pytest.approx(1.4)
+    assert shaped_reward(1.0, ToolUse(0, 0, 0, 0, 0), steps) == 1.0
+    assert shaped_reward(0.0, ToolUse(1, 1, 0, 0, 0), steps) == 0.0
+
+
+def test_the_steps_bonus_reaches_every_sample_of_the_rollout() -> None:
+    """From the recorded calls and the row's chain to the samples' reward: the call answered 42 is
+    one of the chain's two steps."""
+    calls = tool_then_answer()
+    chain = "6*7 = <<6*7=42>>42, and 42+0 = <<42+0=42.0>>42 ... then <<42/2=21>>21"
+    use = rollout_tool_use(calls, chain)
+    assert (use.reference_steps, use.steps_computed) == (2, 1)
+    shaped = apply_reward_options(_samples(1.0, calls), calls, use, RewardOptions(0.5, tool_bonus_for="steps"))
+    assert shaped.reward == 1.25 and [s.reward for s in shaped.samples] == [1.25, 1.25]
+    by_call = apply_reward_options(_samples(1.0, calls), calls, use, RewardOptions(0.5))
+    assert by_call.reward == 1.5
+
+
+@pytest.mark.parametrize("rule", ["call", "steps"])
 @pytest.mark.parametrize("bonus", [0.1, 0.5, 0.99])
-def test_grpo_never_gives_a_wrong_answer_a_positive_advantage(bonus: float) -> None:
-    """Every group of 4 over {wrong, wrong + tool, right, right + tool}, through verl's estimator."""
+def test_grpo_never_gives_a_wrong_answer_a_positive_advantage(bonus: float, rule: str) -> None:
+    """Every group of 4 over {wrong, wrong + tool, right, right + tool}, through verl's estimator
+    (`steps`: the tool's call computed one of four reference steps)."""
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-    options = RewardOptions(tool_bonus=bonus)
+    options = RewardOptions(tool_bonus=bonus, tool_bonus_for=rule)
     kinds = [(0.0, False), (0.0, True), (1.0, False), (1.0, True)]
     for group in itertools.product(kinds, repeat=4):
         scores = torch.zeros(4, 3)
-        scores[:, -1] = torch.tensor([shaped_reward(r, ToolUse(int(t), int(t), 0), options) for r, t in group])
+        scores[:, -1] = torch.tensor(
+            [shaped_reward(r, ToolUse(int(t), int(t), 0, 4, int(t)), options) for r, t in group]
+        )
         adv, _ = compute_grpo_outcome_advantage(scores, torch.ones(4, 3), np.array(["g"] * 4, dtype=object))
         per_row = adv[:, 0].tolist()
         for (reward, _tool), value in zip(group, per_row):

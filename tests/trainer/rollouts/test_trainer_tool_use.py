@@ -103,6 +103,51 @@ def test_a_tool_call_the_parser_left_as_text_is_a_parse_failure() -> None:
     assert use == ToolUse(calls=0, successful=0, parse_failures=2) and not use.used_calculator
 
 
+# GSM8K's reference solution of a two-step problem: its calculator steps are 12 and 28
+TWO_STEPS = "She made 3*4 = <<3*4=12>>12 cups, then 12 + 16 = <<12+16=28>>28 in all.\n#### 28"
+
+
+def test_a_stamp_call_of_the_last_step_computes_one_of_two() -> None:
+    """The arithmetic done in the text, then one call of the last trivial step."""
+    calls = agent_calls({"c1": "28"}, [tool_call("c1", "(12 + 16)")])
+    use = rollout_tool_use(calls, TWO_STEPS)
+    assert use == ToolUse(calls=1, successful=1, parse_failures=0, reference_steps=2, steps_computed=1)
+    assert use.steps_share == 0.5
+    assert rollout_tool_use(calls).steps_share is None  # no chain: nothing to compare with
+
+
+def test_every_step_computed_covers_the_chain() -> None:
+    calls = agent_calls({"c1": "12", "c2": "28"}, [tool_call("c1", "3*4"), tool_call("c2", "12+16")])
+    assert rollout_tool_use(calls, TWO_STEPS).steps_share == 1.0
+    # a step computed twice is still one step
+    again = agent_calls({"c1": "28", "c2": "28.0"}, [tool_call("c1", "12+16"), tool_call("c2", "16+12")])
+    assert rollout_tool_use(again, TWO_STEPS).steps_computed == 1
+
+
+def test_a_failed_call_computes_no_step() -> None:
+    """Only a successful `calculate` call's answer counts: not another tool's answer, not a refusal,
+    not a call the agent never answered."""
+    other_tool = agent_calls({"c1": "12"}, [tool_call("c1", "3*4", name="search")])
+    refused = agent_calls({"c1": "Error executing tool calculate: 28 is not 12"}, [tool_call("c1", "3*4")])
+    unanswered = [recorded(0, [SYSTEM, USER], response(None, [tool_call("c1", "3*4")]))]
+    for calls in (other_tool, refused, unanswered):
+        use = rollout_tool_use(calls, TWO_STEPS)
+        assert (use.reference_steps, use.steps_computed, use.successful) == (2, 0, 0)
+
+
+def test_steps_are_compared_as_numbers() -> None:
+    """GSM8K writes `1,200`, the calculator prints Python's float `1200.0`; a result written twice is
+    one step; a mark whose result is no number is none; float noise is equality."""
+    chain = "<<12*100=1,200>>1,200 <<1200/4=300>>300 <<150*2=300>>300 <<x=y>> <<0.1+0.2=0.3>>0.3"
+    calls = agent_calls(
+        {"c1": "1200.0", "c2": "0.30000000000000004", "c3": "301"},
+        [tool_call("c1", "12*100"), tool_call("c2", "0.1+0.2"), tool_call("c3", "300+1")],
+    )
+    use = rollout_tool_use(calls, chain)
+    assert (use.reference_steps, use.steps_computed) == (3, 2)
+    assert rollout_tool_use(calls, "no marks here: a Calc-X <gadget> chain").reference_steps == 0
+
+
 def test_only_the_answered_calls_of_the_trained_attempt_count() -> None:
     first = agent_calls({"c1": "24.0"}, [tool_call("c1", "48/2")])
     old = [c.model_copy(update={"attempt_id": "a0"}) for c in first]
@@ -124,6 +169,28 @@ def test_metrics_of_a_step() -> None:
     shaped = tool_use_metrics(uses, "train", [RolloutShape(4, 1), RolloutShape(2, 2)])
     assert (shaped["calcx/train/model_calls_per_rollout"], shaped["calcx/train/sequences_per_rollout"]) == (3.0, 1.5)
     assert "calcx/val/sequences_per_rollout" not in tool_use_metrics(uses, "val")  # not recorded: no figure
+
+
+def test_steps_computed_is_the_mean_share_over_the_rollouts_with_reference_steps() -> None:
+    uses = [ToolUse(1, 1, 0, 2, 1), ToolUse(2, 2, 0, 2, 2), ToolUse(0, 0, 0, 4, 0), ToolUse(1, 1, 0, 0, 0)]
+    # 1/2, 2/2 and 0/4; the rollout whose row has no annotation is not counted
+    assert tool_use_metrics(uses, "train")["calcx/train/steps_computed"] == 0.5
+    assert "calcx/val/steps_computed" not in tool_use_metrics([ToolUse(1, 1, 0)], "val")  # none to compare
+
+
+def test_the_ledger_carries_the_reference_steps(tmp_path: Path) -> None:
+    (tmp_path / TOOL_USE_FILE).touch()
+    ledger = ToolUseLedger(tmp_path / TOOL_USE_FILE)
+    record_tool_use(tmp_path, partition="val", step=1, rollout_id="v1", use=ToolUse(1, 1, 0, 2, 1))
+    record_tool_use(tmp_path, partition="val", step=1, rollout_id="v2", use=ToolUse(1, 1, 0, 4, 4))
+    line = json.loads((tmp_path / TOOL_USE_FILE).read_text().splitlines()[0])
+    assert (line["reference_steps"], line["steps_computed"]) == (2, 1)
+    with open(tmp_path / TOOL_USE_FILE, "a") as fh:  # a line of an older trainer: no reference steps
+        fh.write(
+            '{"partition": "val", "step": 1, "rollout_id": "v3", "calls": 1, "successful": 1, "parse_failures": 0}\n'
+        )
+    val = ledger.take("val")
+    assert val["calcx/val/steps_computed"] == 0.75 and val["calcx/val/rollouts"] == 3
 
 
 def test_ledger_hands_out_each_rollout_once_per_partition(tmp_path: Path) -> None:

@@ -31,9 +31,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
-import math
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,10 +39,10 @@ from typing import Any
 
 from calcx.agent.answer import format_answer, prompt_messages
 from calcx.agent.calculator_inprocess import calculator_tool_entry, call
+from calcx.contract.chain import ANNOTATION_RE, annotation_marks, parse_number
 from calcx.contract.env import TOOL_ROUNDS_DEFAULT
 from calcx.data.schema import DataError
 
-ANNOTATION_RE = re.compile(r"<<([^<>]*)>>")
 TRACE_SUFFIXES = (".parquet", ".jsonl")
 # bounds on what is sent to the calculator: its evaluator has no limits of its own (`9**9**9`
 # would run for ever), so an annotation past these is skipped, not evaluated
@@ -91,11 +89,10 @@ def annotation_pairs(chain: str) -> list[tuple[str, str]]:
     if len(found) > MAX_CALLS_PER_ROW:
         raise TraceError("too_many_annotations", f"{len(found)} > {MAX_CALLS_PER_ROW}")
     pairs = []
-    for mark in found:
-        expression, sep, result = mark.rpartition("=")
-        if not sep or not expression.strip() or not result.strip():
+    for mark, pair in zip(found, annotation_marks(chain)):
+        if pair is None:
             raise TraceError("no_result", f"<<{mark}>> is not expression=result")
-        pairs.append((expression.strip(), result.strip()))
+        pairs.append(pair)
     return pairs
 
 
@@ -117,18 +114,10 @@ def check_bounded(expression: str) -> None:
                 raise TraceError("unbounded_power", f"{expression!r}: exponents must be numbers up to {MAX_EXPONENT}")
 
 
-def _number(text: str) -> float | None:
-    try:
-        value = float(text.replace(",", "").rstrip("."))
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
 def same_result(annotated: str, calculated: str) -> bool:
     """The annotation's result is the calculator's, up to the digits the annotation shows
     (GSM8K writes `<<10/3=3.33>>` for 3.3333333333333335)."""
-    want, got = _number(annotated), _number(calculated)
+    want, got = parse_number(annotated), parse_number(calculated)
     if want is None or got is None:
         return False
     shown = annotated.replace(",", "").rstrip(".")

@@ -165,7 +165,7 @@ def agent_stats(store: StoreReader) -> dict[int, dict[str, float]]:
     """Per training step, from the recorded calls and attempts of the step's rollouts (`step_rollouts`:
     a resumed run's, not the killed run's of the same step). Calculator use is counted by
     `calcx.trainer.rollouts.tool_use` (what the trainer logs as `calcx/train/...`), over each rollout's latest
-    attempt that recorded calls."""
+    attempt that recorded calls, its reference steps from the row its create body carried."""
     step_of = _step_of(step_rollouts(store))
     stats: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     by_attempt: dict[tuple[str, int], list[RecordedCall]] = defaultdict(list)
@@ -181,10 +181,12 @@ def agent_stats(store: StoreReader) -> dict[int, dict[str, float]]:
     latest: dict[str, int] = {}
     for rid, attempt_no in by_attempt:
         latest[rid] = max(latest.get(rid, attempt_no), attempt_no)
+    chains = {rid: row.get("chain") for rid, row in store.rollout_rows() if rid in latest}
     uses: dict[int, list[ToolUse]] = defaultdict(list)
     for rid, attempt_no in latest.items():
         calls = sorted(by_attempt[(rid, attempt_no)], key=lambda c: c.seq)
-        uses[step_of[rid]].append(rollout_tool_use(calls))
+        chain = chains.get(rid)
+        uses[step_of[rid]].append(rollout_tool_use(calls, str(chain) if chain is not None else None))
     for rid, state in store.attempt_states():
         if state == "FAILED" and rid in step_of:
             stats[step_of[rid]]["failed_attempts"] += 1
@@ -194,6 +196,8 @@ def agent_stats(store: StoreReader) -> dict[int, dict[str, float]]:
         stats[step]["tool_share"] = measured["calcx/train/tool_use"]
         stats[step]["calls_per_rollout"] = measured["calcx/train/tool_calls_per_rollout"]
         stats[step]["parse_failures"] = measured["calcx/train/tool_parse_failures"]
+        if "calcx/train/steps_computed" in measured:
+            stats[step]["steps_computed"] = measured["calcx/train/steps_computed"]
     return {k: dict(v) for k, v in stats.items()}
 
 
@@ -202,6 +206,7 @@ def agent_table(stats: Mapping[int, Mapping[str, float]]) -> str:
         "step",
         "rollouts",
         "successful calculator call",
+        "reference steps computed",
         "tool calls / rollout",
         "tool-call parse failures",
         "failed attempts",
@@ -210,8 +215,9 @@ def agent_table(stats: Mapping[int, Mapping[str, float]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for step in sorted(stats):
         m = stats[step]
+        computed = f"{m['steps_computed']:.0%}" if "steps_computed" in m else "-"
         lines.append(
-            f"| {step} | {int(m.get('rollouts', 0))} | {m.get('tool_share', 0.0):.0%} | "
+            f"| {step} | {int(m.get('rollouts', 0))} | {m.get('tool_share', 0.0):.0%} | {computed} | "
             f"{m.get('calls_per_rollout', 0.0):.2f} | {int(m.get('parse_failures', 0))} | "
             f"{int(m.get('failed_attempts', 0))} | {int(m.get('max_lag', 0))} |"
         )

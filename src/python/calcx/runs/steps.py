@@ -18,9 +18,11 @@ TOOL_USE_COLUMNS = (
     ("equal-reward groups", "calcx/train/equal_reward_groups", "{:.0%}"),
     ("entropy", "actor/entropy", "{:.3f}"),
     ("train tool use", "calcx/train/tool_use", "{:.0%}"),
+    ("train steps computed", "calcx/train/steps_computed", "{:.0%}"),
     ("train calls / rollout", "calcx/train/tool_calls_per_rollout", "{:.2f}"),
     ("train parse failures", "calcx/train/tool_parse_failures", "{:.0f}"),
     ("val tool use", "calcx/val/tool_use", "{:.0%}"),
+    ("val steps computed", "calcx/val/steps_computed", "{:.0%}"),
     ("val calls / rollout", "calcx/val/tool_calls_per_rollout", "{:.2f}"),
     ("val parse failures", "calcx/val/tool_parse_failures", "{:.0f}"),
 )

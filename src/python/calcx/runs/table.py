@@ -7,8 +7,9 @@ With `--calls` (the calcx server's SQLite store, or its slim copy), the GPU's id
 while it waited for agents is measured from the recorded model calls: the generation phase minus the
 union of the intervals in which at least one call was inside vLLM, over the whole step; and the
 store's agent table follows the step table: per step, the training rollouts, the share with a
-successful calculator call, tool calls per rollout, tool-call parse failures (a `<tool_call>` in the
-text that vLLM's parser did not turn into a call; all three counted by `calcx.trainer.rollouts.tool_use`, as
+successful calculator call, the mean share of the row's reference steps (its GSM8K annotations'
+results) those calls returned, tool calls per rollout, tool-call parse failures (a `<tool_call>` in the
+text that vLLM's parser did not turn into a call; all four counted by `calcx.trainer.rollouts.tool_use`, as
 the trainer's `calcx/train/...` metrics are), failed attempts (retried as new ones) and the largest
 policy-version lag of a call: how many weight syncs behind the weights its rollout's step starts from
 (step - 1) the version that answered it was (the server records the version it serves at the time of

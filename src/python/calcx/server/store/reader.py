@@ -54,6 +54,12 @@ class StoreReader:
         """(spec JSON text, state, reward) of every rollout: the create body as stored."""
         yield from self._conn.execute("SELECT spec, state, reward FROM rollouts")
 
+    def rollout_rows(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(rollout_id, the dataset row of its create body; {} when it has none) of every rollout."""
+        for rid, spec_text in self._conn.execute("SELECT rollout_id, spec FROM rollouts"):
+            row = (_json_object(spec_text) or {}).get("row")
+            yield str(rid), row if isinstance(row, dict) else {}
+
     def first_trained_created(self) -> dict[int, float]:
         """Per step of the training ledger, the creation time of the earliest rollout it trained,
         over the records no resume rolled back."""

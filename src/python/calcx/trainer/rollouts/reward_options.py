@@ -7,6 +7,11 @@ rollout's samples are trained with, never validation (its accuracy stays the age
   call gets `1 + tool_bonus`. Only right answers get it, and it is below 1, so
   wrong (0) < right without the tool (1) < right with it (1 + bonus): a wrong answer stays the
   lowest reward of its GRPO group and its advantage never turns positive.
+- `tool_bonus_for`: what earns the bonus. `call` (the default): any successful call, the whole
+  bonus. `steps`: the share of the row's reference steps (the distinct results of its GSM8K
+  annotations) that the rollout's successful calls returned, `1 + tool_bonus * computed / steps`,
+  so one call stamping the last trivial step of a worked-out answer earns a fraction, not all of
+  it; a row without annotations falls back to the `call` rule.
 - `mask_void_turns` (SimpleTIR-style): a model turn with neither a tool call (parsed or not) nor the
   `### ANSWER` marker is left out of the loss (its response mask is zeros); the rollout's other
   turns keep its reward and advantage. A rollout whose every turn is void keeps them all: it never
@@ -33,6 +38,11 @@ from calcx.trainer.rollouts.tool_use import TOOL_CALL_TAG, ToolUse, message_of, 
 CORRECT_ABOVE = 0.5
 
 
+# what earns the tool bonus (`calcx.reward.tool_bonus_for`); the first is the default
+TOOL_BONUS_FOR = ("call", "steps")
+OPTIONS = ("tool_bonus", "tool_bonus_for", "mask_void_turns")
+
+
 class RewardOptionError(ValueError):
     """A `calcx.reward` value out of its range; the message names the key."""
 
@@ -41,16 +51,15 @@ class RewardOptionError(ValueError):
 class RewardOptions:
     tool_bonus: float = 0.0
     mask_void_turns: bool = False
+    tool_bonus_for: str = TOOL_BONUS_FOR[0]
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any] | None) -> RewardOptions:
         """From the composed `calcx.reward` section (None or missing keys: today's recipe)."""
         section = section or {}
-        unknown = sorted(set(section) - {"tool_bonus", "mask_void_turns"})
+        unknown = sorted(set(section) - set(OPTIONS))
         if unknown:
-            raise RewardOptionError(
-                f"calcx.reward has no option {', '.join(unknown)}; " "known: tool_bonus, mask_void_turns"
-            )
+            raise RewardOptionError(f"calcx.reward has no option {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
         bonus = section.get("tool_bonus", 0.0)
         if (
             isinstance(bonus, bool)
@@ -65,7 +74,12 @@ class RewardOptions:
         mask = section.get("mask_void_turns", False)
         if not isinstance(mask, bool):
             raise RewardOptionError(f"calcx.reward.mask_void_turns must be true or false, not {mask!r}")
-        return cls(tool_bonus=float(bonus), mask_void_turns=mask)
+        bonus_for = section.get("tool_bonus_for", TOOL_BONUS_FOR[0])
+        if not isinstance(bonus_for, str) or bonus_for not in TOOL_BONUS_FOR:
+            raise RewardOptionError(
+                f"calcx.reward.tool_bonus_for must be one of {', '.join(TOOL_BONUS_FOR)}, not {bonus_for!r}"
+            )
+        return cls(tool_bonus=float(bonus), mask_void_turns=mask, tool_bonus_for=bonus_for)
 
     @property
     def active(self) -> bool:
@@ -74,10 +88,12 @@ class RewardOptions:
 
 def shaped_reward(answer_reward: float, use: ToolUse, options: RewardOptions) -> float:
     """The training reward of a rollout: the answer's, plus the tool bonus for a right answer
-    reached with a successful calculator call."""
-    if options.tool_bonus > 0 and answer_reward > CORRECT_ABOVE and use.used_calculator:
-        return answer_reward + options.tool_bonus
-    return answer_reward
+    reached with a successful calculator call (`steps`: scaled by the share of the row's reference
+    steps those calls computed, where the row has any)."""
+    if not (options.tool_bonus > 0 and answer_reward > CORRECT_ABOVE and use.used_calculator):
+        return answer_reward
+    share = use.steps_share if options.tool_bonus_for == "steps" else None
+    return answer_reward + options.tool_bonus * (1.0 if share is None else share)
 
 
 def is_void_turn(response: Mapping[str, Any] | None) -> bool:

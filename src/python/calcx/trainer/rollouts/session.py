@@ -163,7 +163,8 @@ async def run_session(
             expected_group_id=spec.uid,
         )
         used = attempt_calls(calls, samples.attempt_id)
-        use = rollout_tool_use(used)
+        chain = spec.row.get("chain")
+        use = rollout_tool_use(used, str(chain) if chain is not None else None)
         model_calls = len(samples.samples)
         if spec.partition == "train" and reward_options is not None:
             samples = apply_reward_options(samples, used, use, reward_options)

@@ -8,8 +8,12 @@ the parser understood is in the response's `message.tool_calls`; its answer come
 starts with "Error" is the calculator (FastMCP) or the agent's workbench refusing the call (bad
 expression, unknown tool, bad arguments). A `<tool_call>` block the model wrote but vLLM's hermes
 parser could not read (broken JSON) stays in `message.content` as text: a parse failure, the
-model's own mistake. Pure functions over `calcx.api.models.RecordedCall`s, as the trainer reads
-them from the API and `calcx runs table` from a store file: no server, no verl.
+model's own mistake. The reference steps are the distinct results of the row's GSM8K annotations
+(`chain`, calcx.contract.chain); a step is computed when a successful call's answer (the
+calculator prints Python's `str` of the value: `28`, `1200.0`) is that number (`same_number`), so
+a call that only stamps the last trivial step computes one of them. Pure functions over
+`calcx.api.models.RecordedCall`s, as the trainer reads them from the API and `calcx runs table`
+from a store file: no server, no verl.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from calcx.api.models import RecordedCall
+from calcx.contract.chain import parse_number, reference_results, same_number
 from calcx.trainer.run_dir.names import TOOL_USE_FILE
 
 CALCULATOR_TOOL = "calculate"
@@ -41,10 +46,17 @@ class ToolUse:
     calls: int = 0  # tool calls the parser turned into calls
     successful: int = 0  # `calculate` calls answered with a result, not an error
     parse_failures: int = 0  # `<tool_call>` blocks left in the text (unreadable to the parser)
+    reference_steps: int = 0  # distinct results of the row's chain annotations (0: none to compare)
+    steps_computed: int = 0  # of those, the ones a successful call returned
 
     @property
     def used_calculator(self) -> bool:
         return self.successful > 0
+
+    @property
+    def steps_share(self) -> float | None:
+        """The share of the reference steps the calculator computed; None without any."""
+        return self.steps_computed / self.reference_steps if self.reference_steps else None
 
 
 @dataclass(frozen=True)
@@ -94,10 +106,18 @@ def attempt_calls(calls: Sequence[RecordedCall], attempt_id: str) -> list[Record
     return sorted(kept, key=lambda c: c.seq)
 
 
-def rollout_tool_use(calls: Sequence[RecordedCall]) -> ToolUse:
-    """Tool use of one attempt's calls (the caller keeps the attempt it trains on, answered 200)."""
+def computed_steps(reference: Sequence[float], answers: Iterable[str]) -> int:
+    """How many of the reference results one of the calculator's answers is."""
+    values = [v for v in (parse_number(a) for a in answers) if v is not None]
+    return sum(any(same_number(r, v) for v in values) for r in reference)
+
+
+def rollout_tool_use(calls: Sequence[RecordedCall], chain: str | None = None) -> ToolUse:
+    """Tool use of one attempt's calls (the caller keeps the attempt it trains on, answered 200),
+    with the reference steps of the row's `chain` it computed."""
     results = tool_results(calls)
     made = successful = failures = 0
+    answers: list[str] = []
     for call in calls:
         message = message_of(call.response)
         tool_calls = message.get("tool_calls")
@@ -108,8 +128,16 @@ def rollout_tool_use(calls: Sequence[RecordedCall]) -> ToolUse:
             answer = results.get(str(tool_call.get("id"))) if isinstance(tool_call, Mapping) else None
             if name == CALCULATOR_TOOL and answer is not None and not answer.lstrip().startswith(TOOL_ERROR_PREFIX):
                 successful += 1
+                answers.append(answer)
         failures += text_of(message.get("content")).count(TOOL_CALL_TAG)
-    return ToolUse(calls=made, successful=successful, parse_failures=failures)
+    reference = reference_results(chain)
+    return ToolUse(
+        calls=made,
+        successful=successful,
+        parse_failures=failures,
+        reference_steps=len(reference),
+        steps_computed=computed_steps(reference, answers),
+    )
 
 
 def equal_reward_share(rewards: Mapping[str, Sequence[float]]) -> float | None:
@@ -131,7 +159,8 @@ def tool_use_metrics(
     """`calcx/{partition}/...`: share of rollouts with >= 1 successful calculator call, tool calls
     per rollout, parse failures (count, and share of all tool-call attempts); with `shapes`, model
     calls and trained sequences per rollout; with `group_rewards`, the share of groups whose rewards
-    are all equal (`equal_reward_groups`). Empty: no metric."""
+    are all equal (`equal_reward_groups`); `steps_computed`, the mean share of the reference steps
+    the calculator computed over the rollouts whose row has any. Empty: no metric."""
     items = list(uses)
     if not items:
         return {}
@@ -145,6 +174,9 @@ def tool_use_metrics(
         f"{prefix}/tool_parse_failure_share": failures / (made + failures) if made + failures else 0.0,
         f"{prefix}/rollouts": float(len(items)),
     }
+    shares = [u.steps_share for u in items if u.steps_share is not None]
+    if shares:
+        metrics[f"{prefix}/steps_computed"] = sum(shares) / len(shares)
     measured = list(shapes)
     if measured:
         metrics[f"{prefix}/model_calls_per_rollout"] = sum(s.model_calls for s in measured) / len(measured)
@@ -211,7 +243,13 @@ class ToolUseLedger:
                 continue
             try:
                 record = json.loads(raw)
-                use = ToolUse(int(record["calls"]), int(record["successful"]), int(record["parse_failures"]))
+                use = ToolUse(
+                    int(record["calls"]),
+                    int(record["successful"]),
+                    int(record["parse_failures"]),
+                    int(record.get("reference_steps", 0)),
+                    int(record.get("steps_computed", 0)),
+                )
                 shape = (
                     RolloutShape(int(record["model_calls"]), int(record["sequences"]))
                     if "sequences" in record
