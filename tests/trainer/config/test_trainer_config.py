@@ -357,6 +357,7 @@ def _without_profile_name(cfg) -> dict:
                 "calcx.reward.tool_bonus": 0.5,
                 "calcx.agent_tool_rounds": 8,
                 "calcx.reward.mask_void_turns": True,
+                "calcx.agent_prompt": "plain",
             },
         ),
         (

@@ -645,6 +645,21 @@ def static_cases(key: str, decoy: AttemptRef, finished: AttemptRef) -> list[Case
             "invalid_body",
         ),
         Case(
+            "create: env_map maps no QUESTION or RESULT",
+            "POST",
+            "/v1/rollouts",
+            422,
+            server,
+            _j(
+                {
+                    "rollouts": [
+                        {"rollout_id": "hostile-empty-env-map", "row": {"question": "q", "result": "1"}, "env_map": {}}
+                    ]
+                }
+            ),
+            "invalid_body",
+        ),
+        Case(
             "create: same id, other body",
             "POST",
             "/v1/rollouts",

@@ -311,7 +311,9 @@ def _convert_direct(
                 tokenizer, config = reads[0].get(), reads[1].get()
             except (ValueError, KeyError, OSError, RuntimeError, EOFError) as exc:
                 raise ConvertError(f"{gguf}: transformers {transformers.__version__} cannot read it: {exc}") from None
-            log(f"tokenizer and config: read beside the weights ({time.monotonic() - started:.1f} s)")
+            log(
+                f"tokenizer and config: read beside the weights, ready since their start ({time.monotonic() - started:.1f} s)"
+            )
             started = time.monotonic()
             _save_config(config, transformers, dtype, partial)
             _save_tokenizer(tokenizer, template, metadata.special_ids, partial)
