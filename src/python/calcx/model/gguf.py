@@ -307,12 +307,13 @@ def _convert_direct(
             reads = start_side_reads((_read_tokenizer, _read_config), gguf)
             parameters, _ = write_weights(reader, gguf, names, dtype, partial / SAFETENSORS_FILE)
             log(f"weights: {parameters:,} parameters as {dtype} ({time.monotonic() - started:.1f} s)")
+            started = time.monotonic()
             try:
                 tokenizer, config = reads[0].get(), reads[1].get()
             except (ValueError, KeyError, OSError, RuntimeError, EOFError) as exc:
                 raise ConvertError(f"{gguf}: transformers {transformers.__version__} cannot read it: {exc}") from None
             log(
-                f"tokenizer and config: read beside the weights, ready since their start ({time.monotonic() - started:.1f} s)"
+                f"tokenizer and config: read beside the weights; waited for after them ({time.monotonic() - started:.1f} s)"
             )
             started = time.monotonic()
             _save_config(config, transformers, dtype, partial)
