@@ -131,6 +131,11 @@ def static_cases(key: str, decoy: AttemptRef, finished: AttemptRef) -> list[Case
     drid, daid, dnonce = decoy
     frid, faid, fnonce = finished
     server = _auth(key)
+
+    def bad_create(name: str, rollout: dict[str, Any]) -> Case:
+        """One rollout the create endpoint must refuse (422 invalid_body), nothing created."""
+        return Case(name, "POST", "/v1/rollouts", 422, server, _j({"rollouts": [rollout]}), "invalid_body")
+
     wrong = _auth("not-the-key")
     none = {"content-type": "application/json"}
     forged = _auth(f"calcx-at.{drid}.{daid}.{dnonce}.{'0' * 64}")
@@ -595,69 +600,25 @@ def static_cases(key: str, decoy: AttemptRef, finished: AttemptRef) -> list[Case
         Case("list: limit=-1", "GET", "/v1/rollouts?limit=-1", 422, server, None, "invalid_query"),
         Case("terminal: after=abc", "GET", "/v1/terminal?after=abc", 422, server, None, "invalid_query"),
         Case("terminal: timeout_s=nan", "GET", "/v1/terminal?timeout_s=nan", 422, server, None, "invalid_query"),
-        Case(
-            "create: bad rollout id",
-            "POST",
-            "/v1/rollouts",
-            422,
-            server,
-            _j({"rollouts": [{"rollout_id": "../../etc/passwd", "row": {"question": "q", "result": "1"}}]}),
-            "invalid_body",
+        bad_create(
+            "create: bad rollout id", {"rollout_id": "../../etc/passwd", "row": {"question": "q", "result": "1"}}
         ),
         *[
-            Case(
-                f"create: rollout id {rid!r}",
-                "POST",
-                "/v1/rollouts",
-                422,
-                server,
-                _j({"rollouts": [{"rollout_id": rid, "row": {"question": "q", "result": "1"}}]}),
-                "invalid_body",
-            )
+            bad_create(f"create: rollout id {rid!r}", {"rollout_id": rid, "row": {"question": "q", "result": "1"}})
             for rid in (".", "..")
         ],
-        Case(
-            "create: row lacks env_map field",
-            "POST",
-            "/v1/rollouts",
-            422,
-            server,
-            _j({"rollouts": [{"rollout_id": "hostile-no-result", "row": {"question": "q"}}]}),
-            "invalid_body",
-        ),
-        Case(
+        bad_create("create: row lacks env_map field", {"rollout_id": "hostile-no-result", "row": {"question": "q"}}),
+        bad_create(
             "create: env_map sets the calculator command",
-            "POST",
-            "/v1/rollouts",
-            422,
-            server,
-            _j(
-                {
-                    "rollouts": [
-                        {
-                            "rollout_id": "hostile-env-map",
-                            "row": {"question": "q", "result": "1", "cmd": '["sh", "-c", "id"]'},
-                            "env_map": {"QUESTION": "question", "RESULT": "result", CALCX_CALCULATOR_CMD: "cmd"},
-                        }
-                    ]
-                }
-            ),
-            "invalid_body",
+            {
+                "rollout_id": "hostile-env-map",
+                "row": {"question": "q", "result": "1", "cmd": '["sh", "-c", "id"]'},
+                "env_map": {"QUESTION": "question", "RESULT": "result", CALCX_CALCULATOR_CMD: "cmd"},
+            },
         ),
-        Case(
+        bad_create(
             "create: env_map maps no QUESTION or RESULT",
-            "POST",
-            "/v1/rollouts",
-            422,
-            server,
-            _j(
-                {
-                    "rollouts": [
-                        {"rollout_id": "hostile-empty-env-map", "row": {"question": "q", "result": "1"}, "env_map": {}}
-                    ]
-                }
-            ),
-            "invalid_body",
+            {"rollout_id": "hostile-empty-env-map", "row": {"question": "q", "result": "1"}, "env_map": {}},
         ),
         Case(
             "create: same id, other body",
