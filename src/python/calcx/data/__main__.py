@@ -324,7 +324,7 @@ def _harden(args: argparse.Namespace) -> int:
     import json
 
     from calcx.data.hard import harden_rows
-    from calcx.data.hard_split import check_factor_range
+    from calcx.data.hard_split import split_problem
     from calcx.data.io import SUFFIXES, read_rows, write_rows
     from calcx.data.schema import DataError
 
@@ -337,22 +337,9 @@ def _harden(args: argparse.Namespace) -> int:
         print("calcx data: error: --limit must be at least 1", file=sys.stderr)
         return 2
     low, high = args.factor_range
-    try:
-        check_factor_range(low, high)
-    except ValueError as exc:
-        print(f"calcx data: error: --factor-range {low} {high}: {exc}", file=sys.stderr)
-        return 2
-    try:
-        id_suffix(args.source)
-    except ValueError as exc:
-        print(f"calcx data: error: --source {args.source}: {exc}", file=sys.stderr)
-        return 2
-    if (low, high) != FACTOR_RANGE and args.source == HARD_SOURCE:  # its ids and source are the default split's
-        print(
-            f"calcx data: error: --factor-range {low} {high} needs a --source of its own (gsm8k-<tag>): "
-            f"{HARD_SOURCE} names the split of the default range {FACTOR_RANGE[0]} {FACTOR_RANGE[1]}",
-            file=sys.stderr,
-        )
+    problem = split_problem((low, high), args.source)
+    if problem is not None:
+        print(f"calcx data: error: {problem}", file=sys.stderr)
         return 2
     rows, origins = [], []
     try:

@@ -29,3 +29,24 @@ def check_factor_range(low: int, high: int) -> None:
         raise ValueError("HIGH must be at least LOW")
     if -(-low // 100) > high // 100:
         raise ValueError("the range must hold a multiple of 100 (a factor that keeps percentages whole)")
+
+
+def split_problem(factor_range: tuple[int, int], source: str) -> str | None:
+    """What makes `--factor-range` and `--source` unable to name a split, as the flag's message, or
+    None: a range `factors` cannot draw from, a source of another form, or a range of its own under
+    the default split's source (its ids and source would be the default split's)."""
+    low, high = factor_range
+    try:
+        check_factor_range(low, high)
+    except ValueError as exc:
+        return f"--factor-range {low} {high}: {exc}"
+    try:
+        id_suffix(source)
+    except ValueError as exc:
+        return f"--source {source}: {exc}"
+    if (low, high) != FACTOR_RANGE and source == HARD_SOURCE:
+        return (
+            f"--factor-range {low} {high} needs a --source of its own (gsm8k-<tag>): "
+            f"{HARD_SOURCE} names the split of the default range {FACTOR_RANGE[0]} {FACTOR_RANGE[1]}"
+        )
+    return None
