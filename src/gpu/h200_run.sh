@@ -112,7 +112,8 @@ sync_profile() { echo "$RUN_PROFILE${1#sync}"; }
 # the data every run validates on: the held-out GSM8K rows and every other split carried beside them,
 # test-<tag>.parquet (`calcx data harden --source gsm8k-<tag>`: accuracy by source, gsm8k-hard,
 # gsm8k-harder, ...); the calculator runs train on GSM8K and the split HARD_TRAIN names
-# (train-<tag>.parquet, default train-hard.parquet: GSM8K alone when that one was not carried)
+# (train-<tag>.parquet, default train-hard.parquet: GSM8K alone when that one was not carried;
+# HARD_TRAIN=none: GSM8K alone, named)
 HARD_TRAIN_NAMED="${HARD_TRAIN:-}"
 HARD_TRAIN="${HARD_TRAIN:-train-hard.parquet}"
 val_files() {
@@ -123,15 +124,15 @@ val_files() {
 }
 train_files() {
   echo "$IN/gsm8k/train.parquet"
-  if is_calculator "$1" && [[ -f "$IN/gsm8k/$HARD_TRAIN" ]]; then echo "$IN/gsm8k/$HARD_TRAIN"; fi
+  if is_calculator "$1" && [[ "$HARD_TRAIN" != none && -f "$IN/gsm8k/$HARD_TRAIN" ]]; then echo "$IN/gsm8k/$HARD_TRAIN"; fi
   return 0
 }
 # a HARD_TRAIN named is a training split, and carried: otherwise a calculator run would train on
 # GSM8K alone, or on held-out problems, without a word
 check_hard_train() {
-  [[ -z "$HARD_TRAIN_NAMED" ]] && return 0
+  [[ -z "$HARD_TRAIN_NAMED" || "$HARD_TRAIN_NAMED" == none ]] && return 0
   if [[ "$HARD_TRAIN_NAMED" != train-*.parquet || "$HARD_TRAIN_NAMED" == */* ]]; then
-    echo "HARD_TRAIN=$HARD_TRAIN_NAMED is not a training split's file name (train-<tag>.parquet)" >&2; return 2
+    echo "HARD_TRAIN=$HARD_TRAIN_NAMED is not a training split's file name (train-<tag>.parquet) or none" >&2; return 2
   fi
   if [[ ! -f "$IN/gsm8k/$HARD_TRAIN_NAMED" ]]; then
     echo "HARD_TRAIN=$HARD_TRAIN_NAMED was not carried into $IN/gsm8k" >&2; return 2

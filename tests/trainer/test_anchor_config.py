@@ -347,13 +347,13 @@ def test_the_gpu_run_starts_the_anchor_with_calcx_trains_settings(tmp_path: Path
     assert not (tmp_path / "results" / "machine.txt").exists()  # refused before setup
 
 
-@pytest.mark.parametrize("hard_train", [None, "train-harder.parquet"])
+@pytest.mark.parametrize("hard_train", [None, "train-harder.parquet", "none"])
 def test_a_launched_campaign_hands_each_run_its_overrides_and_the_hard_split(
     tmp_path: Path, hard_train: str | None
 ) -> None:
     """`CAMPAIGN_OVERRIDES=... launch STEPS calculator`: setup, then the calculator recipe's run with
-    the overrides, trained on GSM8K and the hard split HARD_TRAIN names (train-hard by default) and
-    validated on GSM8K and every hard split carried."""
+    the overrides, trained on GSM8K and the hard split HARD_TRAIN names (train-hard by default; none:
+    GSM8K alone) and validated on GSM8K and every hard split carried."""
     import hashlib
 
     _fake_python(tmp_path)
@@ -389,9 +389,11 @@ def test_a_launched_campaign_hands_each_run_its_overrides_and_the_hard_split(
     assert argv[-2:] == ["trainer.test_freq=20", "trainer.save_freq=-1"], argv
     cfg = _train_config(argv)
     assert cfg.calcx.run_profile_applied == "gsm8k-h200-calculator" and cfg.trainer.test_freq == 20
-    assert list(cfg.data.train_files) == [
+    hard = [] if hard_train == "none" else [str(carried / "gsm8k" / (hard_train or "train-hard.parquet"))]
+    train_files = cfg.data.train_files  # one file composes as a path, several as a list
+    assert ([train_files] if isinstance(train_files, str) else list(train_files)) == [
         str(carried / "gsm8k" / "train.parquet"),
-        str(carried / "gsm8k" / (hard_train or "train-hard.parquet")),
+        *hard,
     ]
     assert list(cfg.data.val_files) == [
         str(carried / "gsm8k" / name) for name in ("test.parquet", "test-hard.parquet", "test-harder.parquet")
