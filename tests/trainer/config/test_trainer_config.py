@@ -370,6 +370,15 @@ def _without_profile_name(cfg) -> dict:
             },
         ),
         (
+            "gsm8k-h200-calculator-bonus-centred",
+            {
+                "calcx.reward.tool_bonus": 0.5,
+                "calcx.agent_tool_rounds": 8,
+                "calcx.reward.mask_void_turns": True,
+                "algorithm.norm_adv_by_std_in_grpo": False,
+            },
+        ),
+        (
             "gsm8k-h200-calculator-steps",
             {
                 "calcx.reward.tool_bonus": 0.5,
@@ -393,7 +402,7 @@ def test_a_run_profile_composes_to_what_the_gpu_script_passed(profile, extra) ->
 def test_the_calculator_recipes_pass_verls_checks() -> None:
     from calcx.trainer.run.launch import validate_with_verl
 
-    for profile in ("gsm8k-h200-calculator", "gsm8k-h200-calculator-filtered"):
+    for profile in ("gsm8k-h200-calculator", "gsm8k-h200-calculator-filtered", "gsm8k-h200-calculator-bonus-centred"):
         validate_with_verl(compose(ComposeRequest(gpu_memory_gib=140.4, run_profile=profile)))
 
 
