@@ -33,7 +33,9 @@
 #   src/gpu/h200_run.sh watch SECONDS [OUT]    # the campaign's runs after it ends or SECONDS pass
 #   src/gpu/h200_run.sh status NAME [OUT]      # progress and step tables (calcx runs table); OUT gets NAME.tar.gz and
 #                                                # NAME-store.tar.gz (see pack: pieces when large)
-#   src/gpu/h200_run.sh wait NAME SECONDS [OUT]  # status after the run ends or SECONDS pass
+#   src/gpu/h200_run.sh wait NAME SECONDS [OUT]  # status after the run ends or SECONDS pass, a run not yet
+#                                                # started waited for within the same SECONDS (exit 3 if it
+#                                                # did not start)
 #   src/gpu/h200_run.sh stop NAME|campaign     # end the run (its whole process group), or all
 #
 # Pieces are made on the machine with network by src/gpu/stage_carry.sh. The machine's torch is
@@ -361,8 +363,15 @@ case "$stage" in
     name="${1:?NAME}"
     dir="$RESULTS/$name"
     if [[ "$stage" == wait ]]; then
+      # one deadline for a run not started yet (a campaign's setup, or the run before it) and for its
+      # end, so that a wait called right after `launch` ends, and packs OUT, within the SECONDS given
       deadline=$(( $(date +%s) + ${2:?SECONDS} )); shift
-      while kill -0 "$(cat "$dir/pid")" 2>/dev/null && (( $(date +%s) < deadline )); do sleep 10; done
+      while [[ ! -f "$dir/pid" ]] && (( $(date +%s) < deadline )); do sleep 2; done
+      while [[ -f "$dir/pid" ]] && kill -0 "$(cat "$dir/pid")" 2>/dev/null && (( $(date +%s) < deadline )); do sleep 10; done
+    fi
+    if [[ ! -f "$dir/pid" ]]; then
+      echo "run $name: not started (no $dir/pid)"; tail -n 3 "$RESULTS/campaign.log" 2>/dev/null | cut -c1-300 || true
+      exit 3
     fi
     out="${2:-}"
     alive=no; kill -0 "$(cat "$dir/pid")" 2>/dev/null && alive=yes

@@ -108,3 +108,40 @@ def test_stopping_the_campaign_stops_the_runs_still_going_and_no_ended_ones(tmp_
     finally:
         other.kill()
         other.wait()
+
+
+def _wait(work: Path, name: str, seconds: int, out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(RUN_SCRIPT), "wait", name, str(seconds), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(work),
+    )
+
+
+def test_a_wait_called_before_its_run_starts_waits_for_it_and_brings_it_back(tmp_path: Path) -> None:
+    """A wait called right after `launch` finds no run yet (the campaign's setup comes first): it waits
+    for the run within the same SECONDS, then for its end, and packs OUT."""
+    (tmp_path / "results").mkdir()
+    starter = threading.Timer(3.0, lambda: _run_dir(tmp_path, "calculator-bonus", log_bytes=1024, store_bytes=1024))
+    starter.start()
+    try:
+        done = _wait(tmp_path, "calculator-bonus", 60, tmp_path / "out")
+    finally:
+        starter.join()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "running=no" in done.stdout
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "calculator-bonus-store.tar.gz",
+        "calculator-bonus.tar.gz",
+    ]
+
+
+def test_a_wait_for_a_run_that_never_starts_ends_at_its_deadline_and_says_so(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "campaign.log").write_text("setup: join + verify + model conversion 73 s\n")
+    done = _wait(tmp_path, "sync", 3, tmp_path / "out")
+    assert done.returncode == 3
+    assert "run sync: not started" in done.stdout and "model conversion 73 s" in done.stdout
