@@ -90,6 +90,13 @@ def test_it_reads_what_the_store_wrote_beside_the_live_connection(tmp_path: Path
             assert reader.call_outcomes("calcx-train-s1-a") == [(200, b'{"choices": []}', True)]
             assert reader.call_outcomes("calcx-train-s1-b") == [(200, b'{"choices": []}', False), (502, None, False)]
             assert reader.call_outcomes("nope") == []
+            # one attempt's answered calls (the 502 left out), and each rollout's state and latest attempt
+            assert reader.attempt_calls("calcx-train-s1-b", 1) == [answered[1]]
+            assert reader.attempt_calls("calcx-train-s1-b", 2) == []
+            assert [(rid, spec["row"], state, latest) for rid, spec, state, _, latest in reader.rollout_records()] == [
+                ("calcx-train-s1-a", {"id": "calcx-train-s1-a"}, "SUCCEEDED", 1),
+                ("calcx-train-s1-b", {"id": "calcx-train-s1-b"}, "QUEUED", 2),
+            ]
     finally:
         store.close()
 

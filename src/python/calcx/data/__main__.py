@@ -253,19 +253,14 @@ def _validate(args: argparse.Namespace) -> int:
 
 def exclude_rows(rows: list[dict], origins: list[str], exclude: list[str]) -> tuple[list[dict], list[str], list]:
     """(rows kept, their origins, the held-out rows as `held_out` skips): a row is held out when
-    its id or its question text is in one of the `exclude` files (any format `read_rows` reads)."""
-    from calcx.data.io import read_rows
+    its id or its question text is in one of the `exclude` files (`calcx.data.held_out`)."""
+    from calcx.data.held_out import HeldOut
     from calcx.data.traces import Skipped
 
-    ids: set[str] = set()
-    questions: set[str] = set()
-    for path in exclude:
-        for row in read_rows(path):
-            ids.add(str(row.get("id", "")))
-            questions.add(" ".join(str(row.get("question", "")).split()))
+    held = HeldOut.read(exclude)
     kept, kept_origins, held_out = [], [], []
     for row, where in zip(rows, origins):
-        if str(row["id"]) in ids or " ".join(str(row["question"]).split()) in questions:
+        if held.holds(row):
             held_out.append(Skipped(where, "held_out", f"{row['id']} is in --exclude"))
             continue
         kept.append(row)

@@ -27,6 +27,32 @@ def _json_object(raw: str | bytes | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+_CALL_COLUMNS = (
+    "call_id, rollout_id, attempt_no, seq, request, response, prompt_token_ids, response_token_ids, "
+    "response_logprobs, latency_s, policy_version, endpoint, status_code, created_at"
+)
+
+
+def _recorded(row: tuple[Any, ...]) -> RecordedCall:
+    """One `calls` row (the columns of _CALL_COLUMNS) as the API's `RecordedCall`."""
+    return RecordedCall(
+        call_id=row[0],
+        rollout_id=str(row[1]),
+        attempt_id=str(row[2]),
+        seq=row[3],
+        request=_json_object(row[4]) or {},
+        response=_json_object(row[5]),
+        prompt_token_ids=unpack_numbers("i", row[6]),
+        response_token_ids=unpack_numbers("i", row[7]),
+        response_logprobs=unpack_numbers("d", row[8]),
+        latency_s=row[9],
+        policy_version=row[10],
+        endpoint=row[11],
+        status_code=row[12],
+        created_at=row[13],
+    )
+
+
 class StoreReader:
     """Read-only queries over one store file; use as a context manager or `close()` it."""
 
@@ -96,27 +122,28 @@ class StoreReader:
     def answered_calls(self) -> Iterator[RecordedCall]:
         """Every call answered with HTTP 200, as the API's `RecordedCall` (what the trainer reads
         from the server): a request that is not a JSON object reads as {}, such a response as None."""
-        for row in self._conn.execute(
-            "SELECT call_id, rollout_id, attempt_no, seq, request, response, prompt_token_ids, response_token_ids, "
-            "response_logprobs, latency_s, policy_version, endpoint, status_code, created_at FROM calls "
-            "WHERE status_code = 200"
-        ):
-            yield RecordedCall(
-                call_id=row[0],
-                rollout_id=str(row[1]),
-                attempt_id=str(row[2]),
-                seq=row[3],
-                request=_json_object(row[4]) or {},
-                response=_json_object(row[5]),
-                prompt_token_ids=unpack_numbers("i", row[6]),
-                response_token_ids=unpack_numbers("i", row[7]),
-                response_logprobs=unpack_numbers("d", row[8]),
-                latency_s=row[9],
-                policy_version=row[10],
-                endpoint=row[11],
-                status_code=row[12],
-                created_at=row[13],
+        for row in self._conn.execute(f"SELECT {_CALL_COLUMNS} FROM calls WHERE status_code = 200"):
+            yield _recorded(row)
+
+    def attempt_calls(self, rollout_id: str, attempt_no: int) -> list[RecordedCall]:
+        """The calls of one attempt answered with HTTP 200, in the agent's order (seq), read as
+        `answered_calls` reads them: one attempt's calls at a time, not the whole table."""
+        return [
+            _recorded(row)
+            for row in self._conn.execute(
+                f"SELECT {_CALL_COLUMNS} FROM calls WHERE rollout_id = ? AND attempt_no = ? AND status_code = 200 "
+                "ORDER BY seq, call_id",
+                (rollout_id, attempt_no),
             )
+        ]
+
+    def rollout_records(self) -> Iterator[tuple[str, dict[str, Any], str, Any, int]]:
+        """(rollout_id, its create body as an object, state, reward, latest attempt number) of every
+        rollout; a body that is not a JSON object reads as {}."""
+        for rid, spec_text, state, reward, latest in self._conn.execute(
+            "SELECT rollout_id, spec, state, reward, latest_attempt FROM rollouts"
+        ):
+            yield str(rid), _json_object(spec_text) or {}, str(state), reward, int(latest)
 
     def call_outcomes(self, rollout_id: str) -> list[tuple[int, bytes | None, bool]]:
         """(status_code, response, whether any response token came) of each call of one rollout."""
