@@ -50,3 +50,43 @@ def val_store(path: Path, outcomes: dict[int, dict[str, str]]) -> Path:
     con.commit()
     con.close()
     return path
+
+
+def insert_rollout(
+    con: sqlite3.Connection,
+    rollout_id: str,
+    row: dict,
+    labels: dict,
+    state: str,
+    reward: float | None,
+    latest_attempt: int = 1,
+) -> None:
+    """One rollout as the server stores it: its create body (row, labels), state and reward."""
+    con.execute(
+        "insert into rollouts (rollout_id, spec, state, latest_attempt, reward, created_at) values (?, ?, ?, ?, ?, 0)",
+        (rollout_id, json.dumps({"row": row, "labels": labels}), state, latest_attempt, reward),
+    )
+
+
+def insert_call(
+    con: sqlite3.Connection,
+    rollout_id: str,
+    attempt_no: int,
+    seq: int,
+    request: dict,
+    response: dict | None,
+    status_code: int = 200,
+) -> None:
+    """One recorded model call: the request the agent sent and the response it got (no token ids)."""
+    con.execute(
+        "insert into calls (rollout_id, attempt_no, seq, request, response, prompt_token_ids, response_token_ids, "
+        "response_logprobs, latency_s, status_code, created_at) values (?, ?, ?, ?, ?, x'', x'', x'', 0.1, ?, 0)",
+        (
+            rollout_id,
+            attempt_no,
+            seq,
+            json.dumps(request).encode(),
+            None if response is None else json.dumps(response).encode(),
+            status_code,
+        ),
+    )

@@ -4,6 +4,7 @@ calcx runs index [--check]                      results/INDEX.md from results/ru
 calcx runs table METRICS.jsonl [--calls DB ...]  a run's step tables (its steps.md)
 calcx runs curves --out PNG LABEL=METRICS.jsonl...  runs side by side in one picture
 calcx runs startup [LABEL=]TRAIN_LOG...              each run's start-up phases, in seconds
+calcx runs traces STORE... --out F --exclude FILE...  a run's right calculator answers as warm-up traces
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import os
 import sys
 from pathlib import Path
 
+from calcx.contract.env import AGENT_PROMPTS
 from calcx.runs import startup, table
 from calcx.runs.index import records, render_index
 from calcx.runs.record import RecordError
+from calcx.runs.traces import PER_PROBLEM_DEFAULT
 
 
 def _index(args: argparse.Namespace) -> int:
@@ -54,6 +57,51 @@ def _curves(args: argparse.Namespace) -> int:
     return 0
 
 
+TRACES_DESCRIPTION = (
+    "Warm-up traces from runs' stores (calcx.runs.traces): each rollout that earned a right answer with "
+    "the calculator, no call refused or unparsed, its last call an answer, as the conversation the agent "
+    "had and the tools it was offered, the layout `calcx data traces` writes and `calcx warmup` reads. "
+    "The rollouts left out are counted by reason."
+)
+
+
+def _traces(args: argparse.Namespace) -> int:
+    from calcx.data.held_out import HeldOut
+    from calcx.data.schema import DataError
+    from calcx.data.traces import TRACE_SUFFIXES, write_traces
+    from calcx.runs import traces
+
+    out: Path = args.out
+    if out.suffix not in TRACE_SUFFIXES:
+        args.parser.error(f"--out {out} must end in {' or '.join(TRACE_SUFFIXES)}")
+    if out.exists() and not args.force:
+        args.parser.error(f"{out} already exists; pass --force to overwrite")
+    if args.per_problem < 1:
+        args.parser.error(f"--per-problem must be at least 1, got {args.per_problem}")
+    missing = [str(store) for store in args.stores if not store.is_file()]
+    if missing:
+        args.parser.error(f"no store file {', '.join(missing)}")
+    try:
+        held_out = HeldOut.read(args.exclude)
+    except (DataError, OSError) as exc:
+        args.parser.error(f"--exclude: {exc}")
+    result = traces.store_traces(
+        args.stores, held_out, per_problem=args.per_problem, system_message=args.system_message
+    )
+    left_out = sum(result.left_out.values())
+    print(
+        f"calcx runs traces: {result.rollouts} rollouts read, {len(result.traces)} kept, {left_out} left out"
+        + (f" ({traces.left_out_line(result.left_out)})" if left_out else ""),
+        file=sys.stderr,
+    )
+    if not result.traces:
+        print("calcx runs traces: error: no rollout made a trace; nothing written", file=sys.stderr)
+        return 1
+    write_traces(result.traces, out)
+    print(f"wrote {out} ({len(result.traces)} traces of {result.problems} problems, {result.calls} calculator calls)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="calcx runs", description="Committed GPU runs as records, and a run's figures."
@@ -81,7 +129,35 @@ def build_parser() -> argparse.ArgumentParser:
         "startup", help="runs' start-up phases (seconds) from their train.log", description=startup.__doc__
     )
     starts.add_argument("logs", nargs="+", metavar="[LABEL=]TRAIN_LOG")
-    for command in (index, tables, pictures, starts):
+    distil = sub.add_parser(
+        "traces", help="a run's right calculator answers as warm-up traces", description=TRACES_DESCRIPTION
+    )
+    distil.add_argument("stores", nargs="+", type=Path, metavar="STORE", help="a run's store (services/calcx.db)")
+    distil.add_argument("--out", type=Path, required=True, help="traces file: .parquet (calcx warmup) or .jsonl")
+    distil.add_argument(
+        "--exclude",
+        nargs="+",
+        required=True,
+        metavar="FILE",
+        help="the held-out rows (the validation files): a rollout of a problem whose id or question is in "
+        "them makes no trace. Required: a store of a training run holds its validation rollouts too",
+    )
+    distil.add_argument(
+        "--per-problem",
+        type=int,
+        default=PER_PROBLEM_DEFAULT,
+        metavar="K",
+        help=f"at most K distinct traces a problem, the first in the store (default {PER_PROBLEM_DEFAULT})",
+    )
+    distil.add_argument(
+        "--system-message",
+        choices=AGENT_PROMPTS,
+        default=None,
+        help="replace the recorded system message by this one of the agent's (the one RL runs with; "
+        "default: keep the recorded one)",
+    )
+    distil.add_argument("--force", action="store_true", help="overwrite an existing file")
+    for command in (index, tables, pictures, starts, distil):
         command.set_defaults(parser=command)  # a refusal names the subcommand and shows its usage
     return parser
 
@@ -93,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         return table.print_tables(args)
     if args.command == "curves":
         return _curves(args)
+    if args.command == "traces":
+        return _traces(args)
     if args.command == "startup":
         logs = dict(spec.split("=", 1) if "=" in spec else (Path(spec).parent.name or spec, spec) for spec in args.logs)
         print(startup.startup_table({label: Path(path) for label, path in logs.items()}))
