@@ -11,14 +11,21 @@
 #                                                # into $RESULTS/profile, e.g. in the background after `pex`
 #   src/gpu/h200_run.sh warmup [KEY=VALUE...]     # `calcx warmup` on the carried traces.parquet into
 #                                                # $RESULTS/warmup; its model is what the tooluse mode trains
+#                                                # (TRACES= and WARMUP_DIR= name other ones)
+#   src/gpu/h200_run.sh sample [KEY=VALUE...]     # the self-distilled warm-up's sample pass into
+#                                                # $RESULTS/sample: SAMPLE_PROBLEMS training problems under
+#                                                # SAMPLE_PROFILE (`calcx train --eval-only`), then
+#                                                # `calcx runs traces` of its store: sample/traces.parquet
 #   src/gpu/h200_run.sh campaign STEPS MODE[:STEPS[:MAX_S]]...  # setup, then one run per MODE
-#                                                # (sync|async|anchor|tooluse|tooluse-X), one after another, each
+#                                                # (sync|async|anchor|tooluse|tooluse-X|distilled), one after another, each
 #                                                # to its end or for at most MAX_S seconds; start it with setsid
 #                                                # nohup. tooluse: the warm-up, then calcx sync from its model
 #                                                # with TOOLUSE_PROFILE (docs/gpu-run.md, "Tool use"); tooluse-X:
 #                                                # the same warm-up (made once; one an earlier campaign
 #                                                # left in $RESULTS/warmup is used as it is), with the
-#                                                # run profile gsm8k-h200-tooluse-X
+#                                                # run profile gsm8k-h200-tooluse-X; distilled: the sample
+#                                                # pass, a warm-up on its traces, then RL from that model
+#                                                # with DISTILLED_PROFILE (docs/recipes.md)
 #   src/gpu/h200_run.sh start NAME STEPS [KEY=VALUE...]  # `calcx train` in the background; the
 #                                                # overrides win over RUN_PROFILE; FLAGS="--async" adds flags;
 #                                                # NAME anchor runs `calcx anchor train` (verl's
@@ -82,13 +89,27 @@ RUN_PROFILE=gsm8k-h200
 
 # The runs a campaign knows; `anchor` is verl's own ToolAgentLoop on the same settings (docs/anchor.md);
 # `tooluse` is the tool-use recipe: RL from the warm-up's model with the reward options below.
-MODES=(sync async anchor tooluse resume)
+MODES=(sync async anchor tooluse distilled resume)
 # the kill-and-resume run (docs/resume.md): a checkpoint every SAVE_FREQ steps, the driver killed
 # once KILL_AFTER steps are logged (during the next step's rollouts), one whole checkpoint kept
 SAVE_FREQ="${SAVE_FREQ:-5}"
 KILL_AFTER="${KILL_AFTER:-7}"
-WARMUP_DIR="$RESULTS/warmup"
+WARMUP_DIR="${WARMUP_DIR:-$RESULTS/warmup}"
 WARMUP_RUN_NAME=calcx-warmup
+# the traces a warm-up trains on: GSM8K's annotations, made at home and carried (`calcx data traces`)
+TRACES="${TRACES:-$IN/gsm8k/traces.parquet}"
+# the self-distilled recipe (docs/recipes.md): a sample pass of the base model over SAMPLE_PROBLEMS
+# training problems (a seeded draw by id; calcx.yaml's SAMPLE_PROFILE: sampled sessions under the
+# calculator-first message), its right calculator answers as traces under RL's system message
+# (DISTILLED_SYSTEM_MESSAGE), a warm-up on them into DISTILLED_WARMUP_DIR, then RL from that model with
+# DISTILLED_PROFILE, on GSM8K and its hard split as the calculator runs
+SAMPLE_PROFILE=gsm8k-h200-sample
+SAMPLE_PROBLEMS="${SAMPLE_PROBLEMS:-1000}"
+SAMPLE_SEED=1
+DISTILLED_SYSTEM_MESSAGE=plain
+DISTILLED_PROFILE=gsm8k-h200-calculator-bonus
+DISTILLED_WARMUP_DIR="$RESULTS/distilled-warmup"
+is_distilled() { [[ "$1" == distilled ]]; }
 # the tool-use recipe's RL settings: RUN_PROFILE's and its reward options (calcx.yaml's run_profiles)
 TOOLUSE_PROFILE=gsm8k-h200-tooluse
 # a run from the warm-up's model: `tooluse` with TOOLUSE_PROFILE, `tooluse-X` with the run profile TOOLUSE_PROFILE-X
@@ -126,7 +147,9 @@ val_files() {
 }
 train_files() {
   echo "$IN/gsm8k/train.parquet"
-  if is_calculator "$1" && [[ "$HARD_TRAIN" != none && -f "$IN/gsm8k/$HARD_TRAIN" ]]; then echo "$IN/gsm8k/$HARD_TRAIN"; fi
+  if { is_calculator "$1" || is_distilled "$1"; } && [[ "$HARD_TRAIN" != none && -f "$IN/gsm8k/$HARD_TRAIN" ]]; then
+    echo "$IN/gsm8k/$HARD_TRAIN"
+  fi
   return 0
 }
 # a HARD_TRAIN named is a training split, and carried: otherwise a calculator run would train on
@@ -198,7 +221,7 @@ case "$stage" in
     mkdir -p "$WARMUP_DIR"
     date +%s > "$WARMUP_DIR/started"
     rc=0
-    (cd "$WARMUP_DIR" && calcx warmup --model "$MODEL" --traces "$IN/gsm8k/traces.parquet" \
+    (cd "$WARMUP_DIR" && calcx warmup --model "$MODEL" --traces "$TRACES" \
       --run-name "$WARMUP_RUN_NAME" "$@") > "$WARMUP_DIR/train.log" 2>&1 || rc=$?
     date +%s > "$WARMUP_DIR/ended"
     cp "$WARMUP_DIR/runs/$WARMUP_RUN_NAME/warmup_metrics.jsonl" "$WARMUP_DIR/metrics.jsonl" 2>/dev/null || true
@@ -207,6 +230,29 @@ case "$stage" in
     echo "warmup: exit $rc, $(( $(cat "$WARMUP_DIR/ended") - $(cat "$WARMUP_DIR/started") )) s, model ${hf:-none}" \
       | tee -a "$WARMUP_DIR/train.log"
     [[ $rc == 0 && -n "$hf" ]] && ln -sfn "$hf" "$WARMUP_DIR/model"
+    exit "$rc"
+    ;;
+  sample)
+    dir="$RESULTS/sample"
+    mkdir -p "$dir"
+    date +%s > "$dir/started"; rm -f "$dir/ended"
+    echo $$ > "$dir/pid"  # `wait sample` and `status sample` read it as a run's
+    mapfile -t val < <(val_files)
+    rc=0
+    # training problems only: `calcx data import` of train.parquet draws SAMPLE_PROBLEMS of them by id
+    calcx data import "$IN/gsm8k/train.parquet" --out "$WORK/sample-rows" --val-size "$SAMPLE_PROBLEMS" \
+      --seed "$SAMPLE_SEED" --force > "$dir/rows.log" 2>&1 || rc=$?
+    argv=(train --eval-only --model "$MODEL" --val-file "$WORK/sample-rows/test.parquet" --run-name calcx-sample
+      --profile "$SAMPLE_PROFILE" "calcx.report_dir=$dir" "$@")
+    printf '%q ' calcx-gpu.pex "${argv[@]}" > "$dir/command.txt"; echo >> "$dir/command.txt"
+    if [[ $rc == 0 ]]; then (cd "$WORK" && calcx "${argv[@]}") > "$dir/train.log" 2>&1 || rc=$?; fi
+    if [[ $rc == 0 ]]; then
+      calcx runs traces "$dir/services/calcx.db" --out "$dir/traces.parquet" --exclude "${val[@]}" \
+        --system-message "$DISTILLED_SYSTEM_MESSAGE" --force > "$dir/traces.log" 2>&1 || rc=$?
+    fi
+    date +%s > "$dir/ended"
+    echo "sample: exit $rc, $(( $(cat "$dir/ended") - $(cat "$dir/started") )) s; $(tail -n 2 "$dir/traces.log" 2>/dev/null | tr '\n' ' ')" \
+      | tee -a "$dir/train.log"
     exit "$rc"
     ;;
   campaign)
@@ -222,7 +268,7 @@ case "$stage" in
       if is_calculator "$mode" && ! grep -qxF "  $(calculator_profile "$mode"):" "$here/../python/calcx/trainer/config/calcx.yaml"; then
         echo "campaign: mode $mode needs the run profile $(calculator_profile "$mode") in calcx.yaml" >&2; exit 2
       fi
-      if is_calculator "$mode"; then check_hard_train || exit 2; fi
+      if is_calculator "$mode" || is_distilled "$mode"; then check_hard_train || exit 2; fi
       if is_sync_variant "$mode" && ! grep -qxF "  $(sync_profile "$mode"):" "$here/../python/calcx/trainer/config/calcx.yaml"; then
         echo "campaign: mode $mode needs the run profile $(sync_profile "$mode") in calcx.yaml" >&2; exit 2
       fi
@@ -242,6 +288,11 @@ case "$stage" in
         "$0" warmup || { warmup_failed=1; echo "campaign: the warm-up failed (warmup/train.log says why); going on" >&2; continue; }
       elif is_tooluse "$mode"; then
         echo "campaign: $mode trains from the warm-up model already there: $(readlink -f "$WARMUP_DIR/model")" >&2
+      fi
+      if is_distilled "$mode" && [[ ! -e "$DISTILLED_WARMUP_DIR/model" ]]; then  # the sample pass and its warm-up
+        "$0" sample || { echo "campaign: the sample pass failed (sample/train.log says why); $mode skipped" >&2; continue; }
+        TRACES="$RESULTS/sample/traces.parquet" WARMUP_DIR="$DISTILLED_WARMUP_DIR" "$0" warmup \
+          || { echo "campaign: the distilled warm-up failed (distilled-warmup/train.log); $mode skipped" >&2; continue; }
       fi
       FLAGS="$flags" "$0" start "$mode" "${mode_steps:-$steps}" "${campaign_overrides[@]}"
       t0=$(date +%s)
@@ -271,6 +322,7 @@ case "$stage" in
     [[ "$name" == anchor ]] && { cmd=(anchor train); run="$ANCHOR_RUN_NAME"; profile="$ANCHOR_PROFILE"; }
     if is_tooluse "$name"; then model="$WARMUP_DIR/model"; profile="$(tooluse_profile "$name")"; fi
     if is_calculator "$name"; then profile="$(calculator_profile "$name")"; check_hard_train || exit 2; fi
+    if is_distilled "$name"; then model="$DISTILLED_WARMUP_DIR/model"; profile="$DISTILLED_PROFILE"; check_hard_train || exit 2; fi
     if is_sync_variant "$name"; then profile="$(sync_profile "$name")"; fi
     mapfile -t train < <(train_files "$name"); mapfile -t val < <(val_files)
     # in $WORK, not in the checkout the script is run from: verl's checkpoints (checkpoints/PROJECT/RUN)
@@ -345,18 +397,19 @@ case "$stage" in
     while kill -0 "$(cat "$RESULTS/campaign.pid")" 2>/dev/null && (( $(date +%s) < deadline )); do sleep 10; done
     kill -0 "$(cat "$RESULTS/campaign.pid")" 2>/dev/null && echo "campaign: running" || echo "campaign: ended"
     tail -n 5 "$RESULTS/campaign.log" | cut -c1-300
-    if [[ -f "$WARMUP_DIR/train.log" ]]; then
-      echo "warmup: $(grep -c '"train/loss"' "$WARMUP_DIR/runs/$WARMUP_RUN_NAME/warmup_metrics.jsonl" 2>/dev/null || true) steps logged"
-      grep -E "Traceback|Error|warmup: exit|step:[0-9]+ " "$WARMUP_DIR/train.log" | tail -n 4 | cut -c1-400 || true
-    fi
-    for mode in $(started_modes); do
+    for warmup in "$WARMUP_DIR" "$DISTILLED_WARMUP_DIR"; do
+      [[ -f "$warmup/train.log" ]] || continue
+      echo "$(basename "$warmup"): $(grep -c '"train/loss"' "$warmup/runs/$WARMUP_RUN_NAME/warmup_metrics.jsonl" 2>/dev/null || true) steps logged"
+      grep -E "Traceback|Error|warmup: exit|step:[0-9]+ " "$warmup/train.log" | tail -n 4 | cut -c1-400 || true
+      if [[ -n "$out" ]]; then
+        pack "$out/$(basename "$warmup").tar.gz" "$warmup" started ended train.log metrics.jsonl "runs/$WARMUP_RUN_NAME/warmup_config.yaml"
+      fi
+    done
+    for mode in $(started_modes) sample; do
       if [[ -f "$RESULTS/$mode/pid" ]]; then "$0" status "$mode" ${out:+"$out"}; fi
     done
     if [[ -n "$out" && -d "$RESULTS/profile" ]]; then
       pack "$out/profile.tar.gz" "$RESULTS" profile profile.log machine.txt
-    fi
-    if [[ -n "$out" && -d "$WARMUP_DIR" ]]; then
-      pack "$out/warmup.tar.gz" "$WARMUP_DIR" started ended train.log metrics.jsonl "runs/$WARMUP_RUN_NAME/warmup_config.yaml"
     fi
     ;;
   status|wait)
@@ -411,7 +464,7 @@ PY
       kept=()
       for f in metrics.jsonl train.log steps.md eval.md report.md reward_curve.png incomplete_groups.jsonl \
                machine.txt convert.log started ended kill.log ledger.md train.before-kill.log started.before-kill \
-               superseded session_times.jsonl starts.jsonl command.txt tool_use.jsonl; do
+               superseded session_times.jsonl starts.jsonl command.txt tool_use.jsonl rows.log traces.log; do
         if [[ -e "$dir/$f" ]]; then kept+=("$f"); fi
       done
       # the store apart from the rest, so a large store never holds back the metrics and logs

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,37 @@ def start_stub(work: Path, rows: Sequence[dict[str, Any]], *extra: str) -> tuple
     stub.start(STUB_LLM_READY, 60)
     assert stub.match is not None
     return stub, stub.match.group(1).rstrip("/")
+
+
+def eval_only(work: Path, model_url: str, val_file: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """`calcx train --eval-only --model-endpoint model_url` on `val_file`, its report in work/run:
+    the command starts its own server and controller, their agents under SERVICES_PYTHON."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "calcx.trainer.run.cli",
+            "--eval-only",
+            "--model-endpoint",
+            model_url,
+            "--val-file",
+            str(val_file),
+            "--model",
+            "calcx-stub",
+            f"calcx.report_dir={work / 'run'}",
+            f"calcx.services_python={SERVICES_PYTHON}",
+            f"calcx.services_pythonpath=[{CALCX_SRC}]",
+            f"calcx.agent_python={SERVICES_PYTHON}",
+            f"calcx.agent_pythonpath=[{CALCX_SRC}]",
+            "calcx.controller_concurrency=4",
+            *overrides,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=work,
+        env={**os.environ, "PYTHONPATH": str(CALCX_SRC), "CUDA_VISIBLE_DEVICES": ""},
+    )
 
 
 def alive(pid: int) -> bool:

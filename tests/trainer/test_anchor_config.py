@@ -233,11 +233,11 @@ def test_help_lists_the_command_and_training_without_a_gpu_fails_fast(tmp_path: 
 # -- the GPU run's command lines -----------------------------------------------------------------------
 FAKE_PYTHON = """#!/bin/bash
 # the machine's python3, as h200_run.sh calls it: its torch directory, a script on stdin, or the PEX
-# (its `runs` command, the step tables, as the calcx command from the sources)
+# (its `runs` and `data` commands, the step tables and data files, as the calcx command from the sources)
 case "$1" in
   -c) echo /machine/torch/site-packages ;;
   -) exec "$REAL_PYTHON" "$@" ;;
-  *) if [[ "$2" == runs ]]; then shift; PYTHONPATH="$CALCX_SOURCES" exec "$REAL_PYTHON" -m calcx.cli "$@"; fi
+  *) if [[ "$2" == runs || "$2" == data ]]; then shift; PYTHONPATH="$CALCX_SOURCES" exec "$REAL_PYTHON" -m calcx.cli "$@"; fi
      shift; printf '%s\\n' "$@" > "$ARGV_DIR/run.argv.tmp" && mv "$ARGV_DIR/run.argv.tmp" "$ARGV_DIR/run.argv" ;;
 esac
 """
@@ -399,6 +399,49 @@ def test_a_launched_campaign_hands_each_run_its_overrides_and_the_hard_split(
         str(carried / "gsm8k" / name) for name in ("test.parquet", "test-hard.parquet", "test-harder.parquet")
     ]
     assert (run / "command.txt").read_text().startswith("calcx-gpu.pex train --model ")
+
+
+def test_the_distilled_recipe_samples_training_problems_and_trains_from_their_warm_up(tmp_path: Path) -> None:
+    """`sample`: SAMPLE_PROBLEMS training problems drawn by id (never a validation one), sampled by
+    `calcx train --eval-only` under the sample profile, then `calcx runs traces` of its store, a
+    failure named in its logs; `start distilled`: RL from the distilled warm-up's model with the
+    calculator-bonus settings, on GSM8K and its hard split."""
+    import pyarrow.parquet as pq
+
+    from calcx.data.generator import generate_split
+    from calcx.data.io import write_parquet
+
+    _fake_python(tmp_path)
+    data = tmp_path / "in" / "gsm8k"
+    data.mkdir(parents=True)
+    train, test = generate_split("train", 12, seed=3), generate_split("test", 4, seed=4)
+    write_parquet(train, data / "train.parquet")
+    write_parquet(test, data / "test.parquet")
+    (data / "train-hard.parquet").write_bytes(b"")
+    done = _script(tmp_path, "sample", env={"SAMPLE_PROBLEMS": "5"})
+    sample = tmp_path / "results" / "sample"
+    # the fake PEX trained nothing, so there is no store to make traces of: the pass fails, and says where
+    assert done.returncode != 0 and "sample: exit" in (sample / "train.log").read_text()
+    assert "no store file" in (sample / "traces.log").read_text()
+    assert (sample / "ended").exists() and (sample / "command.txt").read_text().startswith(
+        "calcx-gpu.pex train --eval-only"
+    )
+    rows = pq.read_table(tmp_path / "sample-rows" / "test.parquet").to_pylist()
+    assert len(rows) == 5 and {r["id"] for r in rows} <= {r["id"] for r in train}
+    argv = (tmp_path / "run.argv").read_text().splitlines()
+    assert argv[:2] == ["train", "--eval-only"]
+    cfg = _train_config(argv)
+    assert cfg.calcx.run_profile_applied == "gsm8k-h200-sample" and cfg.calcx.agent_prompt == "calculator-first"
+    assert cfg.data.val_files == str(tmp_path / "sample-rows" / "test.parquet")
+    sampling = cfg.actor_rollout_ref.rollout.val_kwargs
+    assert (sampling.do_sample, sampling.temperature, sampling.n) == (True, 0.8, 4)
+    # the sessions are told from training by their temperature (calcx.trainer.rollouts.session)
+    assert sampling.temperature != cfg.actor_rollout_ref.rollout.temperature
+
+    cfg = _train_config(_started(tmp_path, "distilled"))
+    assert cfg.calcx.run_profile_applied == "gsm8k-h200-calculator-bonus"
+    assert cfg.actor_rollout_ref.model.path == str(tmp_path / "results" / "distilled-warmup" / "model")
+    assert list(cfg.data.train_files) == [str(data / "train.parquet"), str(data / "train-hard.parquet")]
 
 
 def test_a_runs_status_brings_back_its_store_without_token_ids(tmp_path: Path) -> None:

@@ -6,21 +6,16 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from live_stack import eval_only, needs_services, start_stub
 from omegaconf import OmegaConf
 
 from calcx.trainer.config.compose import ComposeRequest, ConfigError, compose, resolve_model_path
 from calcx.trainer.run.services import CALCX_SRC, ServicesConfig, as_path_list, portable_sys_path
 
 REPO = Path(__file__).resolve().parents[3]
-DEFAULT_SERVICES_PYTHON = "/opt/calcx-dev/bin/python"
-SERVICES_PYTHON = os.environ.get("CALCX_SERVICES_PYTHON") or (
-    DEFAULT_SERVICES_PYTHON if os.path.exists(DEFAULT_SERVICES_PYTHON) else ""
-)
 
 
 def test_ray_workers_get_calcx_on_their_path_and_the_metrics_file(tmp_path: Path, monkeypatch) -> None:
@@ -137,58 +132,21 @@ def _port_open(url: str) -> bool:
         return s.connect_ex((host, int(port.split("/")[0]))) == 0
 
 
-@pytest.mark.skipif(
-    not SERVICES_PYTHON,
-    reason="no Python with the CPU service packages: set CALCX_SERVICES_PYTHON "
-    f"(default {DEFAULT_SERVICES_PYTHON} is absent)",
-)
+@needs_services
 @pytest.mark.timeout(300)
 def test_eval_only_starts_and_ends_its_own_services(tmp_path: Path) -> None:
-    from calcx.contract.ready import STUB_LLM_READY
     from calcx.data.generator import generate_split
-    from calcx.procs.managed import ManagedProcess
 
     rows = generate_split("test", 3, seed=5)
     rows[2] = {**rows[2], "question": "[stub:wrong] " + rows[2]["question"]}
     val = tmp_path / "val.jsonl"
     val.write_text("".join(json.dumps(x) + "\n" for x in rows))
-    stub = ManagedProcess(
-        "stub",
-        [SERVICES_PYTHON, "-m", "calcx.stub_llm", "--port", "0", "--script", str(val)],
-        tmp_path / "stub.log",
-        {**os.environ, "PYTHONPATH": str(CALCX_SRC)},
-    )
+    stub, url = start_stub(tmp_path, rows)
     try:
-        stub.start(STUB_LLM_READY, 60)
-        assert stub.match is not None
-        report = tmp_path / "run"
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "calcx.trainer.run.cli",
-                "--eval-only",
-                "--model-endpoint",
-                stub.match.group(1),
-                "--val-file",
-                str(val),
-                "--model",
-                "calcx-stub",
-                f"calcx.report_dir={report}",
-                f"calcx.services_python={SERVICES_PYTHON}",
-                f"calcx.services_pythonpath=[{CALCX_SRC}]",
-                f"calcx.agent_python={SERVICES_PYTHON}",
-                f"calcx.agent_pythonpath=[{CALCX_SRC}]",
-                "calcx.controller_concurrency=4",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=240,
-            cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(CALCX_SRC), "CUDA_VISIBLE_DEVICES": ""},
-        )
+        done = eval_only(tmp_path, url, val)
     finally:
         stub.stop()
+    report = tmp_path / "run"
     assert done.returncode == 0, done.stderr[-3000:]
     table = (report / "eval.md").read_text()
     assert "| **all** | 3 | 2 | 66.7% |" in table and "Validation step 0: 3 scored" in table
