@@ -24,8 +24,10 @@
 #                                                # the same warm-up (made once; one an earlier campaign
 #                                                # left in $RESULTS/warmup is used as it is), with the
 #                                                # run profile gsm8k-h200-tooluse-X; distilled: the sample
-#                                                # pass, a warm-up on its traces, then RL from that model
-#                                                # with DISTILLED_PROFILE (docs/recipes.md)
+#                                                # pass (or traces an earlier one made, carried as
+#                                                # gsm8k/distilled-traces.parquet), a warm-up on its traces,
+#                                                # then RL from that model with DISTILLED_PROFILE
+#                                                # (docs/recipes.md); sample: the sample pass alone
 #   src/gpu/h200_run.sh start NAME STEPS [KEY=VALUE...]  # `calcx train` in the background; the
 #                                                # overrides win over RUN_PROFILE; FLAGS="--async" adds flags;
 #                                                # NAME anchor runs `calcx anchor train` (verl's
@@ -89,7 +91,7 @@ RUN_PROFILE=gsm8k-h200
 
 # The runs a campaign knows; `anchor` is verl's own ToolAgentLoop on the same settings (docs/anchor.md);
 # `tooluse` is the tool-use recipe: RL from the warm-up's model with the reward options below.
-MODES=(sync async anchor tooluse distilled resume)
+MODES=(sync async anchor tooluse distilled sample resume)
 # the kill-and-resume run (docs/resume.md): a checkpoint every SAVE_FREQ steps, the driver killed
 # once KILL_AFTER steps are logged (during the next step's rollouts), one whole checkpoint kept
 SAVE_FREQ="${SAVE_FREQ:-5}"
@@ -109,6 +111,8 @@ SAMPLE_SEED=1
 DISTILLED_SYSTEM_MESSAGE=plain
 DISTILLED_PROFILE=gsm8k-h200-calculator-bonus
 DISTILLED_WARMUP_DIR="$RESULTS/distilled-warmup"
+# an earlier machine's sample pass, brought back and carried in with the data: no sample pass then
+CARRIED_TRACES="$IN/gsm8k/distilled-traces.parquet"
 is_distilled() { [[ "$1" == distilled ]]; }
 # the tool-use recipe's RL settings: RUN_PROFILE's and its reward options (calcx.yaml's run_profiles)
 TOOLUSE_PROFILE=gsm8k-h200-tooluse
@@ -226,10 +230,11 @@ case "$stage" in
     date +%s > "$WARMUP_DIR/ended"
     cp "$WARMUP_DIR/runs/$WARMUP_RUN_NAME/warmup_metrics.jsonl" "$WARMUP_DIR/metrics.jsonl" 2>/dev/null || true
     hf="$(find "$WARMUP_DIR/runs/$WARMUP_RUN_NAME/checkpoints" -maxdepth 2 -path '*/global_step_*/huggingface' \
-      2>/dev/null | sort -V | tail -n 1)"
+      2>/dev/null | sort -V | tail -n 1 || true)"  # none: the warm-up saved nothing (said below)
     echo "warmup: exit $rc, $(( $(cat "$WARMUP_DIR/ended") - $(cat "$WARMUP_DIR/started") )) s, model ${hf:-none}" \
       | tee -a "$WARMUP_DIR/train.log"
-    [[ $rc == 0 && -n "$hf" ]] && ln -sfn "$hf" "$WARMUP_DIR/model"
+    if [[ $rc == 0 && -z "$hf" ]]; then echo "warmup: no Hugging Face model was saved" | tee -a "$WARMUP_DIR/train.log"; rc=1; fi
+    [[ $rc == 0 ]] && ln -sfn "$hf" "$WARMUP_DIR/model"
     exit "$rc"
     ;;
   sample)
@@ -279,6 +284,10 @@ case "$stage" in
       IFS=: read -r mode mode_steps max_s <<< "$spec"
       flags=""
       if [[ "$mode" == async ]]; then flags=--async; fi
+      if [[ "$mode" == sample ]]; then
+        "$0" sample || echo "campaign: the sample pass failed (sample/train.log says why); going on" >&2
+        continue
+      fi
       if [[ "$mode" == resume ]]; then
         "$0" killresume resume "${mode_steps:-$steps}" || echo "campaign: the kill-and-resume run failed; going on" >&2
         continue
@@ -290,8 +299,13 @@ case "$stage" in
         echo "campaign: $mode trains from the warm-up model already there: $(readlink -f "$WARMUP_DIR/model")" >&2
       fi
       if is_distilled "$mode" && [[ ! -e "$DISTILLED_WARMUP_DIR/model" ]]; then  # the sample pass and its warm-up
-        "$0" sample || { echo "campaign: the sample pass failed (sample/train.log says why); $mode skipped" >&2; continue; }
-        TRACES="$RESULTS/sample/traces.parquet" WARMUP_DIR="$DISTILLED_WARMUP_DIR" "$0" warmup \
+        traces="$RESULTS/sample/traces.parquet"
+        if [[ -f "$CARRIED_TRACES" ]]; then
+          traces="$CARRIED_TRACES"; echo "campaign: $mode warms up on the carried traces $traces" >&2
+        elif [[ ! -f "$traces" ]]; then
+          "$0" sample || { echo "campaign: the sample pass failed (sample/train.log says why); $mode skipped" >&2; continue; }
+        fi
+        TRACES="$traces" WARMUP_DIR="$DISTILLED_WARMUP_DIR" "$0" warmup \
           || { echo "campaign: the distilled warm-up failed (distilled-warmup/train.log); $mode skipped" >&2; continue; }
       fi
       FLAGS="$flags" "$0" start "$mode" "${mode_steps:-$steps}" "${campaign_overrides[@]}"
@@ -405,7 +419,7 @@ case "$stage" in
         pack "$out/$(basename "$warmup").tar.gz" "$warmup" started ended train.log metrics.jsonl "runs/$WARMUP_RUN_NAME/warmup_config.yaml"
       fi
     done
-    for mode in $(started_modes) sample; do
+    for mode in $(started_modes); do
       if [[ -f "$RESULTS/$mode/pid" ]]; then "$0" status "$mode" ${out:+"$out"}; fi
     done
     if [[ -n "$out" && -d "$RESULTS/profile" ]]; then
@@ -469,7 +483,10 @@ PY
       done
       # the store apart from the rest, so a large store never holds back the metrics and logs
       pack "$out/$name.tar.gz" "$dir" "${kept[@]}"
-      if [[ -f "$dir/store-slim.db" ]]; then pack "$out/$name-store.tar.gz" "$dir" store-slim.db; fi
+      # a sample pass's traces (model output on training problems: brought back to be carried again, not committed)
+      store_files=()
+      for f in store-slim.db traces.parquet; do [[ -f "$dir/$f" ]] && store_files+=("$f"); done
+      if (( ${#store_files[@]} )); then pack "$out/$name-store.tar.gz" "$dir" "${store_files[@]}"; fi
       ls -la "$out"
     fi
     ;;

@@ -444,6 +444,40 @@ def test_the_distilled_recipe_samples_training_problems_and_trains_from_their_wa
     assert list(cfg.data.train_files) == [str(data / "train.parquet"), str(data / "train-hard.parquet")]
 
 
+def test_the_distilled_recipe_warms_up_on_an_earlier_machines_carried_traces(tmp_path: Path) -> None:
+    """With gsm8k/distilled-traces.parquet carried in, `distilled` makes no sample pass: the warm-up
+    trains on those traces, and a warm-up that saved no model stops the run before RL."""
+    import hashlib
+
+    _fake_python(tmp_path)
+    carried = tmp_path / "in"
+    (carried / "gsm8k").mkdir(parents=True)
+    for name in ("train", "test", "train-hard", "distilled-traces"):
+        (carried / "gsm8k" / f"{name}.parquet").write_bytes(b"")
+    (carried / "model.gguf.00").write_bytes(b"gguf")
+    (carried / "SHA256SUMS.model").write_text(f"{hashlib.sha256(b'gguf').hexdigest()}  model.gguf.00\n")
+    (tmp_path / "pex.ready").write_text("")
+    done = _script(tmp_path, "launch", "20", "distilled")
+    assert done.returncode == 0, done.stderr
+    log = tmp_path / "results" / "campaign.log"
+    deadline = time.monotonic() + 60
+    while "$ skipped" not in log.read_text().replace("distilled skipped", "$ skipped"):
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    said = log.read_text()
+    assert f"distilled warms up on the carried traces {carried / 'gsm8k' / 'distilled-traces.parquet'}" in said
+    assert "the distilled warm-up failed" in said, said
+    argv = (tmp_path / "run.argv").read_text().splitlines()
+    assert argv[0] == "warmup" and argv[argv.index("--traces") + 1] == str(
+        carried / "gsm8k" / "distilled-traces.parquet"
+    )
+    assert (
+        "warmup: no Hugging Face model was saved"
+        in (tmp_path / "results" / "distilled-warmup" / "train.log").read_text()
+    )
+    assert not (tmp_path / "results" / "sample").exists() and not (tmp_path / "results" / "distilled").exists()
+
+
 def test_a_runs_status_brings_back_its_store_without_token_ids(tmp_path: Path) -> None:
     """`status NAME OUT` packs the server's store with every row and clock but without the token ids
     and log-probs (the bulk of it), and the step tables split the GPU's wait from the store."""
