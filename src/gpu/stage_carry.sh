@@ -7,7 +7,8 @@
 #
 # OUT_DIR/00/  checksums, the PEX's sha256 and DATA_DIR's train.parquet and test.parquet (validation),
 #              and, when there, traces.parquet (`calcx data traces ... --exclude test.parquet`, the
-#              warm-up's set), test-hard.parquet and train-hard.parquet (`calcx data harden`: the
+#              warm-up's set), distilled-traces.parquet (an earlier machine's sample pass, the
+#              self-distilled warm-up's set: docs/recipes.md), test-hard.parquet and train-hard.parquet (`calcx data harden`: the
 #              hard-arithmetic split of each) and test-harder.parquet and train-harder.parquet (its
 #              split of larger factors, source gsm8k-harder)
 # OUT_DIR/NN/  one piece each: calcx-gpu.pex.NN, then model.gguf.NN (the GGUF of src/gpu/fetch_model.sh,
@@ -43,9 +44,9 @@ sha256sum "$pex" | cut -d' ' -f1 > "$out/00/calcx-gpu.pex.sha256"
 cat "$model_chunks"/model.gguf.* | split -b "${piece_mb}M" -d -a 2 - "$out/pieces/model.gguf."
 (cd "$out/pieces" && sha256sum model.gguf.* > ../00/SHA256SUMS.model)
 cp "$data/train.parquet" "$data/test.parquet" "$out/00/gsm8k/"
-# the warm-up's traces and every other split beside the two (test-<tag>.parquet, train-<tag>.parquet:
+# the warm-ups' traces and every other split beside the two (test-<tag>.parquet, train-<tag>.parquet:
 # `calcx data harden --source gsm8k-<tag>`), which the machine validates or trains on by those names
-for extra in "$data"/traces.parquet "$data"/test-*.parquet "$data"/train-*.parquet; do
+for extra in "$data"/traces.parquet "$data"/distilled-traces.parquet "$data"/test-*.parquet "$data"/train-*.parquet; do
   if [[ -f "$extra" ]]; then cp "$extra" "$out/00/gsm8k/"; fi
 done
 n=1

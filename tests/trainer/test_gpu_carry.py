@@ -45,8 +45,9 @@ def _inputs(tmp: Path) -> tuple[Path, Path, Path, bytes]:
         "test-hard.parquet",
         "test-harder.parquet",
         "train-harder.parquet",
+        "distilled-traces.parquet",
         "test_mini.parquet",
-    ):  # every test-*/train-* split travels; a file of another name does not
+    ):  # every test-*/train-* split and the distilled warm-up's traces travel; a file of another name does not
         (data / name).write_bytes(name.encode())
     return pex, chunks, data, gguf
 
@@ -74,6 +75,7 @@ def test_pieces_of_the_size_asked_join_back_into_the_pex_and_the_model(tmp_path:
     head = out / "00"
     assert (head / "calcx-gpu.pex.sha256").read_text().strip() == hashlib.sha256(pex.read_bytes()).hexdigest()
     assert sorted(p.name for p in (head / "gsm8k").iterdir()) == [
+        "distilled-traces.parquet",
         "test-hard.parquet",
         "test-harder.parquet",
         "test.parquet",
