@@ -242,6 +242,9 @@ case "$stage" in
     mkdir -p "$dir"
     date +%s > "$dir/started"; rm -f "$dir/ended"
     echo $$ > "$dir/pid"  # `wait sample` and `status sample` read it as a run's
+    # an earlier pass's traces must not pass for this one's, nor its store mix into this one's
+    rm -f "$dir/traces.parquet" "$dir/traces.log"
+    if [[ -d "$dir/services" ]]; then mv "$dir/services" "$dir/services.before-$(cat "$dir/started")"; fi
     mapfile -t val < <(val_files)
     rc=0
     # training problems only: `calcx data import` of train.parquet draws SAMPLE_PROBLEMS of them by id
@@ -285,7 +288,8 @@ case "$stage" in
       flags=""
       if [[ "$mode" == async ]]; then flags=--async; fi
       if [[ "$mode" == sample ]]; then
-        "$0" sample || echo "campaign: the sample pass failed (sample/train.log says why); going on" >&2
+        if "$0" sample; then sampled=1; else sample_failed=1
+          echo "campaign: the sample pass failed (sample/train.log says why); going on" >&2; fi
         continue
       fi
       if [[ "$mode" == resume ]]; then
@@ -300,10 +304,14 @@ case "$stage" in
       fi
       if is_distilled "$mode" && [[ ! -e "$DISTILLED_WARMUP_DIR/model" ]]; then  # the sample pass and its warm-up
         traces="$RESULTS/sample/traces.parquet"
-        if [[ -f "$CARRIED_TRACES" ]]; then
+        # this campaign's own pass first, then carried traces; a pass that failed is not run again
+        if [[ -n "${sample_failed:-}" ]]; then echo "campaign: no traces (the sample pass failed); $mode skipped" >&2; continue
+        elif [[ -n "${sampled:-}" ]]; then echo "campaign: $mode warms up on this campaign's traces $traces" >&2
+        elif [[ -f "$CARRIED_TRACES" ]]; then
           traces="$CARRIED_TRACES"; echo "campaign: $mode warms up on the carried traces $traces" >&2
-        elif [[ ! -f "$traces" ]]; then
-          "$0" sample || { echo "campaign: the sample pass failed (sample/train.log says why); $mode skipped" >&2; continue; }
+        else
+          if "$0" sample; then sampled=1; else sample_failed=1
+            echo "campaign: the sample pass failed (sample/train.log says why); $mode skipped" >&2; continue; fi
         fi
         TRACES="$traces" WARMUP_DIR="$DISTILLED_WARMUP_DIR" "$0" warmup \
           || { echo "campaign: the distilled warm-up failed (distilled-warmup/train.log); $mode skipped" >&2; continue; }

@@ -418,8 +418,14 @@ def test_the_distilled_recipe_samples_training_problems_and_trains_from_their_wa
     write_parquet(train, data / "train.parquet")
     write_parquet(test, data / "test.parquet")
     (data / "train-hard.parquet").write_bytes(b"")
-    done = _script(tmp_path, "sample", env={"SAMPLE_PROBLEMS": "5"})
     sample = tmp_path / "results" / "sample"
+    # an earlier pass's output: its traces must not pass for this one's, its store is moved aside
+    (sample / "services").mkdir(parents=True)
+    (sample / "services" / "calcx.db").write_bytes(b"earlier")
+    (sample / "traces.parquet").write_bytes(b"earlier")
+    done = _script(tmp_path, "sample", env={"SAMPLE_PROBLEMS": "5"})
+    assert not (sample / "traces.parquet").exists()
+    assert [p.name for p in sample.glob("services.before-*/calcx.db")] == ["calcx.db"]
     # the fake PEX trained nothing, so there is no store to make traces of: the pass fails, and says where
     assert done.returncode != 0 and "sample: exit" in (sample / "train.log").read_text()
     assert "no store file" in (sample / "traces.log").read_text()
