@@ -167,6 +167,20 @@ check_hard_train() {
     echo "HARD_TRAIN=$HARD_TRAIN_NAMED was not carried into $IN/gsm8k" >&2; return 2
   fi
 }
+# a campaign's sample pass, in the background and stopped after MAX_S seconds (none: to its end) as a
+# run is; the campaign's KEY=VALUE overrides are for training runs and not handed to it
+sample_pass() {
+  local child t0; t0=$(date +%s)
+  "$0" sample & child=$!
+  while kill -0 "$child" 2>/dev/null; do
+    if [[ -n "$1" ]] && (( $(date +%s) - t0 >= $1 )); then
+      echo "campaign: sample still running after $1 s; stopping it and going on" >&2
+      "$0" stop sample
+    fi
+    sleep 5
+  done
+  wait "$child" || { local rc=$?; [[ -f "$RESULTS/sample/ended" ]] || date +%s > "$RESULTS/sample/ended"; return "$rc"; }
+}
 # KEY=VALUE overrides a campaign hands every run it starts, as $CAMPAIGN_OVERRIDES (space-separated,
 # e.g. trainer.test_freq=20); the environment variable stays a string, so that `launch` passes it on
 read -r -a campaign_overrides <<< "${CAMPAIGN_OVERRIDES:-}"
@@ -238,6 +252,8 @@ case "$stage" in
     exit "$rc"
     ;;
   sample)
+    # its own process group, as a started run has, so that `stop sample` ends it and what it started
+    if [[ "$(ps -o pgid= -p $$ | tr -d ' ')" != "$$" ]]; then exec setsid "$0" sample "$@"; fi
     dir="$RESULTS/sample"
     mkdir -p "$dir"
     date +%s > "$dir/started"; rm -f "$dir/ended"
@@ -288,7 +304,7 @@ case "$stage" in
       flags=""
       if [[ "$mode" == async ]]; then flags=--async; fi
       if [[ "$mode" == sample ]]; then
-        if "$0" sample; then sampled=1; else sample_failed=1
+        if sample_pass "$max_s"; then sampled=1; else sample_failed=1
           echo "campaign: the sample pass failed (sample/train.log says why); going on" >&2; fi
         continue
       fi
@@ -310,7 +326,7 @@ case "$stage" in
         elif [[ -f "$CARRIED_TRACES" ]]; then
           traces="$CARRIED_TRACES"; echo "campaign: $mode warms up on the carried traces $traces" >&2
         else
-          if "$0" sample; then sampled=1; else sample_failed=1
+          if sample_pass ""; then sampled=1; else sample_failed=1  # MAX_S is the distilled run's
             echo "campaign: the sample pass failed (sample/train.log says why); $mode skipped" >&2; continue; fi
         fi
         TRACES="$traces" WARMUP_DIR="$DISTILLED_WARMUP_DIR" "$0" warmup \

@@ -238,7 +238,9 @@ case "$1" in
   -c) echo /machine/torch/site-packages ;;
   -) exec "$REAL_PYTHON" "$@" ;;
   *) if [[ "$2" == runs || "$2" == data ]]; then shift; PYTHONPATH="$CALCX_SOURCES" exec "$REAL_PYTHON" -m calcx.cli "$@"; fi
-     shift; printf '%s\\n' "$@" > "$ARGV_DIR/run.argv.tmp" && mv "$ARGV_DIR/run.argv.tmp" "$ARGV_DIR/run.argv" ;;
+     shift; printf '%s\\n' "$@" > "$ARGV_DIR/run.argv.tmp" && mv "$ARGV_DIR/run.argv.tmp" "$ARGV_DIR/run.argv"
+     # a sample pass that runs on (FAKE_SAMPLE_S seconds), through a child of its own as the trainer's are
+     if [[ -n "$FAKE_SAMPLE_S" && " $* " == *" --eval-only "* ]]; then sleep "$FAKE_SAMPLE_S" & echo $! > "$ARGV_DIR/train.child"; wait; fi ;;
 esac
 """
 
@@ -448,6 +450,44 @@ def test_the_distilled_recipe_samples_training_problems_and_trains_from_their_wa
     assert cfg.calcx.run_profile_applied == "gsm8k-h200-calculator-bonus"
     assert cfg.actor_rollout_ref.model.path == str(tmp_path / "results" / "distilled-warmup" / "model")
     assert list(cfg.data.train_files) == [str(data / "train.parquet"), str(data / "train-hard.parquet")]
+
+
+def test_a_campaigns_sample_pass_is_stopped_with_what_it_started_after_its_max_s(tmp_path: Path) -> None:
+    """`launch 20 sample:20:MAX_S`: a sample pass still running after MAX_S seconds is stopped, its
+    process group with it (the trainer's children too), and marked ended and failed."""
+    import hashlib
+
+    from calcx.data.generator import generate_split
+    from calcx.data.io import write_parquet
+
+    _fake_python(tmp_path)
+    carried = tmp_path / "in"
+    (carried / "gsm8k").mkdir(parents=True)
+    write_parquet(generate_split("train", 12, seed=3), carried / "gsm8k" / "train.parquet")
+    write_parquet(generate_split("test", 4, seed=4), carried / "gsm8k" / "test.parquet")
+    (carried / "model.gguf.00").write_bytes(b"gguf")
+    (carried / "SHA256SUMS.model").write_text(f"{hashlib.sha256(b'gguf').hexdigest()}  model.gguf.00\n")
+    (tmp_path / "pex.ready").write_text("")
+    done = _script(tmp_path, "launch", "20", "sample:20:2", env={"SAMPLE_PROBLEMS": "5", "FAKE_SAMPLE_S": "300"})
+    assert done.returncode == 0, done.stderr
+    campaign_pid = int((tmp_path / "results" / "campaign.pid").read_text())
+    deadline = time.monotonic() + 90
+    while _alive(campaign_pid):
+        assert time.monotonic() < deadline, (tmp_path / "results" / "campaign.log").read_text()
+        time.sleep(0.2)
+    said = (tmp_path / "results" / "campaign.log").read_text()
+    assert "sample still running after 2 s; stopping it" in said and "the sample pass failed" in said, said
+    assert not _alive(int((tmp_path / "train.child").read_text()))
+    assert (tmp_path / "results" / "sample" / "ended").exists()
+
+
+def _alive(pid: int) -> bool:
+    """Running: a zombie (ended, not yet reaped by whoever adopted it) is not."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_the_distilled_recipe_warms_up_on_an_earlier_machines_carried_traces(tmp_path: Path) -> None:
