@@ -16,6 +16,7 @@ import pytest
 from run_stores import insert_call, insert_rollout, new_store
 
 from calcx.agent.answer import SYSTEM_MESSAGES, prompt_messages
+from calcx.contract.labels import CORRECT_ABOVE
 from calcx.data.held_out import HeldOut
 from calcx.runs.traces import store_traces
 
@@ -205,3 +206,28 @@ def test_the_command_refuses_what_it_cannot_do_and_writes_nothing(store: Path, h
     done = _cli(str(store), "--out", str(out), "--exclude", str(everything), cwd=tmp_path)
     assert done.returncode == 1 and "no rollout made a trace" in done.stderr
     assert not out.exists()
+
+
+def test_a_right_answers_bonus_counts_and_a_rollout_without_calls_or_tools_makes_no_trace(
+    tmp_path: Path,
+) -> None:
+    """Right is a reward above CORRECT_ABOVE (a tool bonus's 1.5 too, not only 1); a rollout whose
+    latest attempt recorded no call, or whose last request offered no tools, is counted, not kept."""
+    path = tmp_path / "calcx.db"
+    con = new_store(path)
+    _session(con, "a-1", _row("a"), reward=1.5)  # a right answer with the tool bonus
+    _session(con, "b-1", _row("b"), reward=CORRECT_ABOVE)  # not above the line: wrong
+    insert_rollout(con, "c-1", _row("c"), VAL, "SUCCEEDED", 1.0)  # scored, but no call recorded
+    opening = prompt_messages("question d", "calculator-first")
+    history = opening + [
+        {"role": "assistant", "content": "", "tool_calls": [_call("48/2")]},
+        {"role": "tool", "tool_call_id": "c1", "content": "24.0"},
+    ]
+    insert_rollout(con, "d-1", _row("d"), VAL, "SUCCEEDED", 1.0)
+    insert_call(con, "d-1", 1, 0, {"messages": opening, "tools": TOOLS}, _response("", [_call("48/2")], "tool_calls"))
+    insert_call(con, "d-1", 1, 1, {"messages": history}, _response("### ANSWER: 24 ###"))  # no tools offered
+    con.commit()
+    con.close()
+    result = store_traces([path], HeldOut())
+    assert [t["rollout_id"] for t in result.traces] == ["a-1"]
+    assert dict(result.left_out) == {"wrong_answer": 1, "no_calls": 1, "unreadable_call": 1}

@@ -37,6 +37,10 @@ def finite_reward(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
+# an answer counts as right above this reward (the agent posts 1.0 or 0.0; a tool bonus adds to a right one)
+CORRECT_ABOVE = 0.5
+
+
 def scored_reward(state: str, reward: object) -> float | None:
     """The reward a rollout scored, or None where it has none to count: one that did not succeed
     is an infrastructure failure, never a wrong answer, and so is one without a finite reward."""

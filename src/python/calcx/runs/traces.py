@@ -5,8 +5,8 @@ not on GSM8K's terse annotations: a sample pass (`calcx train --eval-only`, seve
 sessions a problem) records every model call at the gateway, and this keeps the rollouts that
 earned a right answer with the calculator and nothing broken on the way:
 
-- the rollout SUCCEEDED with a reward of 1 or more (a FAILED one is an infrastructure failure,
-  never a trace; a reward below 1 a wrong answer);
+- the rollout SUCCEEDED with a right answer's reward, above calcx.contract.labels.CORRECT_ABOVE (a FAILED
+  one is an infrastructure failure, never a trace; a lower reward a wrong answer);
 - its latest attempt made no call that was refused (an `Error` answer), left no `<tool_call>`
   block unparsed, and made at least one successful `calculate` call (calcx.trainer.rollouts.tool_use counts them);
 - its last model call closed the conversation: an answer, not a call, and not cut off at the
@@ -32,12 +32,11 @@ from typing import Any
 
 from calcx.agent.answer import SYSTEM_MESSAGES
 from calcx.api.models import RecordedCall
-from calcx.contract.labels import scored_reward
+from calcx.contract.labels import CORRECT_ABOVE, scored_reward
 from calcx.data.held_out import HeldOut
 from calcx.server.store.reader import StoreReader
 from calcx.trainer.rollouts.tool_use import message_of, rollout_tool_use, text_of
 
-RIGHT_REWARD = 1.0
 PER_PROBLEM_DEFAULT = 4
 CLOSED = "stop"
 ROLES = ("system", "user", "assistant", "tool")
@@ -46,7 +45,7 @@ LEFT_OUT = (
     "no_row_id",  # its row has no id: nothing to hold it out by
     "held_out",  # its problem is in a held-out file
     "not_scored",  # not SUCCEEDED with a reward: an infrastructure failure
-    "wrong_answer",  # a reward below 1
+    "wrong_answer",  # a reward of a wrong answer (CORRECT_ABOVE or below)
     "no_calls",  # no answered model call recorded for its latest attempt
     "refused_call",  # a call the calculator or the agent's workbench answered with an error
     "parse_failure",  # a <tool_call> block the parser could not read
@@ -197,7 +196,7 @@ def store_traces(
                     why = "held_out"
                 elif scored is None:
                     why = "not_scored"
-                elif scored < RIGHT_REWARD:
+                elif scored <= CORRECT_ABOVE:
                     why = "wrong_answer"
                 if why is not None:
                     result.left_out[why] += 1

@@ -139,9 +139,9 @@ class StoreReader:
 
     def rollout_records(self) -> Iterator[tuple[str, dict[str, Any], str, Any, int]]:
         """(rollout_id, its create body as an object, state, reward, latest attempt number) of every
-        rollout; a body that is not a JSON object reads as {}."""
+        rollout, in the order they were created; a body that is not a JSON object reads as {}."""
         for rid, spec_text, state, reward, latest in self._conn.execute(
-            "SELECT rollout_id, spec, state, reward, latest_attempt FROM rollouts"
+            "SELECT rollout_id, spec, state, reward, latest_attempt FROM rollouts ORDER BY seq"
         ):
             yield str(rid), _json_object(spec_text) or {}, str(state), reward, int(latest)
 

@@ -31,12 +31,9 @@ from typing import Any
 
 from calcx.agent.answer import ANSWER_RE
 from calcx.api.models import RecordedCall
+from calcx.contract.labels import CORRECT_ABOVE
 from calcx.trainer.rollouts.rollout_samples import RolloutSamples
 from calcx.trainer.rollouts.tool_use import TOOL_CALL_TAG, ToolUse, message_of, text_of
-
-# an answer counts as right above this reward (the agent posts 1.0 or 0.0)
-CORRECT_ABOVE = 0.5
-
 
 # what earns the tool bonus (`calcx.reward.tool_bonus_for`); the first is the default
 TOOL_BONUS_FOR = ("call", "steps")

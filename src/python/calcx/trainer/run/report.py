@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calcx.contract.labels import finite_reward
+from calcx.contract.labels import CORRECT_ABOVE, finite_reward
 from calcx.trainer.run_dir.names import CURVE_FILE, EVAL_FILE, REPORT_FILE
 
 # The training reward's metrics key, first found wins (verl's mean sequence score, then the rehearsal's
@@ -153,7 +153,7 @@ class EvalRow:
         return self.correct / self.n if self.n else 0.0
 
 
-def eval_rows(records: Iterable[Mapping[str, Any]], *, threshold: float = 0.5) -> list[EvalRow]:
+def eval_rows(records: Iterable[Mapping[str, Any]], *, threshold: float = CORRECT_ABOVE) -> list[EvalRow]:
     """Accuracy by `source`; a record is `{"source": str, "reward": float}`, correct when reward > threshold.
     A record without a finite reward is an error: an unscored answer is not a wrong one."""
     by_source: dict[str, list[int]] = defaultdict(lambda: [0, 0])
