@@ -102,13 +102,12 @@ WARMUP_RUN_NAME=calcx-warmup
 TRACES="${TRACES:-$IN/gsm8k/traces.parquet}"
 # the self-distilled recipe (docs/recipes.md): a sample pass of the base model over SAMPLE_PROBLEMS
 # training problems (a seeded draw by id; calcx.yaml's SAMPLE_PROFILE: sampled sessions under the
-# calculator-first message), its right calculator answers as traces under RL's system message
-# (DISTILLED_SYSTEM_MESSAGE), a warm-up on them into DISTILLED_WARMUP_DIR, then RL from that model with
-# DISTILLED_PROFILE, on GSM8K and its hard split as the calculator runs
+# calculator-first message), its right calculator answers as traces under the system message
+# DISTILLED_PROFILE's RL runs with (its calcx.agent_prompt), a warm-up on them into DISTILLED_WARMUP_DIR,
+# then RL from that model with DISTILLED_PROFILE, on GSM8K and its hard split as the calculator runs
 SAMPLE_PROFILE=gsm8k-h200-sample
 SAMPLE_PROBLEMS="${SAMPLE_PROBLEMS:-1000}"
 SAMPLE_SEED=1
-DISTILLED_SYSTEM_MESSAGE=plain
 DISTILLED_PROFILE=gsm8k-h200-calculator-bonus
 DISTILLED_WARMUP_DIR="$RESULTS/distilled-warmup"
 # an earlier machine's sample pass, brought back and carried in with the data: no sample pass then
@@ -271,8 +270,11 @@ case "$stage" in
     printf '%q ' calcx-gpu.pex "${argv[@]}" > "$dir/command.txt"; echo >> "$dir/command.txt"
     if [[ $rc == 0 ]]; then (cd "$WORK" && calcx "${argv[@]}") > "$dir/train.log" 2>&1 || rc=$?; fi
     if [[ $rc == 0 ]]; then
+      message="$(calcx train --profile "$DISTILLED_PROFILE" --print-key calcx.agent_prompt 2>>"$dir/traces.log")" || rc=$?
+    fi
+    if [[ $rc == 0 ]]; then
       calcx runs traces "$dir/services/calcx.db" --out "$dir/traces.parquet" --exclude "${val[@]}" \
-        --system-message "$DISTILLED_SYSTEM_MESSAGE" --force > "$dir/traces.log" 2>&1 || rc=$?
+        --system-message "$message" --force >> "$dir/traces.log" 2>&1 || rc=$?
     fi
     date +%s > "$dir/ended"
     echo "sample: exit $rc, $(( $(cat "$dir/ended") - $(cat "$dir/started") )) s; $(tail -n 2 "$dir/traces.log" 2>/dev/null | tr '\n' ' ')" \

@@ -233,11 +233,12 @@ def test_help_lists_the_command_and_training_without_a_gpu_fails_fast(tmp_path: 
 # -- the GPU run's command lines -----------------------------------------------------------------------
 FAKE_PYTHON = """#!/bin/bash
 # the machine's python3, as h200_run.sh calls it: its torch directory, a script on stdin, or the PEX
-# (its `runs` and `data` commands, the step tables and data files, as the calcx command from the sources)
+# (its `runs` and `data` commands, the step tables and data files, and a config's key read with
+# --print-key, as the calcx command from the sources)
 case "$1" in
   -c) echo /machine/torch/site-packages ;;
   -) exec "$REAL_PYTHON" "$@" ;;
-  *) if [[ "$2" == runs || "$2" == data ]]; then shift; PYTHONPATH="$CALCX_SOURCES" exec "$REAL_PYTHON" -m calcx.cli "$@"; fi
+  *) if [[ "$2" == runs || "$2" == data || " $* " == *" --print-key "* ]]; then shift; PYTHONPATH="$CALCX_SOURCES" exec "$REAL_PYTHON" -m calcx.cli "$@"; fi
      shift; printf '%s\\n' "$@" > "$ARGV_DIR/run.argv.tmp" && mv "$ARGV_DIR/run.argv.tmp" "$ARGV_DIR/run.argv"
      # a sample pass that runs on (FAKE_SAMPLE_S seconds), through a child of its own as the trainer's are
      if [[ -n "$FAKE_SAMPLE_S" && " $* " == *" --eval-only "* ]]; then sleep "$FAKE_SAMPLE_S" & echo $! > "$ARGV_DIR/train.child"; wait; fi ;;

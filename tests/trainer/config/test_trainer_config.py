@@ -13,6 +13,7 @@ from calcx.trainer.config.compose import (
     ConfigError,
     choose_gpu_profile,
     compose,
+    config_value,
     redacted_yaml,
     run_profile_overrides,
 )
@@ -204,6 +205,16 @@ def test_a_key_a_user_adds_to_the_config_is_masked_in_printed_config() -> None:
     text = redacted_yaml(cfg)
     assert SECRET not in text and "key: '***'" in text
     assert OmegaConf.create(text).algorithm.adv_estimator == "grpo"
+
+
+def test_one_key_of_the_config_is_read_resolved_and_a_secret_stays_masked() -> None:
+    cfg = compose(ComposeRequest(dotlist=[f"+calcx.key={SECRET}", "trainer.experiment_name=exp7"]))
+    assert config_value(cfg, "calcx.report_dir") == "runs/exp7\n"  # its interpolation resolved
+    assert OmegaConf.create(config_value(cfg, "calcx.reward")).tool_bonus == 0.0  # a section as YAML
+    assert config_value(cfg, "calcx.key") == "***\n"
+    assert SECRET not in config_value(cfg, "calcx")
+    with pytest.raises(ConfigError, match="'calcx.nope' is not a key"):
+        config_value(cfg, "calcx.nope")
 
 
 # (GPU memory in GiB as nvidia-smi reports it, the profile it gets, update budget, log-prob budget)

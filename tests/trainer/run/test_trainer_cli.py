@@ -68,6 +68,19 @@ def test_print_config_composes_without_importing_verl() -> None:
     assert "top-secret" not in done.stdout + done.stderr
 
 
+def test_print_key_prints_one_key_of_a_profiles_config() -> None:
+    """What a script reads of a run (h200_run.sh: the system message a profile's RL runs with)."""
+    for profile, prompt in (
+        ("gsm8k-h200-calculator-bonus", "plain"),
+        ("gsm8k-h200-calculator-first", "calculator-first"),
+    ):
+        done = _run("--profile", profile, "--print-key", "calcx.agent_prompt")
+        assert (done.returncode, done.stdout) == (0, f"{prompt}\n"), done.stderr
+        assert "HEAVY=\n" in done.stderr + "\n"
+    done = _run("--print-key", "calcx.agent_promt")
+    assert done.returncode == 2 and "'calcx.agent_promt' is not a key" in done.stderr and not done.stdout
+
+
 def test_print_config_reports_a_misspelt_override() -> None:
     done = _run("--print-config", "trainer.totl_epochs=1")
     assert done.returncode == 2

@@ -477,14 +477,34 @@ def apply_chat_template(cfg: DictConfig, spec: str) -> None:
     _set(cfg, "actor_rollout_ref.model.custom_chat_template", text, must_exist=True, origin="--chat-template")
 
 
-def redacted_yaml(cfg: DictConfig) -> str:
-    """The config as YAML, interpolations resolved where they can be, secrets masked."""
+def _masked(cfg: DictConfig) -> DictConfig:
+    """A copy of the config with its secrets masked."""
     shown = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    assert isinstance(shown, DictConfig)  # a mapping's container is one
     for dotted in SECRET_KEYS:
         if _has_key(shown, dotted):
             value = OmegaConf.select(shown, dotted, throw_on_missing=False, default=None)
             masked = "***" if value not in (None, "") else ""
             OmegaConf.update(shown, dotted, masked, merge=False)
+    return shown
+
+
+def config_value(cfg: DictConfig, dotted: str) -> str:
+    """One key of the config as a line of text (a section as YAML), its interpolation resolved,
+    secrets masked: what a script reads of a composed run (`calcx train --print-key`). ConfigError
+    for a key the config does not have."""
+    if not _has_key(cfg, dotted):
+        raise ConfigError(f"{dotted!r} is not a key of the composed config")
+    holds_secret = any(key == dotted or key.startswith(f"{dotted}.") for key in SECRET_KEYS)
+    value = OmegaConf.select(_masked(cfg) if holds_secret else cfg, dotted)
+    if isinstance(value, DictConfig | ListConfig):
+        return OmegaConf.to_yaml(value)
+    return f"{value}\n"
+
+
+def redacted_yaml(cfg: DictConfig) -> str:
+    """The config as YAML, interpolations resolved where they can be, secrets masked."""
+    shown = _masked(cfg)
     for dotted in LONG_KEYS:
         value = OmegaConf.select(shown, dotted, throw_on_missing=False, default=None)
         if isinstance(value, str) and len(value) > 80:

@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--print-config", action="store_true", help="print the composed config (secrets masked) and exit; needs no GPU"
     )
+    parser.add_argument(
+        "--print-key",
+        metavar="KEY",
+        default=None,
+        help="print one key of the composed config (e.g. calcx.agent_prompt; a section as YAML) and exit; needs no GPU",
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, applied last")
     return parser
 
@@ -330,15 +336,17 @@ def run_command(
             file=sys.stderr,
         )
         return 2
-    if args.print_config:
-        from calcx.trainer.config.compose import ConfigError, redacted_yaml
+    print_key = getattr(args, "print_key", None)  # `calcx train`'s; the anchor has --print-config alone
+    if args.print_config or print_key:
+        from calcx.trainer.config.compose import ConfigError, config_value, redacted_yaml
 
         try:
             cfg = compose(args)
+            shown = config_value(cfg, print_key) if print_key else redacted_yaml(cfg)
         except ConfigError as exc:
             print(f"{prog}: {exc}", file=sys.stderr)
             return 2
-        sys.stdout.write(redacted_yaml(cfg))
+        sys.stdout.write(shown)
         return 0
     return train(args)
 
