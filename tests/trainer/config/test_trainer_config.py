@@ -387,7 +387,6 @@ def _without_profile_name(cfg) -> dict:
                 "calcx.agent_tool_rounds": 8,
                 "calcx.reward.mask_void_turns": True,
                 "algorithm.norm_adv_by_std_in_grpo": False,
-                "actor_rollout_ref.actor.optim.lr": 1e-5,
             },
         ),
         (
