@@ -15,7 +15,9 @@
 #   src/gpu/h200_run.sh sample [KEY=VALUE...]     # the self-distilled warm-up's sample pass into
 #                                                # $RESULTS/sample: SAMPLE_PROBLEMS training problems under
 #                                                # SAMPLE_PROFILE (`calcx train --eval-only`), then
-#                                                # `calcx runs traces` of its store: sample/traces.parquet
+#                                                # `calcx runs traces` of its store: sample/traces.parquet;
+#                                                # a campaign's pass is a process group of its own, which
+#                                                # `stop sample` ends (by hand: start it with setsid)
 #   src/gpu/h200_run.sh campaign STEPS MODE[:STEPS[:MAX_S]]...  # setup, then one run per MODE
 #                                                # (sync|async|anchor|tooluse|tooluse-X|distilled), one after another, each
 #                                                # to its end or for at most MAX_S seconds; start it with setsid
@@ -170,7 +172,8 @@ check_hard_train() {
 # run is; the campaign's KEY=VALUE overrides are for training runs and not handed to it
 sample_pass() {
   local child t0; t0=$(date +%s)
-  "$0" sample & child=$!
+  # its own process group, as a started run has, so that `stop sample` ends it and what it started
+  setsid "$0" sample & child=$!
   while kill -0 "$child" 2>/dev/null; do
     if [[ -n "$1" ]] && (( $(date +%s) - t0 >= $1 )); then
       echo "campaign: sample still running after $1 s; stopping it and going on" >&2
@@ -251,8 +254,6 @@ case "$stage" in
     exit "$rc"
     ;;
   sample)
-    # its own process group, as a started run has, so that `stop sample` ends it and what it started
-    if [[ "$(ps -o pgid= -p $$ | tr -d ' ')" != "$$" ]]; then exec setsid "$0" sample "$@"; fi
     dir="$RESULTS/sample"
     mkdir -p "$dir"
     date +%s > "$dir/started"; rm -f "$dir/ended"
@@ -307,7 +308,7 @@ case "$stage" in
       if [[ "$mode" == async ]]; then flags=--async; fi
       if [[ "$mode" == sample ]]; then
         if sample_pass "$max_s"; then sampled=1; else sample_failed=1
-          echo "campaign: the sample pass failed (sample/train.log says why); going on" >&2; fi
+          echo "campaign: the sample pass failed or was stopped (sample/train.log); going on" >&2; fi
         continue
       fi
       if [[ "$mode" == resume ]]; then

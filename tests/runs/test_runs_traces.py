@@ -211,12 +211,13 @@ def test_the_command_refuses_what_it_cannot_do_and_writes_nothing(store: Path, h
 def test_a_right_answers_bonus_counts_and_a_rollout_without_calls_or_tools_makes_no_trace(
     tmp_path: Path,
 ) -> None:
-    """Right is a reward above CORRECT_ABOVE (a tool bonus's 1.5 too, not only 1); a rollout whose
+    """Right is a reward above CORRECT_ABOVE, the eval table's line (a tool bonus's 1.5 too); a rollout whose
     latest attempt recorded no call, or whose last request offered no tools, is counted, not kept."""
     path = tmp_path / "calcx.db"
     con = new_store(path)
     _session(con, "a-1", _row("a"), reward=1.5)  # a right answer with the tool bonus
     _session(con, "b-1", _row("b"), reward=CORRECT_ABOVE)  # not above the line: wrong
+    _session(con, "e-1", _row("e"), reward=0.75)  # above it: right, as the eval table counts it
     insert_rollout(con, "c-1", _row("c"), VAL, "SUCCEEDED", 1.0)  # scored, but no call recorded
     opening = prompt_messages("question d", "calculator-first")
     history = opening + [
@@ -229,5 +230,5 @@ def test_a_right_answers_bonus_counts_and_a_rollout_without_calls_or_tools_makes
     con.commit()
     con.close()
     result = store_traces([path], HeldOut())
-    assert [t["rollout_id"] for t in result.traces] == ["a-1"]
+    assert [t["rollout_id"] for t in result.traces] == ["a-1", "e-1"]
     assert dict(result.left_out) == {"wrong_answer": 1, "no_calls": 1, "unreadable_call": 1}
