@@ -36,7 +36,11 @@ def test_calcx_overrides_land_where_verl_reads_them(cfg) -> None:
     assert arr.rollout.name == "vllm" and arr.rollout.n == 4
     assert arr.rollout.tensor_model_parallel_size == 1
     assert arr.rollout.gpu_memory_utilization == 0.6
-    assert dict(arr.rollout.engine_kwargs.vllm) == {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
+    assert dict(arr.rollout.engine_kwargs.vllm) == {
+        "enable_auto_tool_choice": True,
+        "tool_call_parser": "hermes",
+        "distributed_executor_backend": "mp",
+    }
     assert arr.rollout.agent.default_agent_loop == "calcx_agent"
     assert arr.rollout.agent.agent_loop_config_path == str(AGENT_LOOPS_FILE)
     assert arr.rollout.agent.agent_loop_manager_class == "calcx.trainer.workers.manager.CalcxAgentLoopManager"
@@ -362,6 +366,7 @@ def _without_profile_name(cfg) -> dict:
             "gsm8k-h200-graphs128",
             {"actor_rollout_ref.rollout.cudagraph_capture_sizes": [1, 2, 4, *range(8, 129, 8)]},
         ),
+        ("gsm8k-h200-uni", {"actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend": "uni"}),
         (
             "gsm8k-h200-calculator-bonus",
             {
