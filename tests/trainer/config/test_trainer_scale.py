@@ -96,6 +96,13 @@ def test_a_replica_larger_than_a_node_share_is_refused() -> None:
     assert scale_of(two).rollout_replicas == 4
 
 
+def test_vllms_in_process_worker_is_refused_for_a_replica_of_several_gpus() -> None:
+    uni = "actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=uni"
+    with pytest.raises(ConfigError, match="=uni runs a vLLM replica's one GPU worker .* has 2 GPUs"):
+        _compose(gpus_per_node=2, dotlist=[uni, "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    assert scale_of(_compose(gpus_per_node=2, dotlist=[uni])).rollout_replicas == 2
+
+
 def test_the_ray_address_comes_from_the_flag_else_ray_job_submit() -> None:
     flagged = _compose(gpus_per_node=8, nnodes=2, ray_address="head:6379")
     assert flagged.ray_kwargs.ray_init.address == "head:6379"

@@ -26,6 +26,8 @@ SERVICES_HOST = "services_host"
 SERVICES_HOST_KEY = f"calcx.{SERVICES_HOST}"
 #: what verl 0.9.1's FSDP engine divides the world by for its data-parallel size
 SP_KEY = "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"
+#: vLLM's executor: `uni` (the GPU worker in the engine core's process) holds one GPU a replica
+VLLM_BACKEND_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend"
 LOOPBACK = "127.0.0.1"
 WILDCARDS = ("0.0.0.0", "::", "")
 
@@ -82,6 +84,13 @@ def scale_of(cfg: DictConfig) -> Scale:
             f"{GPUS_KEY}={gpus_per_node} is not a multiple of one vLLM replica's GPUs ({replica}: "
             "actor_rollout_ref.rollout tensor x data x pipeline parallel size); every replica must fit "
             "on one node and every GPU hold a replica"
+        )
+    backend = OmegaConf.select(cfg, VLLM_BACKEND_KEY, default=None)
+    if backend == "uni" and replica > 1:
+        raise ScaleError(
+            f"{VLLM_BACKEND_KEY}=uni runs a vLLM replica's one GPU worker in the engine's process, but a "
+            f"replica here has {replica} GPUs (actor_rollout_ref.rollout tensor x data x pipeline parallel "
+            "size); use mp, or replicas of one GPU"
         )
     sp = _positive(cfg, SP_KEY)
     scale = Scale(
