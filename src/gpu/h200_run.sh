@@ -270,7 +270,7 @@ case "$stage" in
       --profile "$SAMPLE_PROFILE" "calcx.report_dir=$dir" "$@")
     printf '%q ' calcx-gpu.pex "${argv[@]}" > "$dir/command.txt"; echo >> "$dir/command.txt"
     if [[ $rc == 0 ]]; then (cd "$WORK" && calcx "${argv[@]}") > "$dir/train.log" 2>&1 || rc=$?; fi
-    if [[ $rc == 0 ]]; then
+    if [[ $rc == 0 ]]; then  # the profile's own message: an override of it in CAMPAIGN_OVERRIDES reaches RL, not this
       message="$(calcx train --profile "$DISTILLED_PROFILE" --print-key calcx.agent_prompt 2>>"$dir/traces.log")" || rc=$?
     fi
     if [[ $rc == 0 ]]; then

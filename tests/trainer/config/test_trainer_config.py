@@ -215,6 +215,7 @@ def test_one_key_of_the_config_is_read_resolved_and_a_secret_stays_masked() -> N
     cfg = compose(ComposeRequest(dotlist=[f"+calcx.key={SECRET}", "trainer.experiment_name=exp7"]))
     assert config_value(cfg, "calcx.report_dir") == "runs/exp7\n"  # its interpolation resolved
     assert OmegaConf.create(config_value(cfg, "calcx.reward")).tool_bonus == 0.0  # a section as YAML
+    assert OmegaConf.create(config_value(cfg, "calcx")).report_dir == "runs/exp7"  # resolved in it too
     assert config_value(cfg, "calcx.key") == "***\n"
     assert SECRET not in config_value(cfg, "calcx")
     with pytest.raises(ConfigError, match="'calcx.nope' is not a key"):

@@ -77,8 +77,9 @@ def test_print_key_prints_one_key_of_a_profiles_config() -> None:
         done = _run("--profile", profile, "--print-key", "calcx.agent_prompt")
         assert (done.returncode, done.stdout) == (0, f"{prompt}\n"), done.stderr
         assert "HEAVY=\n" in done.stderr + "\n"
-    done = _run("--print-key", "calcx.agent_promt")
-    assert done.returncode == 2 and "'calcx.agent_promt' is not a key" in done.stderr and not done.stdout
+    for key in ("calcx.agent_promt", ""):  # a misspelt key, or a script's empty variable: never a run
+        done = _run("--print-key", key)
+        assert done.returncode == 2 and f"'{key}' is not a key" in done.stderr and not done.stdout
 
 
 def test_print_config_reports_a_misspelt_override() -> None:

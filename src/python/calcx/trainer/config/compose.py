@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from calcx.trainer.config.scale import (
     GPUS_KEY,
@@ -496,9 +497,12 @@ def config_value(cfg: DictConfig, dotted: str) -> str:
     if not _has_key(cfg, dotted):
         raise ConfigError(f"{dotted!r} is not a key of the composed config")
     holds_secret = any(key == dotted or key.startswith(f"{dotted}.") for key in SECRET_KEYS)
-    value = OmegaConf.select(_masked(cfg) if holds_secret else cfg, dotted)
-    if isinstance(value, DictConfig | ListConfig):
-        return OmegaConf.to_yaml(value)
+    try:
+        value = OmegaConf.select(_masked(cfg) if holds_secret else cfg, dotted)
+        if isinstance(value, DictConfig | ListConfig):
+            return OmegaConf.to_yaml(value, resolve=True)
+    except OmegaConfBaseException as exc:  # an interpolation that does not resolve
+        raise ConfigError(f"{dotted!r}: {exc}") from None
     return f"{value}\n"
 
 

@@ -337,12 +337,12 @@ def run_command(
         )
         return 2
     print_key = getattr(args, "print_key", None)  # `calcx train`'s; the anchor has --print-config alone
-    if args.print_config or print_key:
+    if args.print_config or print_key is not None:  # an empty key is refused, never a run
         from calcx.trainer.config.compose import ConfigError, config_value, redacted_yaml
 
         try:
             cfg = compose(args)
-            shown = config_value(cfg, print_key) if print_key else redacted_yaml(cfg)
+            shown = redacted_yaml(cfg) if print_key is None else config_value(cfg, print_key)
         except ConfigError as exc:
             print(f"{prog}: {exc}", file=sys.stderr)
             return 2
