@@ -168,19 +168,24 @@ check_hard_train() {
     echo "HARD_TRAIN=$HARD_TRAIN_NAMED was not carried into $IN/gsm8k" >&2; return 2
   fi
 }
-# a campaign's sample pass, in the background and stopped after MAX_S seconds (none: to its end) as a
-# run is; the campaign's KEY=VALUE overrides are for training runs and not handed to it
-sample_pass() {
-  local child t0; t0=$(date +%s)
-  # its own process group, as a started run has, so that `stop sample` ends it and what it started
-  setsid "$0" sample & child=$!
-  while kill -0 "$child" 2>/dev/null; do
-    if [[ -n "$1" ]] && (( $(date +%s) - t0 >= $1 )); then
-      echo "campaign: sample still running after $1 s; stopping it and going on" >&2
-      "$0" stop sample
+# a campaign's wait on run NAME (pid PID) to its end, stopping it after MAX_S seconds (none: no limit)
+follow() {
+  local t0; t0=$(date +%s)
+  while kill -0 "$2" 2>/dev/null; do
+    if [[ -n "$3" ]] && (( $(date +%s) - t0 >= $3 )); then
+      echo "campaign: $1 still running after $3 s; stopping it and going on" >&2
+      "$0" stop "$1"
     fi
     sleep 5
   done
+}
+# a campaign's sample pass, followed as a run is; the campaign's KEY=VALUE overrides are for training
+# runs and not handed to it
+sample_pass() {
+  local child
+  # its own process group, as a started run has, so that `stop sample` ends it and what it started
+  setsid "$0" sample & child=$!
+  follow sample "$child" "$1"
   wait "$child" || { local rc=$?; [[ -f "$RESULTS/sample/ended" ]] || date +%s > "$RESULTS/sample/ended"; return "$rc"; }
 }
 # KEY=VALUE overrides a campaign hands every run it starts, as $CAMPAIGN_OVERRIDES (space-separated,
@@ -336,14 +341,7 @@ case "$stage" in
           || { echo "campaign: the distilled warm-up failed (distilled-warmup/train.log); $mode skipped" >&2; continue; }
       fi
       FLAGS="$flags" "$0" start "$mode" "${mode_steps:-$steps}" "${campaign_overrides[@]}"
-      t0=$(date +%s)
-      while kill -0 "$(cat "$RESULTS/$mode/pid")" 2>/dev/null; do
-        if [[ -n "$max_s" ]] && (( $(date +%s) - t0 >= max_s )); then
-          echo "campaign: $mode still running after ${max_s} s; stopping it and going on" >&2
-          "$0" stop "$mode"
-        fi
-        sleep 5
-      done
+      follow "$mode" "$(cat "$RESULTS/$mode/pid")" "$max_s"
       date +%s > "$RESULTS/$mode/ended"
       # a run that logged no step (a broken start) leaves the machine's time to the runs after it
       grep -q '"timing_s/step"' "$RESULTS/$mode/metrics.jsonl" 2>/dev/null \

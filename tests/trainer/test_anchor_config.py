@@ -16,6 +16,7 @@ import pytest
 import yaml
 from config_leaves import differing
 from gpu_run_dirs import ended_run, store_path
+from live_stack import alive
 from omegaconf import DictConfig, OmegaConf
 
 from calcx.anchor import cli as anchor_cli
@@ -475,27 +476,18 @@ def test_a_campaigns_sample_pass_is_stopped_with_what_it_started_after_its_max_s
     try:
         campaign_pid = int((tmp_path / "results" / "campaign.pid").read_text())
         deadline = time.monotonic() + 90
-        while _alive(campaign_pid):
+        while alive(campaign_pid):
             assert time.monotonic() < deadline, (tmp_path / "results" / "campaign.log").read_text()
             time.sleep(0.2)
         said = (tmp_path / "results" / "campaign.log").read_text()
         assert "sample still running after 2 s; stopping it" in said and "sample pass failed or was stopped" in said
-        assert not _alive(int((tmp_path / "train.child").read_text()))
+        assert not alive(int((tmp_path / "train.child").read_text()))
         assert (tmp_path / "results" / "sample" / "ended").exists()
     finally:  # a failure leaves no campaign or pass running
         _script(tmp_path, "stop", "campaign")
         child = tmp_path / "train.child"
-        if child.exists() and _alive(int(child.read_text())):
+        if child.exists() and alive(int(child.read_text())):
             os.kill(int(child.read_text()), signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    """Running: a zombie (ended, not yet reaped by whoever adopted it) is not."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_the_distilled_recipe_warms_up_on_an_earlier_machines_carried_traces(tmp_path: Path) -> None:

@@ -496,9 +496,8 @@ def config_value(cfg: DictConfig, dotted: str) -> str:
     for a key the config does not have."""
     if not _has_key(cfg, dotted):
         raise ConfigError(f"{dotted!r} is not a key of the composed config")
-    holds_secret = any(key == dotted or key.startswith(f"{dotted}.") for key in SECRET_KEYS)
     try:
-        value = OmegaConf.select(_masked(cfg) if holds_secret else cfg, dotted)
+        value = OmegaConf.select(_masked(cfg), dotted)
         if isinstance(value, DictConfig | ListConfig):
             return OmegaConf.to_yaml(value, resolve=True)
     except OmegaConfBaseException as exc:  # an interpolation that does not resolve
